@@ -1,0 +1,19 @@
+"""Prometheus exposition for long-running processes that have no web server of their own."""
+
+from __future__ import annotations
+
+import structlog
+from prometheus_client import start_http_server
+
+log = structlog.get_logger(__name__)
+
+
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``port``; a port of 0 disables it (tests run several at once)."""
+    if port <= 0:
+        return
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as exc:  # another instance already serves there; metrics are not worth dying for
+        log.warning("metrics_port_busy", port=port, error=str(exc))
+

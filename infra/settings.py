@@ -1,0 +1,93 @@
+"""The one configuration object of Tocsin.
+
+Every address, port, topic, key prefix and tunable lives here and is read from
+``TOCSIN_*`` environment variables (or a ``.env`` file), so that the local runner,
+the tests and docker-compose configure the same code in the same way.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOCSIN_", env_file=".env", extra="ignore")
+
+    # --- Kafka ---------------------------------------------------------------
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    events_topic: str = "tocsin.events"
+    dead_letter_topic: str = "tocsin.events.dead-letter"
+    event_partitions: int = Field(4, ge=1)
+    kafka_request_timeout_ms: int = 10_000
+
+    # --- Redis (match events, firing sets, counters; Celery broker) ---------
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "tocsin"
+    celery_broker_url: str | None = None  # defaults to redis_url
+
+    # --- Subscriptions store ---------------------------------------------------
+    database_url: str = "sqlite:///var/tocsin.db"
+
+    # --- Local state -----------------------------------------------------------
+    data_dir: Path = Path("var")
+
+    # --- Spark job ---------------------------------------------------------------
+    spark_master: str = "local[2]"
+    spark_shuffle_partitions: int = Field(4, ge=1)
+    trigger_interval: str = "1 second"
+    checkpoint_dir: Path | None = None  # defaults to data_dir/checkpoints/evaluator
+    pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
+    watermark_delay_ms: int = Field(2_000, ge=0, description="allowed event-time disorder")
+    max_window_ms: int = Field(3 * 3600 * 1000, ge=1, description="longest window a condition may use")
+    source_max_records_per_trigger: int | None = Field(None, ge=1)
+
+    # --- ingest ----------------------------------------------------------------
+    heartbeat_interval_ms: int = Field(1_000, ge=1)
+    feed_rate: float = Field(2_000.0, gt=0, description="synthetic feed events per second")
+    feed_symbols: int = Field(2_000, ge=1)
+    feed_seed: int = 7
+    feed_max_disorder_ms: int = Field(500, ge=0)
+
+    # --- web -------------------------------------------------------------------
+    web_host: str = "127.0.0.1"
+    web_port: int = 8000
+
+    # --- notifier ----------------------------------------------------------------
+    webhook_connect_timeout_s: float = 3.0
+    webhook_read_timeout_s: float = 10.0
+    webhook_max_retries: int = Field(8, ge=0)
+    webhook_backoff_base_s: float = 1.0
+    webhook_backoff_max_s: float = 300.0
+    webhook_allow_hosts: list[str] = Field(
+        default_factory=list,
+        description="hosts/IPs exempt from the SSRF guard (e.g. 127.0.0.1 for local testing)",
+    )
+    dispatcher_block_ms: int = 1_000
+    dispatcher_consumer: str = "dispatcher-1"
+
+    # --- metrics -----------------------------------------------------------------
+    metrics_port_feed: int = 9463
+    metrics_port_evaluator: int = 9464
+    metrics_port_dispatcher: int = 9465
+    metrics_port_worker: int = 9466
+
+    @property
+    def broker_url(self) -> str:
+        return self.celery_broker_url or self.redis_url
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
+
+    def redis_key(self, *parts: str | int) -> str:
+        """Namespaced Redis key: ``tocsin:part:part``."""
+        return ":".join([self.redis_prefix, *map(str, parts)])
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,95 @@
+"""Kafka plumbing shared by producers, the Spark source and the tests.
+
+The one subtle piece is :func:`log_end_offsets`. Some Kafka-protocol brokers
+(Tansu, which we embed for local runs) answer ListOffsets(latest) with the base
+offset of the last record batch plus one instead of the log end, which would make
+a reader stop short of a final multi-record batch. The high watermark carried in
+every Fetch response is right on Tansu and on Apache Kafka alike, so we read the
+log end from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from infra.settings import Settings
+
+
+def ensure_topics(settings: Settings, topics: dict[str, int] | None = None) -> None:
+    """Create the event and dead-letter topics (idempotent): producers block on missing topics."""
+    wanted = topics or {settings.events_topic: settings.event_partitions, settings.dead_letter_topic: 1}
+    admin = KafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=settings.kafka_request_timeout_ms
+    )
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(name, n, 1) for name, n in wanted.items() if name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[int]:
+    """Partition ids of ``topic``, waiting for metadata to arrive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic!r} has no partitions (does it exist?)")
+        consumer.topics()  # forces a metadata refresh
+        time.sleep(0.05)
+
+
+def new_consumer(settings: Settings) -> KafkaConsumer:
+    """A group-less consumer for explicit ``assign`` + ``seek`` reads."""
+    return KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        request_timeout_ms=max(settings.kafka_request_timeout_ms, 1_000),
+        consumer_timeout_ms=1_000,
+    )
+
+
+def log_end_offsets(
+    consumer: KafkaConsumer, partitions: Iterable[TopicPartition], timeout_s: float = 10.0
+) -> dict[TopicPartition, int]:
+    """The log end offset of each partition, taken from Fetch high watermarks.
+
+    ``consumer`` must be fresh (no earlier fetch), because kafka-python keeps the
+    last high watermark it saw and never resets it. We seek to one before the
+    ListOffsets answer, which is at or after the start of the last batch on every
+    broker, so the fetch carries at most one batch.
+    """
+    tps = list(partitions)
+    consumer.assign(tps)
+    lower = consumer.end_offsets(tps)
+    for tp in tps:
+        consumer.seek(tp, max(lower[tp] - 1, 0))
+    deadline = time.monotonic() + timeout_s
+    while any(consumer.highwater(tp) is None for tp in tps):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no fetch response for {[tp for tp in tps if consumer.highwater(tp) is None]}")
+        consumer.poll(timeout_ms=50, max_records=1)
+    return {tp: max(consumer.highwater(tp), lower[tp]) for tp in tps}
+
+
+def topic_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """``{partition: log end offset}`` for every partition of ``topic``."""
+    consumer = new_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic)]
+        return {tp.partition: end for tp, end in log_end_offsets(consumer, tps).items()}
+    finally:
+        consumer.close()
