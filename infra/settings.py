@@ -7,6 +7,7 @@ the tests and docker-compose configure the same code in the same way.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -82,6 +83,15 @@ class Settings(BaseSettings):
     @property
     def checkpoint_path(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``TOCSIN_*`` variables, to configure a child process identically."""
+        env = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            env[f"TOCSIN_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        return env
 
     def redis_key(self, *parts: str | int) -> str:
         """Namespaced Redis key: ``tocsin:part:part``."""

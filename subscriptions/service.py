@@ -1,0 +1,172 @@
+"""Subscription and endpoint operations, and publishing the catalog to the evaluator.
+
+Every change bumps the catalog version in the same transaction; after commit the
+active subscriptions are published to Redis with that version by a script that
+refuses to overwrite a newer snapshot, so concurrent writers cannot publish out
+of order.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evaluator.catalog import Catalog
+from evaluator.spec import Condition, SubscriptionSpec
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from subscriptions.language import check_window, format_condition, parse_condition
+from subscriptions.models import CatalogVersion, Endpoint, Subscription
+from subscriptions.schemas import EndpointIn, SubscriptionIn
+
+_PUBLISH_IF_NEWER = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > current then
+  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+class NotFound(LookupError):
+    pass
+
+
+class SubscriptionService:
+    def __init__(self, session: Session, settings: Settings, redis_client: redis.Redis) -> None:
+        self.session = session
+        self.settings = settings
+        self.redis = redis_client
+        self.keys = RedisKeys(settings)
+
+    # -- endpoints -----------------------------------------------------------------
+
+    def create_endpoint(self, data: EndpointIn) -> Endpoint:
+        secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
+        endpoint = Endpoint(kind=data.kind, target=data.target, secret=secret)
+        self.session.add(endpoint)
+        self.session.commit()
+        return endpoint
+
+    def list_endpoints(self) -> list[Endpoint]:
+        return list(self.session.scalars(select(Endpoint).order_by(Endpoint.id)))
+
+    def get_endpoint(self, endpoint_id: int) -> Endpoint:
+        endpoint = self.session.get(Endpoint, endpoint_id)
+        if endpoint is None:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        return endpoint
+
+    # -- subscriptions ---------------------------------------------------------------
+
+    def _condition(self, text: str) -> Condition:
+        condition = parse_condition(text)
+        check_window(condition, self.settings.pane_ms, self.settings.max_window_ms)
+        return condition
+
+    def _endpoints(self, ids: list[int]) -> list[Endpoint]:
+        found = list(self.session.scalars(select(Endpoint).where(Endpoint.id.in_(ids)))) if ids else []
+        missing = sorted(set(ids) - {e.id for e in found})
+        if missing:
+            raise NotFound(f"endpoints not found: {missing}")
+        return found
+
+    def create(self, data: SubscriptionIn) -> Subscription:
+        condition = self._condition(data.condition)
+        subscription = Subscription(
+            name=data.name,
+            condition=format_condition(condition),
+            condition_spec=condition.to_dict(),
+            keys=data.keys,
+            active=data.active,
+            endpoints=self._endpoints(data.endpoint_ids),
+        )
+        self.session.add(subscription)
+        self._changed()
+        return subscription
+
+    def update(self, subscription_id: int, data: SubscriptionIn) -> Subscription:
+        subscription = self.get(subscription_id)
+        condition = self._condition(data.condition)
+        subscription.name = data.name
+        subscription.condition = format_condition(condition)
+        subscription.condition_spec = condition.to_dict()
+        subscription.keys = data.keys
+        subscription.active = data.active
+        subscription.endpoints = self._endpoints(data.endpoint_ids)
+        self._changed()
+        return subscription
+
+    def set_active(self, subscription_id: int, active: bool) -> Subscription:
+        subscription = self.get(subscription_id)
+        subscription.active = active
+        self._changed()
+        return subscription
+
+    def delete(self, subscription_id: int) -> None:
+        self.session.delete(self.get(subscription_id))
+        self._changed()
+        self.redis.delete(self.keys.firing(subscription_id))
+
+    def get(self, subscription_id: int) -> Subscription:
+        subscription = self.session.get(Subscription, subscription_id)
+        if subscription is None:
+            raise NotFound(f"subscription {subscription_id} not found")
+        return subscription
+
+    def list(self) -> list[Subscription]:
+        return list(self.session.scalars(select(Subscription).order_by(Subscription.id)))
+
+    # -- the catalog the evaluator reads -----------------------------------------------
+
+    def _changed(self) -> None:
+        row = self.session.get(CatalogVersion, 1, with_for_update=True)
+        if row is None:
+            row = CatalogVersion(id=1, version=0)
+            self.session.add(row)
+        row.version += 1
+        self.session.flush()
+        catalog = self.catalog(row.version)
+        self.session.commit()
+        self.publish(catalog)
+
+    def catalog(self, version: int) -> Catalog:
+        active = self.session.scalars(select(Subscription).where(Subscription.active).order_by(Subscription.id))
+        return Catalog(
+            version,
+            tuple(
+                SubscriptionSpec(
+                    id=s.id,
+                    condition=Condition.from_dict(s.condition_spec),
+                    keys=frozenset(s.keys) if s.keys is not None else None,
+                    text=s.condition,
+                )
+                for s in active
+            ),
+        )
+
+    def publish(self, catalog: Catalog) -> bool:
+        """Publish ``catalog`` unless Redis already holds a newer one."""
+        script = self.redis.register_script(_PUBLISH_IF_NEWER)
+        payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
+        return bool(script(keys=[self.keys.catalog_version, self.keys.catalog_snapshot], args=[catalog.version, payload]))
+
+    def republish(self) -> bool:
+        """Publish the current catalog (at start-up, or after Redis lost its data)."""
+        row = self.session.get(CatalogVersion, 1)
+        version = row.version if row else 0
+        current = int(self.redis.get(self.keys.catalog_version) or 0)
+        if current > version:  # Redis is ahead of this database (e.g. the DB was reset): restart numbering
+            version = current + 1
+            if row is None:
+                row = CatalogVersion(id=1, version=version)
+                self.session.add(row)
+            row.version = version
+            self.session.commit()
+        return self.publish(self.catalog(version)) if version else False
