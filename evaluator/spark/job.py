@@ -2,7 +2,7 @@
 
     Kafka (Python data source)
       -> parse + validate + pre-aggregate per (key, pane)   [mapInPandas, per Kafka partition]
-      -> event-time watermark (heartbeats included, then dropped)
+      -> event-time watermark (heartbeats included)
       -> stateful evaluation keyed by key                   [applyInPandasWithState, RocksDB]
       -> transitions to Redis                               [foreachBatch, idempotent]
 
@@ -31,10 +31,15 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
 
+#: Heartbeats travel as rows of this key (not a valid event key) so they move the watermark.
+#: They must reach the stateful operator: Spark pushes a filter on other columns below the
+#: watermark operator, which would hide them from it.
+HEARTBEAT_KEY = ""
+
 STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
 
 PANES_SCHEMA = (
-    "key string, pane_start long, event_time timestamp, is_heartbeat boolean, count long, "
+    "key string, pane_start long, event_time timestamp, count long, "
     + ", ".join(f"{f} double" for f in STAT_FIELDS[1:])
 )
 TRANSITIONS_SCHEMA = (
@@ -91,7 +96,7 @@ class PaneParser:
 
 
 def _pane_frame(events: list[tuple], heartbeats: list[int], pane_ms: int) -> pd.DataFrame:
-    columns = ["key", "pane_start", "event_time", "is_heartbeat", *STAT_FIELDS]
+    columns = ["key", "pane_start", "event_time", *STAT_FIELDS]
     parts: list[pd.DataFrame] = []
     if events:
         df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
@@ -101,15 +106,13 @@ def _pane_frame(events: list[tuple], heartbeats: list[int], pane_ms: int) -> pd.
             spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
         panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
         panes["event_time"] = pd.to_datetime(panes.pop("max_ts"), unit="ms", utc=True)
-        panes["is_heartbeat"] = False
         parts.append(panes)
     if heartbeats:
         hb = pd.DataFrame(
             {
-                "key": [""],
+                "key": [HEARTBEAT_KEY],
                 "pane_start": [0],
                 "event_time": pd.to_datetime([max(heartbeats)], unit="ms", utc=True),
-                "is_heartbeat": [True],
                 "count": [0],
                 **{f: [0.0] for f in STAT_FIELDS[1:]},
             }
@@ -144,6 +147,8 @@ class KeyEvaluator:
 
     def __call__(self, key: tuple, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         (k,) = key
+        if k == HEARTBEAT_KEY:
+            return
         pane_ms, horizon = self.settings.pane_ms, self.settings.max_window_ms
         if state.exists:
             blob, firing_blob, evaluated_at = state.get
@@ -255,8 +260,6 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .select("topic", "partition", "offset", "value")
         .mapInPandas(PaneParser(settings), PANES_SCHEMA)
         .withWatermark("event_time", f"{settings.watermark_delay_ms} milliseconds")
-        .filter("not is_heartbeat")
-        .drop("is_heartbeat", "event_time")
     )
     transitions = panes.groupBy("key").applyInPandasWithState(
         KeyEvaluator(settings),

@@ -1,0 +1,26 @@
+"""Running Tocsin's own processes (Celery worker, dispatcher) as real child processes in tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.services import ManagedProcess, python_module, spawn
+from infra.settings import Settings
+
+
+def worker_args() -> list[str]:
+    return python_module("celery", "-A", "notifier.app", "worker", "--pool", "threads", "--concurrency", "4",
+                         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat")
+
+
+@contextmanager
+def running(settings: Settings, log_dir: Path, *commands: tuple[str, list[str]]) -> Iterator[list[ManagedProcess]]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    processes = [spawn(name, args, log_dir / f"{name}.log", env=settings.to_env()) for name, args in commands]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.stop()

@@ -1,0 +1,70 @@
+"""A subscription made through the API fires a signed webhook from events flowing through Kafka and Spark."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from evaluator.spark.job import build_query
+from infra.services import python_module
+from infra.settings import Settings
+from ingest.kafka import ensure_topics
+from ingest.model import Event
+from ingest.publisher import EventPublisher
+from notifier.webhook import SIGNATURE_HEADER, verify
+from tests.processes import running, worker_args
+from tests.receiver import WebhookReceiver
+from web.app import create_app
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+
+
+def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
+    ensure_topics(settings)
+    receiver = WebhookReceiver()
+    with TestClient(create_app(settings)) as api:
+        endpoint = api.post("/api/endpoints", json={"kind": "webhook", "target": receiver.url}).json()
+        created = api.post(
+            "/api/subscriptions",
+            json={
+                "name": "AAPL heavy volume",
+                "condition": "SUM(volume) OVER 1m > 10000",
+                "keys": ["AAPL"],
+                "endpoint_ids": [endpoint["id"]],
+            },
+        )
+        assert created.status_code == 201, created.text
+        subscription = created.json()
+
+    query = build_query(spark, settings)
+    try:
+        with running(
+            settings,
+            tmp_path / "logs",
+            ("worker", worker_args()),
+            ("dispatcher", python_module("notifier.dispatcher")),
+        ):
+            now = int(time.time() * 1000)
+            with EventPublisher(settings) as publisher:
+                for i in range(30):  # 30 x 500 = 15000 > 10000 within the minute; MSFT is not watched
+                    publisher.publish(Event(key="AAPL", ts=now + i * 100, price=190.0, volume=500))
+                    publisher.publish(Event(key="MSFT", ts=now + i * 100, price=410.0, volume=900))
+                publisher.publish(Event(key="AAPL", ts=now + 3_000, price=190.5, volume=1))
+                publisher.heartbeat(now + 3_000 + settings.watermark_delay_ms + settings.pane_ms)
+            got = receiver.wait_for(lambda r: r.json["state"] == "firing", timeout_s=120)
+    finally:
+        query.stop()
+        receiver.close()
+
+    alert = got[0].json
+    assert alert["key"] == "AAPL"
+    assert alert["subscription_id"] == subscription["id"]
+    assert alert["value"] > 10_000
+    assert alert["condition"] == "SUM(volume) OVER 1m > 10000"
+    assert verify(endpoint["secret"], got[0].headers[SIGNATURE_HEADER], got[0].body)
+    assert not verify("wrong-secret-wrong-secret", got[0].headers[SIGNATURE_HEADER], got[0].body)
+    assert all(r.json["key"] == "AAPL" for r in receiver.received)
+    assert len({r.json["alert_id"] for r in receiver.received}) == len(receiver.received)
