@@ -48,8 +48,8 @@ class Settings(BaseSettings):
 
     # --- ingest ----------------------------------------------------------------
     heartbeat_interval_ms: int = Field(1_000, ge=1)
-    feed_rate: float = Field(2_000.0, gt=0, description="synthetic feed events per second")
-    feed_symbols: int = Field(2_000, ge=1)
+    feed_rate: float = Field(300.0, gt=0, description="synthetic feed events per second (mean over the day)")
+    feed_symbols: int = Field(500, ge=1)
     feed_seed: int = 7
     feed_max_disorder_ms: int = Field(500, ge=0)
 

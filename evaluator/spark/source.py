@@ -123,7 +123,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         end = self._target if self._target is not None else self._log_ends()
         self._latest = end
-        # never move backwards (a partition we know of but the probe did not list)
+        behind = {p: (start[p], end[p]) for p in start if p in end and end[p] < start[p]}
+        if behind:
+            raise RuntimeError(
+                f"{self.topic}: log ends {behind} (checkpointed, now) are before the checkpoint; the topic was "
+                "recreated or truncated, so the checkpoint no longer describes it. Delete the checkpoint to restart."
+            )
         end = {p: max(end.get(p, 0), start.get(p, 0)) for p in {*end, *start}}
         if isinstance(limit, ReadMaxRows):
             return split_limit(start, end, limit.max_rows)

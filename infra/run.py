@@ -1,0 +1,115 @@
+"""The local runner: the whole platform on embedded defaults, stopped cleanly with Ctrl-C.
+
+Starts, in order: the Tansu broker (unless something already listens at the
+configured bootstrap address) with its topics, Redis (unless one answers), the
+web app, the Celery worker, the dispatcher, the Spark evaluator and the
+synthetic market feed. Every child runs in its own process group and is stopped
+with it; if any child dies, everything is stopped and the log to read is named.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from infra.logs import configure_logging
+from infra.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
+from infra.settings import Settings, get_settings
+from ingest.kafka import ensure_topics
+
+log = structlog.get_logger("runner")
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
+    """The platform's own processes; docker-compose.yml runs the same modules."""
+    return [
+        ("web", python_module("uvicorn", "web.main:app", "--host", settings.web_host, "--port", str(settings.web_port))),
+        ("worker", python_module("celery", "-A", "notifier.app", "worker", "--pool", "threads", "--concurrency", "8",
+                                 "--loglevel", "INFO", "--without-gossip", "--without-mingle")),
+        ("dispatcher", python_module("notifier.dispatcher")),
+        ("evaluator", python_module("evaluator.spark")),
+        ("feed", python_module("ingest", "feed")),
+    ]
+
+
+class Runner:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.logs = settings.data_dir / "logs"
+        self.children: list[ManagedProcess] = []
+        self.stopping = False
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if _listening(self.settings.kafka_bootstrap):
+            log.info("broker_found", bootstrap=self.settings.kafka_bootstrap)
+        else:
+            host, port = self.settings.kafka_bootstrap.rsplit(":", 1)
+            self.children.append(start_tansu(host, int(port), self.logs / "broker.log"))
+            # Tansu keeps topics in memory: a checkpoint from an earlier broker points past the new logs.
+            if self.settings.checkpoint_path.exists():
+                shutil.rmtree(self.settings.checkpoint_path)
+                log.info("checkpoint_reset", reason="fresh in-memory broker", path=str(self.settings.checkpoint_path))
+            log.info("broker_started", bootstrap=self.settings.kafka_bootstrap, log=str(self.logs / "broker.log"))
+        ensure_topics(self.settings)
+        redis_server = ensure_redis(self.settings.redis_url, self.settings.data_dir / "redis", self.logs / "redis.log")
+        if redis_server:
+            self.children.append(redis_server)
+            log.info("redis_started", url=self.settings.redis_url)
+        else:
+            log.info("redis_found", url=self.settings.redis_url)
+        for name, args in platform_commands(self.settings):
+            self.children.append(spawn(name, args, self.logs / f"{name}.log"))
+            log.info("started", process=name, log=str(self.logs / f"{name}.log"))
+
+    def watch(self) -> int:
+        url = f"http://{self.settings.web_host}:{self.settings.web_port}/"
+        print(f"\n  Tocsin is running: {url}\n  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
+        while not self.stopping:
+            for child in self.children:
+                code = child.process.poll()
+                if code is not None:
+                    log.error("process_exited", process=child.name, code=code, log=str(self.logs / f"{child.name}.log"))
+                    return 1
+            time.sleep(0.5)
+        return 0
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        log.info("stopped")
+
+
+def main() -> int:
+    configure_logging()
+    runner = Runner(get_settings())
+
+    def request_stop(*_: object) -> None:
+        runner.stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        runner.start()
+        return runner.watch()
+    finally:
+        runner.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
