@@ -1,0 +1,99 @@
+"""The streaming job: malformed records reach the dead-letter topic; alerts fire and resolve once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from kafka import KafkaProducer
+
+from evaluator.catalog import Catalog
+from evaluator.spark.job import build_query
+from evaluator.spec import SubscriptionSpec
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from ingest.kafka import ensure_topics
+from ingest.model import Event
+from ingest.publisher import EventPublisher
+from subscriptions.language import parse_condition
+from tests.ingest.test_publisher import read_topic
+
+pytestmark = pytest.mark.spark
+
+
+def publish_catalog(settings: Settings, *specs: SubscriptionSpec) -> None:
+    keys = RedisKeys(settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    client.set(keys.catalog_snapshot, json.dumps(Catalog(1, specs).to_dict()))
+    client.set(keys.catalog_version, 1)
+
+
+def transitions(settings: Settings) -> list[dict]:
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    return [json.loads(fields["alert"]) for _, fields in client.xrange(RedisKeys(settings).alerts_stream)]
+
+
+def wait(query, predicate, timeout_s: float = 90) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        query.processAllAvailable()
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:  # noqa: ANN001
+    ensure_topics(settings)
+    publish_catalog(
+        settings,
+        SubscriptionSpec(7, parse_condition("COUNT(*) OVER 5s >= 3"), frozenset({"K1", "K2"})),
+        SubscriptionSpec(8, parse_condition("MAX(price) OVER 5s > 100")),
+    )
+    raw = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    raw.send(settings.events_topic, key=b"K1", value=b'{"key": "K1", "ts": "yesterday"}')
+    raw.send(settings.events_topic, key=b"K1", value=b"\xff\xfe not json")
+    raw.flush()
+    base = 1_800_000_000_000
+    query = build_query(spark, settings)
+    try:
+        with EventPublisher(settings) as publisher:
+            for i in range(4):
+                publisher.publish(Event(key="K1", ts=base + i * 200, price=50, volume=1))
+            publisher.publish(Event(key="K2", ts=base, price=150, volume=1))
+            publisher.publish(Event(key="K3", ts=base, price=150, volume=1))
+            publisher.heartbeat(base + 4_000)
+        wait(query, lambda: len(transitions(settings)) >= 3)
+        fired = {(t["subscription_id"], t["key"]) for t in transitions(settings) if t["state"] == "firing"}
+        assert fired == {(7, "K1"), (8, "K2"), (8, "K3")}
+        firing_set = redis.Redis.from_url(settings.redis_url).hkeys(RedisKeys(settings).firing(8))
+        assert sorted(firing_set) == [b"K2", b"K3"]
+
+        with EventPublisher(settings) as publisher:  # time passes with no events: every window drains
+            publisher.heartbeat(base + 20_000)
+        wait(query, lambda: sum(t["state"] == "resolved" for t in transitions(settings)) >= 3)
+    finally:
+        query.stop()
+    got = transitions(settings)
+    assert len(got) == 6 and len({t["alert_id"] for t in got}) == 6
+    resolved = [t for t in got if t["state"] == "resolved"]
+    assert all(t["evaluated_at"] - t["window_start"] == 5_000 for t in resolved)
+    assert redis.Redis.from_url(settings.redis_url).hlen(RedisKeys(settings).firing(8)) == 0
+
+    dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
+    assert len(dead) == 2
+    assert any("ts" in d["reason"] for d in dead) and any("not JSON" in d["reason"] for d in dead)
+    assert all(d["source"].startswith(f"{settings.events_topic}[") for d in dead)
+
+
+def test_sink_is_idempotent(settings: Settings) -> None:
+    from evaluator.spark.job import RedisAlertSink
+
+    sink = RedisAlertSink(settings)
+    row = {"alert_id": "abc", "subscription_id": 1, "key": "K", "state": "firing", "value": 1.0,
+           "window_start": 0, "window_end": 10, "evaluated_at": 10}
+    assert sink.write([row]) == 1
+    assert sink.write([row]) == 0, "a replayed batch must add nothing"
+    assert len(transitions(settings)) == 1
