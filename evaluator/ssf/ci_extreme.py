@@ -1,0 +1,179 @@
+"""MAX and MIN collective index: ``{k | MAX(S_k[T, 0]) in (v1, v2)}`` (MIN by negation).
+
+Key k's window maximum exceeds ``v`` iff k has an element ``> v`` newer than
+``t0 = now - T``. Only elements no newer element dominates can ever be a window's
+maximum, so each key keeps its *dominance staircase* (values strictly decreasing
+from oldest to newest). All staircase points of all keys sit in one array in time
+order under a max segment tree: the keys with a point newer than ``t0`` and above
+``v`` are reported by descending only into subtrees whose maximum exceeds ``v`` —
+O((1 + output) log N), sublinear in the number of keys. A point leaves the tree
+when a newer, at-least-as-large element of its key arrives. Below-bound queries
+(``MAX < v``) are the keys with anything in the window minus those reported above
+``v``. Every answer is checked against the key's exact window maximum, read off its
+staircase by binary search.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from evaluator.spec import Condition
+from evaluator.ssf.encoding import MAX_KEYS, StampIndex
+
+NEG = -math.inf
+
+
+@dataclass
+class _Staircase:
+    id: int
+    points: list[int] = field(default_factory=list)  # point indices, oldest first, values decreasing
+    ts: list[int] = field(default_factory=list)
+
+
+class CollectiveExtreme:
+    def __init__(self, agg: str = "MAX", capacity: int = 1024) -> None:
+        if agg not in ("MAX", "MIN"):
+            raise ValueError("agg must be MAX or MIN")
+        self.agg = agg
+        self.sign = 1.0 if agg == "MAX" else -1.0
+        self.stairs: dict[str, _Staircase] = {}
+        self.names: list[str] = []
+        self.last = StampIndex()
+        self._reset(capacity)
+
+    def _reset(self, capacity: int) -> None:
+        self.capacity = 1 << max(capacity - 1, 1).bit_length()
+        self.tree = [NEG] * (2 * self.capacity)
+        self.point_ts: list[int] = []
+        self.point_key: list[int] = []
+        self.point_x: list[float] = []
+
+    # -- the segment tree over points ----------------------------------------------------
+
+    def _set(self, i: int, x: float) -> None:
+        tree = self.tree
+        j = i + self.capacity
+        tree[j] = x
+        j >>= 1
+        while j:
+            best = tree[2 * j] if tree[2 * j] >= tree[2 * j + 1] else tree[2 * j + 1]
+            if tree[j] == best:
+                break
+            tree[j] = best
+            j >>= 1
+
+    def _report(self, first: int, v: float, inclusive: bool) -> set[int]:
+        """Key ids of live points at index >= first whose value is > v (>= v if inclusive)."""
+        found: set[int] = set()
+        tree, cap, n = self.tree, self.capacity, len(self.point_ts)
+        stack = [(1, 0, cap)]
+        while stack:
+            node, lo, hi = stack.pop()
+            if hi <= first or lo >= n:
+                continue
+            best = tree[node]
+            if best == NEG or best < v or (best == v and not inclusive):
+                continue
+            if hi - lo == 1:
+                found.add(self.point_key[lo])
+                continue
+            mid = (lo + hi) // 2
+            stack.append((2 * node + 1, mid, hi))
+            stack.append((2 * node, lo, mid))
+        return found
+
+    def _compact(self) -> None:
+        """Rebuild the point array from the live staircase points (dead points are dropped)."""
+        live = sorted(p for s in self.stairs.values() for p in s.points)
+        remap = {old: new for new, old in enumerate(live)}
+        ts, keys, xs = self.point_ts, self.point_key, self.point_x
+        self._reset(max(2 * len(live), 1024))
+        for old in live:
+            self._append_point(ts[old], keys[old], xs[old])
+        for stair in self.stairs.values():
+            stair.points = [remap[p] for p in stair.points]
+
+    def _append_point(self, ts: int, key_id: int, x: float) -> int:
+        i = len(self.point_ts)
+        self.point_ts.append(ts)
+        self.point_key.append(key_id)
+        self.point_x.append(x)
+        self._set(i, x)
+        return i
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def add(self, key: str, ts: int, value: float) -> None:
+        """Append one element; timestamps must not decrease across the whole index."""
+        if math.isnan(value):
+            raise ValueError("NaN has no order")
+        if self.point_ts and ts < self.point_ts[-1]:
+            raise ValueError(f"timestamp {ts} is older than {self.point_ts[-1]}")
+        stair = self.stairs.get(key)
+        if stair is None:
+            if len(self.names) >= MAX_KEYS:
+                raise OverflowError("too many keys for one index")
+            stair = self.stairs[key] = _Staircase(len(self.names))
+            self.names.append(key)
+        x = self.sign * value
+        while stair.points and self.point_x[stair.points[-1]] <= x:  # dominated: can never be a maximum again
+            self._set(stair.points.pop(), NEG)
+            stair.ts.pop()
+        if len(self.point_ts) == self.capacity:
+            self._compact()
+        stair.points.append(self._append_point(ts, stair.id, x))
+        stair.ts.append(ts)
+        self.last.set(stair.id, ts)
+
+    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
+        for key, t, v in zip(keys, ts, values, strict=True):
+            self.add(key, int(t), float(v))
+
+    def expire(self, before_ts: int) -> None:
+        """Drop staircase points with ``ts <= before_ts``."""
+        for stair in self.stairs.values():
+            i = bisect.bisect_right(stair.ts, before_ts)
+            for p in stair.points[:i]:
+                self._set(p, NEG)
+            del stair.points[:i], stair.ts[:i]
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def value(self, key: str, duration: int, now: int) -> float | None:
+        """Exact MAX (MIN) of key's window, or None when the window is empty."""
+        stair = self.stairs.get(key)
+        if stair is None:
+            return None
+        i = bisect.bisect_right(stair.ts, now - duration)
+        return self.sign * self.point_x[stair.points[i]] if i < len(stair.points) else None
+
+    def query(self, condition: Condition, now: int) -> dict[str, float]:
+        t0 = now - condition.window_ms
+        # bounds on the signed value x (MIN's bounds flip)
+        if self.sign > 0:
+            low, low_inc, high, high_inc = condition.low, condition.low_inclusive, condition.high, condition.high_inclusive
+        else:
+            low = None if condition.high is None else -condition.high
+            high = None if condition.low is None else -condition.low
+            low_inc, high_inc = condition.high_inclusive, condition.low_inclusive
+        first = bisect.bisect_right(self.point_ts, t0)
+        if low is not None:
+            ids = self._report(first, low, low_inc)
+        else:
+            ids = set(self.last.newer_than(t0))
+            if high is not None:
+                ids -= self._report(first, high, not high_inc)
+        found = {}
+        for i in ids:
+            key = self.names[i]
+            value = self.value(key, condition.window_ms, now)
+            if value is not None and condition.holds(value):
+                found[key] = value
+        return found
+
+    def candidates(self, condition: Condition, now: int) -> frozenset[str]:
+        """The reported set before verification (exact for one-sided conditions)."""
+        return frozenset(self.query(condition, now))

@@ -1,0 +1,252 @@
+"""CI-COUNT and CI-SUM: collective indexes for ``{k | SUM(S_k[T, 0]) in (v1, v2)}``.
+
+Think of key k's substream *value-expanded*: an element of value ``a`` occupies ``a``
+consecutive positions, so its SUM is the COUNT of the expanded stream (CI-COUNT is
+CI-SUM with every value 1, or a pane's count). Let ``n`` be the expanded length and,
+at level ``l`` with block size ``s = unit * 2^l``, ``m = floor(n / s) * s``.
+``TSTAMP[k, l, j]`` is the timestamp of the element covering position ``m - j s``
+(just after it). Then for the window start ``t0``:
+
+- ``TSTAMP[k, l, j] > t0``  implies  ``SUM(k) >= j s``   (the whole tail after it is in the window);
+- ``SUM(k) >= (j + 1) s``   implies  ``TSTAMP[k, l, j] > t0``.
+
+So for a threshold ``c`` the keys whose ``TSTAMP[k, l, j]`` exceeds ``t0`` for the
+``(l, j)`` with ``(j + 1) s <= c`` and the largest ``j s`` are a superset of the
+answer whose members all have ``SUM >= j s``. With ``j = 1`` only (p = 1) that
+bound is ``> c / 4``: ε = 3/4. Keeping p stamps per level, ``j`` in ``[p, 2p)``
+(p-parameterised), raises it to ``(1 - ε) c`` with ``ε = 2 / (p + 2)`` (:attr:`epsilon`),
+for every threshold of at least ``(p + 1) * unit``. One ordered index per ``(l, j)`` answers
+``TSTAMP > t0`` in O(log K + output).
+
+A stamp at level ``l`` moves only when ``m`` does, i.e. when the expanded stream
+crosses a multiple of ``s``: an element of value ``a`` moves stamps on the O(log a)
+levels with ``s <= a`` plus, amortised, O(1) more — the batched update.
+Candidates are then verified against each key's exact window sum (binary search
+over its prefix sums), so answers are exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evaluator.spec import Condition
+from evaluator.ssf.encoding import MAX_KEYS, StampIndex
+
+
+@dataclass
+class _Substream:
+    id: int
+    ts: list[int] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)  # expanded position after each element
+    base: float = 0.0  # expanded position before the first retained element
+
+    @property
+    def total(self) -> float:
+        return self.ends[-1] if self.ends else self.base
+
+    def sum_after(self, t0: int) -> float:
+        """Exact SUM of the elements with ``ts > t0``."""
+        i = bisect.bisect_right(self.ts, t0)
+        return self.total - (self.ends[i - 1] if i else self.base)
+
+    def stamp_at(self, position: float) -> int | None:
+        """Timestamp of the element covering the expanded position just after ``position``."""
+        if position < self.base:
+            return None  # expired
+        i = bisect.bisect_right(self.ends, position)
+        return self.ts[i] if i < len(self.ts) else None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A superset of an SSF answer and what every member is guaranteed to satisfy."""
+
+    keys: frozenset[str]
+    guaranteed_at_least: float | None  # every candidate's SUM is at least this (None: no bound)
+    exact: bool  # True when the candidate set is already the exact answer of the low bound
+
+
+class CollectiveSum:
+    """CI-SUM over non-negative values (CI-COUNT when each value is a count)."""
+
+    def __init__(self, p: int = 1, unit: float = 1.0) -> None:
+        if p < 1:
+            raise ValueError("p must be at least 1")
+        if unit <= 0:
+            raise ValueError("unit must be positive")
+        self.p = p
+        self.unit = unit
+        self.js: tuple[int, ...] = tuple(range(p, 2 * p))  # p stamps per level; j = 2p is j = p one level up
+        self.indexes: dict[tuple[int, int], StampIndex] = {}
+        self.last = StampIndex()  # newest element of positive value per key: exact for SUM > 0
+        self.substreams: dict[str, _Substream] = {}
+        self.names: list[str] = []
+        self.latest_ts: int | None = None
+
+    @property
+    def epsilon(self) -> float:
+        """Every candidate of a threshold ``c >= (p + 1) unit`` has ``SUM >= (1 - ε) c``."""
+        return 0.75 if self.p == 1 else 2 / (self.p + 2)
+
+    # -- updates ----------------------------------------------------------------------
+
+    def _substream(self, key: str) -> _Substream:
+        sub = self.substreams.get(key)
+        if sub is None:
+            if len(self.names) >= MAX_KEYS:
+                raise OverflowError("too many keys for one index")
+            sub = self.substreams[key] = _Substream(len(self.names))
+            self.names.append(key)
+        return sub
+
+    def add(self, key: str, ts: int, value: float) -> None:
+        """Append one element (or a pane's count/sum) to key's substream; ts must not decrease per key."""
+        if value < 0 or math.isnan(value):
+            raise ValueError(f"CI-SUM needs non-negative values, got {value}")
+        sub = self._substream(key)
+        if sub.ts and ts < sub.ts[-1]:
+            raise ValueError(f"{key}: timestamp {ts} is older than {sub.ts[-1]}")
+        self.latest_ts = ts if self.latest_ts is None else max(self.latest_ts, ts)
+        if value == 0:
+            return
+        old = sub.total
+        new = old + value
+        sub.ts.append(ts)
+        sub.ends.append(new)
+        self.last.set(sub.id, ts)
+        level, size = 0, self.unit
+        while size <= new:
+            m_new = math.floor(new / size) * size
+            if m_new == math.floor(old / size) * size:
+                break  # no multiple of this block size crossed, so none of any larger one either
+            for j in self.js:
+                q = m_new - j * size
+                index = self.indexes.get((level, j))
+                if index is None:
+                    index = self.indexes[(level, j)] = StampIndex()
+                stamp = None if q < 0 else (ts if q >= old else sub.stamp_at(q))
+                if stamp is None:
+                    index.discard(sub.id)
+                else:
+                    index.set(sub.id, stamp)
+            level += 1
+            size *= 2
+
+    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
+        """Fold a batch of pane aggregates (e.g. Spark's per-(key, pane) pre-aggregation)."""
+        for key, t, v in zip(keys, ts, values, strict=True):
+            self.add(key, int(t), float(v))
+
+    def expire(self, before_ts: int) -> None:
+        """Forget elements with ``ts <= before_ts``: no window will reach them again."""
+        for sub in self.substreams.values():
+            i = bisect.bisect_right(sub.ts, before_ts)
+            if i:
+                sub.base = sub.ends[i - 1]
+                del sub.ts[:i], sub.ends[:i]
+
+    # -- lookups ----------------------------------------------------------------------
+
+    def value(self, key: str, duration: int, now: int) -> float:
+        sub = self.substreams.get(key)
+        return 0.0 if sub is None else sub.sum_after(now - duration)
+
+    def _best_lower(self, c: float) -> tuple[int, int, float] | None:
+        """``(level, j, j*s)`` with ``(j + 1) s <= c`` and the largest ``j s``."""
+        best = None
+        for j in self.js:
+            ratio = c / ((j + 1) * self.unit)
+            if ratio < 1:
+                continue
+            level = math.floor(math.log2(ratio))
+            while self.unit * 2 ** (level + 1) * (j + 1) <= c:  # guard against log2 rounding
+                level += 1
+            while level > 0 and self.unit * 2**level * (j + 1) > c:
+                level -= 1
+            bound = j * self.unit * 2**level
+            if best is None or bound > best[2]:
+                best = (level, j, bound)
+        return best
+
+    def _smallest_guarantee(self, c: float, strict: bool) -> tuple[int, int] | None:
+        """``(level, j)`` whose stamp guarantees ``SUM >= j s`` with ``j s >= c`` (``> c`` if strict), smallest."""
+        best = None
+        for (level, j), _index in self.indexes.items():
+            bound = j * self.unit * 2**level
+            if (bound > c if strict else bound >= c) and (best is None or bound < best[0]):
+                best = (bound, (level, j))
+        return None if best is None else best[1]
+
+    def _ids(self, index: StampIndex | None, t0: int) -> set[int]:
+        return set(index.newer_than(t0)) if index is not None else set()
+
+    def candidates(self, condition: Condition, now: int) -> Candidates:
+        """A superset of ``{k | SUM_k(now - T, now] satisfies condition}`` and its guarantee."""
+        t0 = now - condition.window_ms
+        low = condition.low
+        if low is not None and low > 0:
+            best = self._best_lower(low)
+            if best is None:  # below the finest block: every key with anything in the window
+                ids, bound, exact = self._ids(self.last, t0), None, False
+            else:
+                ids, bound, exact = self._ids(self.indexes.get(best[:2]), t0), best[2], False
+        elif low is not None and low == 0 and not condition.low_inclusive:
+            ids, bound, exact = self._ids(self.last, t0), None, True  # SUM > 0 exactly
+        else:
+            ids, bound, exact = set(range(len(self.names))), None, True
+        if condition.high is not None and (low is None or low <= 0):
+            # SUM below a bound: drop the keys a stamp proves are at or above it
+            guard = self._smallest_guarantee(condition.high, strict=condition.high_inclusive)
+            if guard is not None:
+                ids -= self._ids(self.indexes.get(guard), t0)
+            exact = False
+        return Candidates(frozenset(self.names[i] for i in ids), bound, exact)
+
+    def query(self, condition: Condition, now: int) -> dict[str, float]:
+        """The exact answer: candidates, each verified against its exact window sum."""
+        t0 = now - condition.window_ms
+        found = {}
+        for key in self.candidates(condition, now).keys:
+            value = self.substreams[key].sum_after(t0)
+            if condition.holds(value):
+                found[key] = value
+        return found
+
+    # -- state ---------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """Per-key element arrays only; the stamp indexes are rebuilt from them."""
+        parts = [struct.pack("<Idi", self.p, self.unit, len(self.names))]
+        for name in self.names:
+            sub = self.substreams[name]
+            encoded = name.encode()
+            parts.append(struct.pack("<HId", len(encoded), len(sub.ts), sub.base) + encoded)
+            parts.append(np.asarray(sub.ts, dtype=np.int64).tobytes())
+            parts.append(np.diff(np.asarray([sub.base, *sub.ends], dtype=np.float64)).tobytes())
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> CollectiveSum:
+        p, unit, count = struct.unpack_from("<Idi", blob)
+        offset = struct.calcsize("<Idi")
+        index = cls(p, unit)
+        for _ in range(count):
+            length, n, base = struct.unpack_from("<HId", blob, offset)
+            offset += struct.calcsize("<HId")
+            name = blob[offset : offset + length].decode()
+            offset += length
+            ts = np.frombuffer(blob, dtype=np.int64, count=n, offset=offset)
+            offset += 8 * n
+            values = np.frombuffer(blob, dtype=np.float64, count=n, offset=offset)
+            offset += 8 * n
+            sub = index._substream(name)
+            sub.base = base  # replaying from the base reproduces the expanded positions and every stamp
+            for t, v in zip(ts.tolist(), values.tolist(), strict=True):
+                index.add(name, t, v)
+        return index

@@ -1,0 +1,69 @@
+"""The naive per-key approach to substream filters: visit every key at every lookup.
+
+Each key keeps its timestamps, prefix sums and values, so a key's window SUM
+costs a binary search and its MAX/MIN a scan of the window; a lookup costs
+O(keys). This is the baseline the collective indexes are measured against and an
+independent oracle for their tests.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from evaluator.spec import Condition
+
+
+@dataclass
+class _Series:
+    ts: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    sums: list[float] = field(default_factory=list)  # prefix sums after each element
+    base: float = 0.0
+
+
+class NaiveSubstreams:
+    def __init__(self, agg: str) -> None:
+        if agg not in ("SUM", "COUNT", "MAX", "MIN"):
+            raise ValueError(f"unsupported aggregate {agg}")
+        self.agg = agg
+        self.series: dict[str, _Series] = {}
+
+    def add(self, key: str, ts: int, value: float) -> None:
+        s = self.series.setdefault(key, _Series())
+        s.ts.append(ts)
+        s.values.append(value)
+        s.sums.append((s.sums[-1] if s.sums else s.base) + value)
+
+    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
+        for key, t, v in zip(keys, ts, values, strict=True):
+            self.add(key, int(t), float(v))
+
+    def expire(self, before_ts: int) -> None:
+        for s in self.series.values():
+            i = bisect.bisect_right(s.ts, before_ts)
+            if i:
+                s.base = s.sums[i - 1]
+                del s.ts[:i], s.values[:i], s.sums[:i]
+
+    def value(self, key: str, duration: int, now: int) -> float | None:
+        s = self.series.get(key)
+        if s is None:
+            return None if self.agg in ("MAX", "MIN") else 0.0
+        i = bisect.bisect_right(s.ts, now - duration)
+        j = bisect.bisect_right(s.ts, now)
+        if self.agg in ("SUM", "COUNT"):
+            return (s.sums[j - 1] if j else s.base) - (s.sums[i - 1] if i else s.base)
+        if i >= j:
+            return None
+        window = s.values[i:j]
+        return max(window) if self.agg == "MAX" else min(window)
+
+    def query(self, condition: Condition, now: int) -> dict[str, float]:
+        found = {}
+        for key in self.series:
+            value = self.value(key, condition.window_ms, now)
+            if condition.holds(value):
+                found[key] = value  # type: ignore[assignment]
+        return found

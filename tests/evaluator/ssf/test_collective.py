@@ -1,0 +1,149 @@
+"""Collective indexes give exactly the brute-force answer, and their candidates keep their guarantees."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluator.spec import Aggregate, Condition
+from evaluator.ssf.ci_extreme import CollectiveExtreme
+from evaluator.ssf.ci_sum import CollectiveSum
+from evaluator.ssf.naive import NaiveSubstreams
+
+KEYS = [f"k{i}" for i in range(12)]
+
+# (key, time gap, value): gaps of 0 give equal timestamps, huge values and zeros included
+streams = st.lists(
+    st.tuples(
+        st.sampled_from(KEYS),
+        st.integers(0, 40),
+        st.one_of(st.integers(0, 20), st.integers(0, 10**12), st.just(0)).map(float),
+    ),
+    max_size=300,
+)
+bound = st.one_of(st.none(), st.integers(0, 200).map(float), st.integers(0, 10**13).map(float))
+
+
+def conditions(aggregate: Aggregate) -> st.SearchStrategy[Condition]:
+    def make(window: int, low, high, li: bool, hi: bool) -> Condition:  # noqa: ANN001
+        if low is None and high is None:
+            low = 0.0
+        if low is not None and high is not None and low > high:
+            low, high = high, low
+        return Condition(aggregate, "volume", window, low, high, li, hi)
+
+    return st.builds(make, st.integers(1, 2_000), bound, bound, st.booleans(), st.booleans())
+
+
+def brute(events: list[tuple[str, int, float]], cond: Condition, now: int, agg: str) -> dict[str, float]:
+    out = {}
+    for key in {k for k, _, _ in events}:
+        window = [v for k, t, v in events if k == key and now - cond.window_ms < t <= now]
+        if agg == "SUM":
+            value: float | None = math.fsum(window)
+        else:
+            value = (max(window) if agg == "MAX" else min(window)) if window else None
+        if cond.holds(value):
+            out[key] = value  # type: ignore[assignment]
+    return out
+
+
+def replay(stream) -> list[tuple[str, int, float]]:  # noqa: ANN001
+    ts, events = 1_000, []
+    for key, gap, value in stream:
+        ts += gap
+        events.append((key, ts, value))
+    return events
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams, st.lists(conditions(Aggregate.SUM), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4, 8]),
+       st.integers(0, 50))
+def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later) -> None:  # noqa: ANN001
+    events = replay(stream)
+    index, naive = CollectiveSum(p=p), NaiveSubstreams("SUM")
+    for key, ts, value in events:
+        index.add(key, ts, value)
+        naive.add(key, ts, value)
+    now = (events[-1][1] if events else 1_000) + later
+    for cond in conds:
+        want = brute(events, cond, now, "SUM")
+        assert index.query(cond, now) == want
+        assert naive.query(cond, now) == want
+        candidates = index.candidates(cond, now)
+        assert set(want) <= candidates.keys, "candidates must be a superset"
+        if candidates.guaranteed_at_least is not None:
+            for key in candidates.keys:
+                assert index.value(key, cond.window_ms, now) >= candidates.guaranteed_at_least
+            if cond.low >= (p + 1) * index.unit:
+                assert candidates.guaranteed_at_least >= (1 - index.epsilon) * cond.low
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams, conditions(Aggregate.SUM), st.integers(0, 3_000), st.sampled_from([1, 4]))
+def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:  # noqa: ANN001
+    events = replay(stream)
+    index = CollectiveSum(p=p)
+    for key, ts, value in events:
+        index.add(key, ts, value)
+    now = events[-1][1] if events else 1_000
+    cut = now - horizon
+    index.expire(cut)
+    restored = CollectiveSum.from_bytes(index.to_bytes())
+    if now - cond.window_ms >= cut:  # windows inside the horizon are unaffected by expiry
+        want = brute(events, cond, now, "SUM")
+        assert index.query(cond, now) == want
+        assert restored.query(cond, now) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(KEYS), st.integers(0, 40), st.floats(-1e12, 1e12)), max_size=300),
+    st.lists(st.tuples(conditions(Aggregate.MAX), st.booleans()), min_size=1, max_size=6),
+    st.integers(0, 50),
+    st.integers(16, 64),
+)
+def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:  # noqa: ANN001
+    events = replay(stream)
+    maxi, mini = CollectiveExtreme("MAX", capacity), CollectiveExtreme("MIN", capacity)
+    for key, ts, value in events:
+        maxi.add(key, ts, value)
+        mini.add(key, ts, value)
+    now = (events[-1][1] if events else 1_000) + later
+    for cond, negate in conds:
+        if negate:  # exercise negative thresholds too
+            cond = Condition(cond.aggregate, cond.attribute, cond.window_ms,
+                             None if cond.high is None else -cond.high, None if cond.low is None else -cond.low,
+                             cond.high_inclusive, cond.low_inclusive)
+        assert maxi.query(cond, now) == brute(events, cond, now, "MAX")
+        assert mini.query(cond, now) == brute(events, cond, now, "MIN")
+        naive = NaiveSubstreams("MAX")
+        naive.add_batch(*zip(*events)) if events else None
+        assert naive.query(cond, now) == brute(events, cond, now, "MAX")
+
+
+def test_staircases_stay_small_and_compaction_keeps_answers() -> None:
+    index = CollectiveExtreme("MAX", capacity=16)
+    for t in range(1_000):
+        index.add("rising", t, float(t))  # each element dominates all before it
+        index.add("falling", t, float(-t))
+    assert len(index.stairs["rising"].points) == 1
+    cond = Condition(Aggregate.MAX, "price", 10, low=990.5)
+    assert index.query(cond, 999) == {"rising": 999.0}
+    index.expire(900)
+    assert len(index.stairs["falling"].points) == 99
+    assert index.query(Condition(Aggregate.MAX, "price", 50, high=-949), 999) == {"falling": -950.0}
+
+
+def test_invalid_input_is_refused() -> None:
+    with pytest.raises(ValueError):
+        CollectiveSum().add("k", 1, -1.0)
+    index = CollectiveSum()
+    index.add("k", 5, 1.0)
+    with pytest.raises(ValueError):
+        index.add("k", 4, 1.0)
+    with pytest.raises(ValueError):
+        CollectiveExtreme("AVG")
