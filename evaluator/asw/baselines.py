@@ -42,9 +42,8 @@ class MaterializeAll(WindowStructure):
 
     def append(self, value: float) -> None:
         p = self.n
-        self.values[p & self.mask] = value
         if self.monoid.subtractable:
-            for w in self.widths:
+            for w in self.widths:  # read what leaves before the new value may overwrite its slot
                 leaving = self.values[(p - w) & self.mask] if p >= w + self.start else 0.0
                 self.answers[w] += value - leaving
         else:
@@ -56,6 +55,7 @@ class MaterializeAll(WindowStructure):
                 if dq[0][0] <= p - w:
                     dq.popleft()
                 self.answers[w] = dq[0][1]
+        self.values[p & self.mask] = value
         self.n = p + 1
 
     def lookup(self, width: int) -> float:

@@ -86,6 +86,7 @@ class CollectiveSum:
         self.indexes: dict[tuple[int, int], StampIndex] = {}
         self.last = StampIndex()  # newest element of positive value per key: exact for SUM > 0
         self.substreams: dict[str, _Substream] = {}
+        self.by_id: list[_Substream] = []
         self.names: list[str] = []
         self.latest_ts: int | None = None
 
@@ -102,6 +103,7 @@ class CollectiveSum:
             if len(self.names) >= MAX_KEYS:
                 raise OverflowError("too many keys for one index")
             sub = self.substreams[key] = _Substream(len(self.names))
+            self.by_id.append(sub)
             self.names.append(key)
         return sub
 
@@ -186,9 +188,7 @@ class CollectiveSum:
     def _ids(self, index: StampIndex | None, t0: int) -> set[int]:
         return set(index.newer_than(t0)) if index is not None else set()
 
-    def candidates(self, condition: Condition, now: int) -> Candidates:
-        """A superset of ``{k | SUM_k(now - T, now] satisfies condition}`` and its guarantee."""
-        t0 = now - condition.window_ms
+    def _candidate_ids(self, condition: Condition, t0: int) -> tuple[set[int], float | None, bool]:
         low = condition.low
         if low is not None and low > 0:
             best = self._best_lower(low)
@@ -206,16 +206,23 @@ class CollectiveSum:
             if guard is not None:
                 ids -= self._ids(self.indexes.get(guard), t0)
             exact = False
+        return ids, bound, exact
+
+    def candidates(self, condition: Condition, now: int) -> Candidates:
+        """A superset of ``{k | SUM_k(now - T, now] satisfies condition}`` and its guarantee."""
+        ids, bound, exact = self._candidate_ids(condition, now - condition.window_ms)
         return Candidates(frozenset(self.names[i] for i in ids), bound, exact)
 
     def query(self, condition: Condition, now: int) -> dict[str, float]:
         """The exact answer: candidates, each verified against its exact window sum."""
         t0 = now - condition.window_ms
+        ids, _bound, _exact = self._candidate_ids(condition, t0)
         found = {}
-        for key in self.candidates(condition, now).keys:
-            value = self.substreams[key].sum_after(t0)
-            if condition.holds(value):
-                found[key] = value
+        by_id, names, holds = self.by_id, self.names, condition.holds
+        for i in ids:
+            value = by_id[i].sum_after(t0)
+            if holds(value):
+                found[names[i]] = value
         return found
 
     # -- state ---------------------------------------------------------------------------

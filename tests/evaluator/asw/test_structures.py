@@ -194,3 +194,22 @@ def test_lookup_costs_are_what_the_paper_says() -> None:
         RunningIntervals(Agg.MAX, 8)
     with pytest.raises(IndexError):
         BaseIntervals(Agg.SUM, 4).range(0, 1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.integers(0, 5)), max_size=100), st.integers(1, 64))
+def test_average_is_sum_over_count_of_panes(panes, width) -> None:  # noqa: ANN001
+    from evaluator.asw.average import SharedAverage
+
+    for kind in (RunningIntervals, BaseIntervals):
+        avg = SharedAverage(64, kind)
+        for total, count in panes:
+            avg.append(total * count, float(count))
+        window = panes[max(len(panes) - width, 0) :]
+        count = sum(c for _, c in window)
+        got = avg.lookup(width)
+        if count == 0:
+            assert got is None
+        else:
+            want = math.fsum(t * c for t, c in window) / count
+            assert abs(got - want) <= 1e-6 * (1 + math.fsum(abs(t * c) for t, c in panes))
