@@ -34,14 +34,14 @@ class _Staircase:
 
 
 class CollectiveExtreme:
-    def __init__(self, agg: str = "MAX", capacity: int = 1024) -> None:
+    def __init__(self, agg: str = "MAX", capacity: int = 1024, bucket_ms: int = 1_000) -> None:
         if agg not in ("MAX", "MIN"):
             raise ValueError("agg must be MAX or MIN")
         self.agg = agg
         self.sign = 1.0 if agg == "MAX" else -1.0
         self.stairs: dict[str, _Staircase] = {}
         self.names: list[str] = []
-        self.last = StampIndex()
+        self.last = StampIndex(bucket_ms)
         self._reset(capacity)
 
     def _reset(self, capacity: int) -> None:
@@ -163,7 +163,7 @@ class CollectiveExtreme:
         if low is not None:
             ids = self._report(first, low, low_inc)
         else:
-            ids = set(self.last.newer_than(t0))
+            ids = self.last.newer_than(t0)
             if high is not None:
                 ids -= self._report(first, high, not high_inc)
         found = {}

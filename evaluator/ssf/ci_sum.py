@@ -75,16 +75,17 @@ class Candidates:
 class CollectiveSum:
     """CI-SUM over non-negative values (CI-COUNT when each value is a count)."""
 
-    def __init__(self, p: int = 1, unit: float = 1.0) -> None:
+    def __init__(self, p: int = 1, unit: float = 1.0, bucket_ms: int = 1_000) -> None:
         if p < 1:
             raise ValueError("p must be at least 1")
         if unit <= 0:
             raise ValueError("unit must be positive")
         self.p = p
         self.unit = unit
+        self.bucket_ms = bucket_ms
         self.js: tuple[int, ...] = tuple(range(p, 2 * p))  # p stamps per level; j = 2p is j = p one level up
         self.indexes: dict[tuple[int, int], StampIndex] = {}
-        self.last = StampIndex()  # newest element of positive value per key: exact for SUM > 0
+        self.last = StampIndex(bucket_ms)  # newest element of positive value per key: exact for SUM > 0
         self.substreams: dict[str, _Substream] = {}
         self.by_id: list[_Substream] = []
         self.names: list[str] = []
@@ -131,7 +132,7 @@ class CollectiveSum:
                 q = m_new - j * size
                 index = self.indexes.get((level, j))
                 if index is None:
-                    index = self.indexes[(level, j)] = StampIndex()
+                    index = self.indexes[(level, j)] = StampIndex(self.bucket_ms)
                 stamp = None if q < 0 else (ts if q >= old else sub.stamp_at(q))
                 if stamp is None:
                     index.discard(sub.id)
@@ -186,7 +187,7 @@ class CollectiveSum:
         return None if best is None else best[1]
 
     def _ids(self, index: StampIndex | None, t0: int) -> set[int]:
-        return set(index.newer_than(t0)) if index is not None else set()
+        return index.newer_than(t0) if index is not None else set()
 
     def _candidate_ids(self, condition: Condition, t0: int) -> tuple[set[int], float | None, bool]:
         low = condition.low
@@ -225,11 +226,30 @@ class CollectiveSum:
                 found[names[i]] = value
         return found
 
+    def matching_keys(self, condition: Condition, now: int) -> set[str]:
+        """The exact answer as a key set, verifying only what no stamp already proves.
+
+        For a lower bound ``c`` alone, the keys stamped at the smallest ``(l, j)`` with
+        ``j s >= c`` (``> c`` when strict) certainly match; only the other candidates,
+        the ε-band, are checked against their exact sums.
+        """
+        t0 = now - condition.window_ms
+        ids, _bound, _exact = self._candidate_ids(condition, t0)
+        sure: set[int] = set()
+        if condition.high is None and condition.low is not None and condition.low > 0:
+            guard = self._smallest_guarantee(condition.low, strict=not condition.low_inclusive)
+            if guard is not None:
+                sure = self._ids(self.indexes.get(guard), t0)
+        by_id, holds = self.by_id, condition.holds
+        matched = sure | {i for i in ids - sure if holds(by_id[i].sum_after(t0))}
+        names = self.names
+        return {names[i] for i in matched}
+
     # -- state ---------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
         """Per-key element arrays only; the stamp indexes are rebuilt from them."""
-        parts = [struct.pack("<Idi", self.p, self.unit, len(self.names))]
+        parts = [struct.pack("<Idqi", self.p, self.unit, self.bucket_ms, len(self.names))]
         for name in self.names:
             sub = self.substreams[name]
             encoded = name.encode()
@@ -240,9 +260,9 @@ class CollectiveSum:
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> CollectiveSum:
-        p, unit, count = struct.unpack_from("<Idi", blob)
-        offset = struct.calcsize("<Idi")
-        index = cls(p, unit)
+        p, unit, bucket_ms, count = struct.unpack_from("<Idqi", blob)
+        offset = struct.calcsize("<Idqi")
+        index = cls(p, unit, bucket_ms)
         for _ in range(count):
             length, n, base = struct.unpack_from("<HId", blob, offset)
             offset += struct.calcsize("<HId")

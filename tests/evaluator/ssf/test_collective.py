@@ -61,10 +61,10 @@ def replay(stream) -> list[tuple[str, int, float]]:  # noqa: ANN001
 
 @settings(max_examples=200, deadline=None)
 @given(streams, st.lists(conditions(Aggregate.SUM), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4, 8]),
-       st.integers(0, 50))
-def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later) -> None:  # noqa: ANN001
+       st.integers(0, 50), st.sampled_from([1, 7, 100, 10_000]))
+def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later, bucket) -> None:  # noqa: ANN001
     events = replay(stream)
-    index, naive = CollectiveSum(p=p), NaiveSubstreams("SUM")
+    index, naive = CollectiveSum(p=p, bucket_ms=bucket), NaiveSubstreams("SUM")
     for key, ts, value in events:
         index.add(key, ts, value)
         naive.add(key, ts, value)
@@ -72,6 +72,7 @@ def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds,
     for cond in conds:
         want = brute(events, cond, now, "SUM")
         assert index.query(cond, now) == want
+        assert index.matching_keys(cond, now) == set(want)
         assert naive.query(cond, now) == want
         candidates = index.candidates(cond, now)
         assert set(want) <= candidates.keys, "candidates must be a superset"
@@ -108,7 +109,7 @@ def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:  # n
 )
 def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:  # noqa: ANN001
     events = replay(stream)
-    maxi, mini = CollectiveExtreme("MAX", capacity), CollectiveExtreme("MIN", capacity)
+    maxi, mini = CollectiveExtreme("MAX", capacity, bucket_ms=7), CollectiveExtreme("MIN", capacity, bucket_ms=7)
     for key, ts, value in events:
         maxi.add(key, ts, value)
         mini.add(key, ts, value)
