@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluator.asw.base import WindowStructure, dyadic_cover
+from evaluator.asw.base import WindowStructure
 from evaluator.monoid import Agg
 
 
@@ -39,8 +39,13 @@ class BaseIntervals(WindowStructure):
         result = self.monoid.identity
         if not self._check(start, end):
             return result
-        combine, levels = self.monoid.combine, self.levels
-        for level, i in dyadic_cover(start, end, self.top):
+        combine, levels, top = self.monoid.combine, self.levels, self.top
+        a = start
+        while a < end:  # dyadic_cover, inlined: this is the hot path of every lookup
+            level = min((a & -a).bit_length() - 1 if a else top, top)
+            while a + (1 << level) > end:
+                level -= 1
             node = levels[level]
-            result = combine(result, node[i & (len(node) - 1)])
+            result = combine(result, node[(a >> level) & (len(node) - 1)])
+            a += 1 << level
         return result

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from evaluator.spec import Condition
+from evaluator.ssf.base import SubstreamIndex
 from evaluator.ssf.encoding import MAX_KEYS, StampIndex
 
 NEG = -math.inf
@@ -33,7 +33,7 @@ class _Staircase:
     ts: list[int] = field(default_factory=list)
 
 
-class CollectiveExtreme:
+class CollectiveExtreme(SubstreamIndex):
     def __init__(self, agg: str = "MAX", capacity: int = 1024, bucket_ms: int = 1_000) -> None:
         if agg not in ("MAX", "MIN"):
             raise ValueError("agg must be MAX or MIN")
@@ -127,10 +127,6 @@ class CollectiveExtreme:
         stair.points.append(self._append_point(ts, stair.id, x))
         stair.ts.append(ts)
         self.last.set(stair.id, ts)
-
-    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
-        for key, t, v in zip(keys, ts, values, strict=True):
-            self.add(key, int(t), float(v))
 
     def expire(self, before_ts: int) -> None:
         """Drop staircase points with ``ts <= before_ts``."""

@@ -30,12 +30,12 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from evaluator.spec import Condition
+from evaluator.ssf.base import SubstreamIndex
 from evaluator.ssf.encoding import MAX_KEYS, StampIndex
 
 
@@ -72,7 +72,7 @@ class Candidates:
     exact: bool  # True when the candidate set is already the exact answer of the low bound
 
 
-class CollectiveSum:
+class CollectiveSum(SubstreamIndex):
     """CI-SUM over non-negative values (CI-COUNT when each value is a count)."""
 
     def __init__(self, p: int = 1, unit: float = 1.0, bucket_ms: int = 1_000) -> None:
@@ -140,11 +140,6 @@ class CollectiveSum:
                     index.set(sub.id, stamp)
             level += 1
             size *= 2
-
-    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
-        """Fold a batch of pane aggregates (e.g. Spark's per-(key, pane) pre-aggregation)."""
-        for key, t, v in zip(keys, ts, values, strict=True):
-            self.add(key, int(t), float(v))
 
     def expire(self, before_ts: int) -> None:
         """Forget elements with ``ts <= before_ts``: no window will reach them again."""

@@ -9,10 +9,10 @@ independent oracle for their tests.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from evaluator.spec import Condition
+from evaluator.ssf.base import SubstreamIndex
 
 
 @dataclass
@@ -23,7 +23,7 @@ class _Series:
     base: float = 0.0
 
 
-class NaiveSubstreams:
+class NaiveSubstreams(SubstreamIndex):
     def __init__(self, agg: str) -> None:
         if agg not in ("SUM", "COUNT", "MAX", "MIN"):
             raise ValueError(f"unsupported aggregate {agg}")
@@ -35,10 +35,6 @@ class NaiveSubstreams:
         s.ts.append(ts)
         s.values.append(value)
         s.sums.append((s.sums[-1] if s.sums else s.base) + value)
-
-    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
-        for key, t, v in zip(keys, ts, values, strict=True):
-            self.add(key, int(t), float(v))
 
     def expire(self, before_ts: int) -> None:
         for s in self.series.values():

@@ -1,0 +1,61 @@
+"""All the collective indexes one evaluator shard needs, fed directly by pane aggregates.
+
+Spark pre-aggregates each (key, pane) into count, sum, min and max per attribute;
+a pane is one element of the value-expanded streams: its count feeds CI-COUNT, its
+sums CI-SUM, its min and max the MIN and MAX staircases, all stamped with the pane
+start. Panes are applied in pane order, once complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from evaluator.spec import Aggregate, Condition
+from evaluator.ssf.ci_extreme import CollectiveExtreme
+from evaluator.ssf.ci_sum import CollectiveSum
+
+
+class CollectiveIndexes:
+    def __init__(self, attributes: Sequence[str], p: int = 4, bucket_ms: int = 1_000) -> None:
+        self.attributes = tuple(attributes)
+        self.count = CollectiveSum(p=p, bucket_ms=bucket_ms)
+        self.sums = {a: CollectiveSum(p=p, bucket_ms=bucket_ms) for a in self.attributes}
+        self.maxs = {a: CollectiveExtreme("MAX", bucket_ms=bucket_ms) for a in self.attributes}
+        self.mins = {a: CollectiveExtreme("MIN", bucket_ms=bucket_ms) for a in self.attributes}
+
+    def add_panes(
+        self,
+        keys: Sequence[str],
+        pane_starts: np.ndarray,
+        counts: np.ndarray,
+        sums: np.ndarray,
+        mins: np.ndarray,
+        maxs: np.ndarray,
+    ) -> None:
+        """Fold pane aggregates; ``sums/mins/maxs`` are ``(attributes, panes)`` arrays in pane order."""
+        order = np.argsort(pane_starts, kind="stable")
+        keys = [keys[i] for i in order]
+        starts = pane_starts[order]
+        self.count.add_batch(keys, starts, counts[order])
+        for a, name in enumerate(self.attributes):
+            self.sums[name].add_batch(keys, starts, sums[a][order])
+            self.maxs[name].add_batch(keys, starts, maxs[a][order])
+            self.mins[name].add_batch(keys, starts, mins[a][order])
+
+    def expire(self, before_ts: int) -> None:
+        for index in (self.count, *self.sums.values(), *self.maxs.values(), *self.mins.values()):
+            index.expire(before_ts)
+
+    def matching(self, condition: Condition, now: int) -> set[str]:
+        """Keys whose window ``(now - T, now]`` satisfies ``condition``, exactly."""
+        if condition.aggregate is Aggregate.COUNT:
+            return self.count.matching_keys(condition, now)
+        if condition.aggregate is Aggregate.SUM:
+            return self.sums[condition.attribute].matching_keys(condition, now)  # type: ignore[index]
+        if condition.aggregate is Aggregate.MAX:
+            return set(self.maxs[condition.attribute].query(condition, now))  # type: ignore[index]
+        if condition.aggregate is Aggregate.MIN:
+            return set(self.mins[condition.attribute].query(condition, now))  # type: ignore[index]
+        raise NotImplementedError(f"no collective index for {condition.aggregate}")

@@ -1,0 +1,19 @@
+"""The interface every substream index shares, and its one batched update."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+
+class SubstreamIndex(ABC):
+    @abstractmethod
+    def add(self, key: str, ts: int, value: float) -> None: ...
+
+    @abstractmethod
+    def expire(self, before_ts: int) -> None: ...
+
+    def add_batch(self, keys: Iterable[str], ts: Iterable[int], values: Iterable[float]) -> None:
+        """Fold a batch of (key, time, value) rows, e.g. Spark's per-(key, pane) pre-aggregation."""
+        for key, t, v in zip(keys, ts, values, strict=True):
+            self.add(key, int(t), float(v))
