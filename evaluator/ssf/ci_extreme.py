@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import bisect
 import math
+import struct
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from evaluator.spec import Condition
 from evaluator.ssf.base import SubstreamIndex
 from evaluator.ssf.encoding import MAX_KEYS, StampIndex
 
 NEG = -math.inf
+_NO_STAMP = np.iinfo(np.int64).min
 
 
 @dataclass
@@ -169,6 +173,46 @@ class CollectiveExtreme(SubstreamIndex):
             if value is not None and condition.holds(value):
                 found[key] = value
         return found
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """Only the staircases (time, value per point, per key); the tree is rebuilt on load."""
+        order = sorted((p, stair.id) for stair in self.stairs.values() for p in stair.points)
+        header = struct.pack("<4sqi", self.agg.encode(), self.last.bucket_ms, len(self.names))
+        names = b"".join(struct.pack("<H", len(n.encode())) + n.encode() for n in self.names)
+        last = np.array([self.last.stamp.get(i, _NO_STAMP) for i in range(len(self.names))], dtype=np.int64)
+        points = np.array(
+            [(self.point_ts[p], key_id, self.sign * self.point_x[p]) for p, key_id in order],
+            dtype=[("ts", "<i8"), ("key", "<i4"), ("value", "<f8")],
+        )
+        return header + names + last.tobytes() + struct.pack("<q", len(points)) + points.tobytes()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> CollectiveExtreme:
+        agg, bucket_ms, count = struct.unpack_from("<4sqi", blob)
+        offset = struct.calcsize("<4sqi")
+        index = cls(agg.rstrip(b"\0").decode(), bucket_ms=bucket_ms)
+        for _ in range(count):
+            (length,) = struct.unpack_from("<H", blob, offset)
+            name = blob[offset + 2 : offset + 2 + length].decode()
+            offset += 2 + length
+            index.stairs[name] = _Staircase(len(index.names))
+            index.names.append(name)
+        last = np.frombuffer(blob, dtype=np.int64, count=count, offset=offset)
+        offset += 8 * count
+        (n_points,) = struct.unpack_from("<q", blob, offset)
+        points = np.frombuffer(blob, dtype=[("ts", "<i8"), ("key", "<i4"), ("value", "<f8")], count=n_points,
+                               offset=offset + 8)
+        index._reset(max(2 * n_points, 1024))
+        for ts, key_id, value in points.tolist():
+            stair = index.stairs[index.names[key_id]]
+            stair.points.append(index._append_point(ts, key_id, index.sign * value))
+            stair.ts.append(ts)
+        for key_id, ts in enumerate(last.tolist()):
+            if ts != _NO_STAMP:
+                index.last.set(key_id, ts)
+        return index
 
     def candidates(self, condition: Condition, now: int) -> frozenset[str]:
         """The reported set before verification (exact for one-sided conditions)."""

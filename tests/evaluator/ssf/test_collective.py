@@ -114,6 +114,7 @@ def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:  # noqa:
         maxi.add(key, ts, value)
         mini.add(key, ts, value)
     now = (events[-1][1] if events else 1_000) + later
+    maxi, mini = CollectiveExtreme.from_bytes(maxi.to_bytes()), CollectiveExtreme.from_bytes(mini.to_bytes())
     for cond, negate in conds:
         if negate:  # exercise negative thresholds too
             cond = Condition(cond.aggregate, cond.attribute, cond.window_ms,
