@@ -6,7 +6,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 
+MAX_KEYS = 1 << 24
+
+
 class SubstreamIndex(ABC):
+    names: list[str]  # key of each dense key id
+
+    def _new_id(self, key: str) -> int:
+        """Give ``key`` the next dense id (ids index the stamp buckets and per-key arrays)."""
+        if len(self.names) >= MAX_KEYS:
+            raise OverflowError("too many keys for one index")
+        self.names.append(key)
+        return len(self.names) - 1
+
     @abstractmethod
     def add(self, key: str, ts: int, value: float) -> None: ...
 

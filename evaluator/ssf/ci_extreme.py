@@ -24,7 +24,7 @@ import numpy as np
 
 from evaluator.spec import Condition
 from evaluator.ssf.base import SubstreamIndex
-from evaluator.ssf.encoding import MAX_KEYS, StampIndex
+from evaluator.ssf.encoding import StampIndex
 
 NEG = -math.inf
 _NO_STAMP = np.iinfo(np.int64).min
@@ -118,10 +118,7 @@ class CollectiveExtreme(SubstreamIndex):
             raise ValueError(f"timestamp {ts} is older than {self.point_ts[-1]}")
         stair = self.stairs.get(key)
         if stair is None:
-            if len(self.names) >= MAX_KEYS:
-                raise OverflowError("too many keys for one index")
-            stair = self.stairs[key] = _Staircase(len(self.names))
-            self.names.append(key)
+            stair = self.stairs[key] = _Staircase(self._new_id(key))
         x = self.sign * value
         while stair.points and self.point_x[stair.points[-1]] <= x:  # dominated: can never be a maximum again
             self._set(stair.points.pop(), NEG)
@@ -197,8 +194,7 @@ class CollectiveExtreme(SubstreamIndex):
             (length,) = struct.unpack_from("<H", blob, offset)
             name = blob[offset + 2 : offset + 2 + length].decode()
             offset += 2 + length
-            index.stairs[name] = _Staircase(len(index.names))
-            index.names.append(name)
+            index.stairs[name] = _Staircase(index._new_id(name))
         last = np.frombuffer(blob, dtype=np.int64, count=count, offset=offset)
         offset += 8 * count
         (n_points,) = struct.unpack_from("<q", blob, offset)

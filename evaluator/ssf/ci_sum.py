@@ -36,7 +36,7 @@ import numpy as np
 
 from evaluator.spec import Condition
 from evaluator.ssf.base import SubstreamIndex
-from evaluator.ssf.encoding import MAX_KEYS, StampIndex
+from evaluator.ssf.encoding import StampIndex
 
 
 @dataclass
@@ -101,11 +101,8 @@ class CollectiveSum(SubstreamIndex):
     def _substream(self, key: str) -> _Substream:
         sub = self.substreams.get(key)
         if sub is None:
-            if len(self.names) >= MAX_KEYS:
-                raise OverflowError("too many keys for one index")
-            sub = self.substreams[key] = _Substream(len(self.names))
+            sub = self.substreams[key] = _Substream(self._new_id(key))
             self.by_id.append(sub)
-            self.names.append(key)
         return sub
 
     def add(self, key: str, ts: int, value: float) -> None:

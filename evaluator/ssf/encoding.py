@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from sortedcontainers import SortedList
 
-MAX_KEYS = 1 << 24
-
 
 class StampIndex:
     """For each key at most one timestamp; reports the keys whose timestamp exceeds a bound."""
