@@ -36,10 +36,6 @@ class Catalog:
         """Subscriptions whose key filter admits ``key``: all-key ones first, then named ones."""
         return self._all_keys + self._by_key.get(key, ())
 
-    @property
-    def ids(self) -> frozenset[int]:
-        return frozenset(s.id for s in self.subscriptions)
-
     @classmethod
     def empty(cls) -> Catalog:
         return cls(0, ())

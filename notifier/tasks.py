@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from functools import lru_cache
 
 import redis
 import structlog
@@ -32,8 +33,10 @@ ATTEMPT_LOG_LENGTH = 1_000
 DELIVERED_MARK_TTL_S = 30 * 24 * 3600
 
 
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+@lru_cache(maxsize=4)
+def _redis(url: str) -> redis.Redis:
+    """One client (and connection pool) per worker process, not one per task."""
+    return redis.Redis.from_url(url)
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
@@ -54,7 +57,7 @@ def record_attempt(client: redis.Redis, keys: RedisKeys, subscription_id: int, e
 def deliver_webhook(self: Task, alert: dict, endpoint_id: int) -> str:
     settings = get_settings()
     keys = RedisKeys(settings)
-    client = _redis()
+    client = _redis(settings.redis_url)
     mark = keys.delivered(alert["alert_id"], endpoint_id)
     if client.exists(mark):
         return "duplicate"

@@ -25,7 +25,7 @@ subscription_endpoints = Table(
 
 
 class Endpoint(Base):
-    """Where alerts go: a webhook URL (signed with ``secret``) or an email address."""
+    """Where alerts go: a webhook URL whose requests are signed with ``secret``."""
 
     __tablename__ = "endpoints"
 

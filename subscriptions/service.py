@@ -57,12 +57,6 @@ class SubscriptionService:
     def list_endpoints(self) -> list[Endpoint]:
         return list(self.session.scalars(select(Endpoint).order_by(Endpoint.id)))
 
-    def get_endpoint(self, endpoint_id: int) -> Endpoint:
-        endpoint = self.session.get(Endpoint, endpoint_id)
-        if endpoint is None:
-            raise NotFound(f"endpoint {endpoint_id} not found")
-        return endpoint
-
     # -- subscriptions ---------------------------------------------------------------
 
     def _condition(self, text: str) -> Condition:

@@ -16,6 +16,7 @@ from subscriptions.db import session_factory
 from subscriptions.language import ConditionError
 from subscriptions.service import NotFound, SubscriptionService
 from web.api import endpoints, health, subscriptions
+from web.deps import ServiceDep
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
@@ -52,9 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request) -> HTMLResponse:
-        with session_factory(settings.database_url)() as session:
-            subs = SubscriptionService(session, settings, app.state.redis).list()
-            return TEMPLATES.TemplateResponse(request, "index.html", {"subscriptions": subs})
+    def index(request: Request, service: ServiceDep) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(request, "index.html", {"subscriptions": service.list()})
 
     return app

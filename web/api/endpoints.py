@@ -1,4 +1,4 @@
-"""Delivery endpoints: webhooks and email addresses."""
+"""Delivery endpoints (webhooks)."""
 
 from __future__ import annotations
 

@@ -145,6 +145,11 @@ def test_time_windows_match_brute_force_and_grow(steps, agg, max_duration, data)
         scale = math.fsum(abs(v) for _, v in events)
         for name, t in timed.items():
             assert close(agg, t.lookup(duration, now), brute(agg, window), scale), (name, duration)
+        start = now - data.draw(st.integers(0, max_duration))
+        end = data.draw(st.integers(start, now))
+        past = [v for t, v in events if start < t <= end]  # historical window (start, end]
+        for name, t in timed.items():
+            assert close(agg, t.structure.range(*t.historical(start, end)), brute(agg, past), scale), (name, start)
     if events:
         with pytest.raises(ValueError):
             timed["B-INT"].append(ts - 1, 0.0)
