@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import percentiles, table  # noqa: E402
 from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone  # noqa: E402
 from evaluator.asw.bint import BaseIntervals  # noqa: E402
 from evaluator.asw.lint import LandmarkIntervals  # noqa: E402
@@ -40,18 +41,6 @@ from evaluator.ssf.ci_sum import CollectiveSum  # noqa: E402
 from evaluator.ssf.naive import NaiveSubstreams  # noqa: E402
 
 MINUTE = 60_000
-
-
-def table(title: str, header: list[str], rows: list[list[object]]) -> None:
-    cells = [header] + [[f"{c:,.0f}" if isinstance(c, float) and abs(c) >= 100 else
-                         f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells[1:]:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
-    sys.stdout.flush()
 
 
 def rate(step: Callable[[int], None], budget_s: float, batch: int = 256) -> float:
@@ -224,7 +213,7 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
 
     rows = []
     naive_time, naive_lat, naive_sel, _ = run(lambda: NaiveSubstreams("COUNT"), NaiveSubstreams.query)
-    rows.append(["naive per key", "-", 2 * ops / naive_time, naive_sel, *_percentiles(naive_lat), "-", 1.0])
+    rows.append(["naive per key", "-", 2 * ops / naive_time, naive_sel, *percentiles(naive_lat), "-", 1.0])
     for p in tqdm(ps, desc="fig 12", file=sys.stderr, leave=False):
         elapsed, latencies, sel, _ = run(lambda p=p: CollectiveSum(p=p, bucket_ms=bucket_ms), CollectiveSum.matching_keys)
         probe = CollectiveSum(p=p, bucket_ms=bucket_ms)
@@ -232,7 +221,7 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
             probe.add(key, t, 1.0)
         last = stream[warm + ops - 1][1]
         cand = np.mean([len(probe.candidates(q, last).keys) / max(len(probe.query(q, last)), 1) for q in queries])
-        rows.append([f"CI-COUNT p={p}", f"{probe.epsilon:.2f}", 2 * ops / elapsed, sel, *_percentiles(latencies),
+        rows.append([f"CI-COUNT p={p}", f"{probe.epsilon:.2f}", 2 * ops / elapsed, sel, *percentiles(latencies),
                      float(cand), naive_time / elapsed])
     table(
         f"Fig. 12 — {keys} substreams, windows 15 min-3 h, {ops} lookups + {ops} updates "
@@ -241,11 +230,6 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
          "speed-up vs naive"],
         rows,
     )
-
-
-def _percentiles(latencies: list[float]) -> list[float]:
-    array = np.asarray(latencies) * 1e6
-    return [float(np.percentile(array, 50)), float(np.percentile(array, 99))]
 
 
 def main() -> None:

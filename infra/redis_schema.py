@@ -6,7 +6,11 @@
   the notifier's dispatcher in the ``notifier`` group);
 - ``alert:<id>``: de-duplication marks, so a replayed micro-batch adds nothing;
 - ``firing:<subscription>``: a hash key -> latest firing transition;
-- ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards.
+- ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards;
+- ``policy:<subscription>``: per key, what the subscriber was last told, and
+  ``decision:<alert>``: what the alert policy decided for a transition, so that a
+  re-handled transition is decided the same way (see ``notifier.dispatcher``);
+- ``deliveries:*`` and ``delivered:*``: see ``notifier.deliveries``.
 """
 
 from __future__ import annotations
@@ -39,5 +43,14 @@ class RedisKeys:
     def delivery_log(self, subscription_id: int) -> str:
         return self._k("deliveries", subscription_id)
 
-    def delivered(self, alert_id: str, endpoint_id: int) -> str:
-        return self._k("delivered", alert_id, endpoint_id)
+    def delivered(self, notification_id: str, endpoint_id: int) -> str:
+        return self._k("delivered", notification_id, endpoint_id)
+
+    def sending(self, notification_id: str, endpoint_id: int) -> str:
+        return self._k("sending", notification_id, endpoint_id)
+
+    def key_states(self, subscription_id: int) -> str:
+        return self._k("policy", subscription_id)
+
+    def decision(self, alert_id: str) -> str:
+        return self._k("decision", alert_id)

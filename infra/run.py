@@ -73,6 +73,13 @@ class Runner:
             log.info("redis_started", url=self.settings.redis_url)
         else:
             log.info("redis_found", url=self.settings.redis_url)
+        smtp = f"{self.settings.smtp_host}:{self.settings.smtp_port}"
+        if _listening(smtp):
+            log.info("smtp_found", address=smtp)
+        else:  # somewhere for e-mail alerts to go: the sink prints each one to its log
+            args = python_module("infra.mailsink", "--host", self.settings.smtp_host, "--port", str(self.settings.smtp_port))
+            self.children.append(spawn("mail", args, self.logs / "mail.log"))
+            log.info("smtp_started", address=smtp, log=str(self.logs / "mail.log"))
         for name, args in platform_commands(self.settings):
             self.children.append(spawn(name, args, self.logs / f"{name}.log"))
             log.info("started", process=name, log=str(self.logs / f"{name}.log"))

@@ -65,6 +65,14 @@ class ManagedProcess:
         except ProcessLookupError:
             pass
 
+    def kill(self) -> None:
+        """SIGKILL the whole group: what a crash or the OOM killer does."""
+        try:
+            os.killpg(self.process.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
 
 def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> ManagedProcess:
     stdout = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child

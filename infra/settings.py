@@ -11,7 +11,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -60,15 +60,37 @@ class Settings(BaseSettings):
     # --- notifier ----------------------------------------------------------------
     webhook_connect_timeout_s: float = 3.0
     webhook_read_timeout_s: float = 10.0
-    webhook_max_retries: int = Field(8, ge=0)
-    webhook_backoff_base_s: float = 1.0
-    webhook_backoff_max_s: float = 300.0
     webhook_allow_hosts: list[str] = Field(
         default_factory=list,
         description="hosts/IPs exempt from the SSRF guard (e.g. 127.0.0.1 for local testing)",
     )
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 1025
+    smtp_starttls: bool = Field(False, description="upgrade the connection with STARTTLS before sending")
+    smtp_ssl: bool = Field(False, description="implicit TLS (SMTPS, usually port 465)")
+    smtp_ca_file: Path | None = Field(None, description="CA bundle to verify the SMTP server; default: system CAs")
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "Tocsin <alerts@tocsin.local>"
+    smtp_timeout_s: float = 10.0
+    delivery_max_retries: int = Field(8, ge=0)
+    delivery_backoff_base_s: float = 1.0
+    delivery_backoff_max_s: float = 300.0
+    delivery_visibility_margin_s: float = Field(
+        600.0, gt=0, description="broker visibility timeout beyond the whole retry schedule"
+    )
+    delivery_endpoint_cache_s: float = Field(
+        5.0, ge=0, description="workers cache an endpoint's address and secret this long (rotation delay)"
+    )
+    delivery_restore_interval_s: int = Field(
+        30, ge=1, description="how often workers look for deliveries a dead worker left unacknowledged"
+    )
     dispatcher_block_ms: int = 1_000
     dispatcher_consumer: str = "dispatcher-1"
+    dispatcher_group_wait_ms: int = Field(
+        500, ge=0, description="how long transitions of one evaluation are collected into one notification"
+    )
+    dispatcher_remind_interval_s: float = Field(5.0, gt=0, description="how often re-notify intervals are checked")
 
     # --- metrics -----------------------------------------------------------------
     metrics_port_feed: int = 9463
@@ -81,6 +103,14 @@ class Settings(BaseSettings):
         return self.celery_broker_url or self.redis_url
 
     @property
+    def delivery_retry_schedule_s(self) -> float:
+        """Worst-case total of all retry delays of one delivery."""
+        return sum(
+            min(self.delivery_backoff_base_s * 2**n, self.delivery_backoff_max_s)
+            for n in range(self.delivery_max_retries + 1)
+        )
+
+    @property
     def checkpoint_path(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
 
@@ -90,6 +120,9 @@ class Settings(BaseSettings):
         for name, value in self.model_dump(mode="json").items():
             if value is None:
                 continue
+            secret = getattr(self, name)
+            if isinstance(secret, SecretStr):
+                value = secret.get_secret_value()
             env[f"TOCSIN_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
         return env
 

@@ -1,4 +1,10 @@
-"""The Celery application: Redis broker, late acknowledgement, one task at a time per process."""
+"""The Celery application: Redis broker, late acknowledgement, one task at a time per process.
+
+Retries are re-sent with a countdown and held by a worker until due; the Redis
+transport hands an unacknowledged message to another worker after the
+visibility timeout, so that timeout must outlast the whole retry schedule, or a
+slow retry would run twice.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,7 @@ from celery import Celery
 
 from infra.settings import Settings, get_settings
 
-
-def backoff_schedule_s(settings: Settings) -> float:
-    """Worst-case total of all retry delays: the broker must not redeliver sooner."""
-    return sum(
-        min(settings.webhook_backoff_base_s * 2**n, settings.webhook_backoff_max_s)
-        for n in range(settings.webhook_max_retries + 1)
-    )
+DELIVER_TASK = "tocsin.deliver"
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -28,7 +28,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_default_queue=settings.redis_key("deliveries"),
         broker_connection_retry_on_startup=True,
         broker_transport_options={
-            "visibility_timeout": int(backoff_schedule_s(settings) + 3600),
+            "visibility_timeout": int(settings.delivery_retry_schedule_s + settings.delivery_visibility_margin_s),
+            "unacked_restore_interval": settings.delivery_restore_interval_s,
+            "unacked_restore_throttle": 1,
             "global_keyprefix": settings.redis_key("celery") + ":",
         },
         worker_hijack_root_logger=False,

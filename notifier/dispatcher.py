@@ -1,9 +1,17 @@
-"""Turns transitions in the Redis alert stream into delivery tasks.
+"""Turns transitions in the Redis alert stream into notifications and delivery tasks.
 
 Reads the stream in a consumer group, so every transition is handed out once and
-stays pending until acknowledged: an entry is acknowledged only after its tasks
-are enqueued, and a restarted dispatcher first re-handles what it left pending.
-A redelivered entry may enqueue a task twice; the task itself de-duplicates.
+stays pending until acknowledged. Transitions of one subscription, evaluation
+and state are collected for ``dispatcher_group_wait_ms`` (the evaluator writes an
+evaluation's transitions from several tasks), passed through the subscription's
+alert policy, and sent as one notification per endpoint when the policy groups
+keys, else one per key.
+
+Crash safety: the policy decision for each transition, including the id of the
+notification it joins, is stored before any task is enqueued, and entries are
+acknowledged only after. A restarted dispatcher re-handles its pending entries,
+finds their decisions, and rebuilds the same notifications; the worker drops any
+it already delivered.
 """
 
 from __future__ import annotations
@@ -11,30 +19,56 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import redis
 import structlog
-from prometheus_client import Counter
+from celery import Celery
+from prometheus_client import Counter, Gauge
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from infra.logs import configure_logging
 from infra.metrics import serve_metrics
 from infra.redis_schema import NOTIFIER_GROUP, RedisKeys
 from infra.settings import Settings, get_settings
+from notifier.app import DELIVER_TASK, make_celery
+from notifier.deliveries import DeliveryRecords
+from notifier.notification import build_notification, notification_id
+from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.models import Subscription
 
 log = structlog.get_logger("dispatcher")
 
-DISPATCHED = Counter("tocsin_dispatched_total", "Transitions turned into delivery tasks", ["outcome"])
+TRANSITIONS = Counter("tocsin_dispatcher_transitions_total", "Transitions handled", ["outcome"])
+NOTIFICATIONS = Counter("tocsin_dispatcher_notifications_total", "Notifications enqueued", ["kind"])
+BUFFERED = Gauge("tocsin_dispatcher_buffered_transitions", "Transitions waiting to be grouped")
+
+DECISION_TTL_S = 7 * 24 * 3600
+
+
+@dataclass
+class _Group:
+    first_seen: float
+    entries: list[tuple[str, dict]] = field(default_factory=list)
+
+
+def _info(subscription: Subscription) -> dict:
+    return {"id": subscription.id, "name": subscription.name, "condition": subscription.condition}
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, celery: Celery | None = None) -> None:
         self.settings = settings
         self.keys = RedisKeys(settings)
         self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.records = DeliveryRecords(self.redis, self.keys)
+        self.celery = celery or make_celery(settings)
         self.sessions = session_factory(settings.database_url)
+        self.buffer: dict[tuple, _Group] = {}
+        self.next_reminder = 0.0
         self.running = True
         try:
             self.redis.xgroup_create(self.keys.alerts_stream, NOTIFIER_GROUP, id="0", mkstream=True)
@@ -42,41 +76,150 @@ class Dispatcher:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def handle(self, session: Session, alert: dict) -> int:
-        from notifier.tasks import deliver_webhook
+    # -- reading and grouping ------------------------------------------------------------------
 
-        subscription = session.get(Subscription, alert["subscription_id"])
-        if subscription is None:
-            DISPATCHED.labels("no_subscription").inc()
-            return 0
-        payload = {**alert, "subscription_name": subscription.name, "condition": subscription.condition}
-        for endpoint in subscription.endpoints:
-            deliver_webhook.apply_async((payload, endpoint.id))
-        DISPATCHED.labels("enqueued" if subscription.endpoints else "no_endpoint").inc()
-        return len(subscription.endpoints)
-
-    def run_once(self, block_ms: int | None = None, pending: bool = False) -> int:
-        """Dispatch one read's worth of entries; ``pending`` re-reads this consumer's unacknowledged ones."""
+    def read(self, block_ms: int | None, pending: bool = False) -> int:
+        """Buffer one read's worth of entries; ``pending`` re-reads this consumer's unacknowledged ones."""
         response = self.redis.xreadgroup(
             NOTIFIER_GROUP,
             self.settings.dispatcher_consumer,
             {self.keys.alerts_stream: "0" if pending else ">"},
             count=500,
-            block=None if pending else (block_ms if block_ms is not None else self.settings.dispatcher_block_ms),
+            block=None if pending else block_ms,
         )
-        handled = 0
-        with self.sessions() as session:
-            for _stream, entries in response or []:
-                for entry_id, fields in entries:
-                    self.handle(session, json.loads(fields["alert"]))
-                    self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, entry_id)
-                    handled += 1
-        return handled
+        read = 0
+        now = time.monotonic()
+        for _stream, entries in response or []:
+            for entry_id, fields in entries:
+                alert = json.loads(fields["alert"])
+                key = (alert["subscription_id"], alert["evaluated_at"], alert["state"])
+                self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
+                read += 1
+        BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
+        return read
+
+    def flush(self, force: bool = False) -> int:
+        """Dispatch the groups that waited long enough (all of them if ``force``)."""
+        wait_s = self.settings.dispatcher_group_wait_ms / 1000
+        now = time.monotonic()
+        due = [k for k, g in self.buffer.items() if force or now - g.first_seen >= wait_s]
+        if due:
+            with self.sessions() as session:
+                for key in due:
+                    self.dispatch(session, self.buffer.pop(key).entries)
+        BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
+        return len(due)
+
+    def _wait_ms(self) -> int:
+        """How long the next read may block without holding a group past its wait."""
+        block = self.settings.dispatcher_block_ms
+        if not self.buffer:
+            return block
+        oldest = min(g.first_seen for g in self.buffer.values())
+        remaining = self.settings.dispatcher_group_wait_ms - (time.monotonic() - oldest) * 1000
+        return max(1, min(block, int(remaining)))
+
+    # -- policy and enqueueing -----------------------------------------------------------------
+
+    def dispatch(self, session: Session, entries: list[tuple[str, dict]]) -> None:
+        alerts = [alert for _, alert in entries]
+        subscription = session.get(Subscription, alerts[0]["subscription_id"])
+        if subscription is None:
+            TRANSITIONS.labels("no_subscription").inc(len(alerts))
+        else:
+            policy = AlertPolicy.model_validate(subscription.policy or {})
+            assigned = self.decide(subscription.id, policy, alerts)
+            by_notification: dict[str, list[dict]] = defaultdict(list)
+            for alert in alerts:
+                if assigned[alert["alert_id"]] is not None:
+                    by_notification[assigned[alert["alert_id"]]].append(alert)
+            for nid, members in by_notification.items():
+                self.enqueue(build_notification(_info(subscription), members, nid), subscription)
+        self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
+
+    def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict]) -> dict[str, str | None]:
+        """The notification id each alert joins (None: suppressed), decided once per alert and stored."""
+        known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
+        assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known) if raw}
+        fresh = [a for a, raw in zip(alerts, known) if raw is None]
+        if not fresh:
+            return assigned
+        states_key = self.keys.key_states(subscription_id)
+        stored = self.redis.hmget(states_key, [a["key"] for a in fresh])
+        now = time.time()
+        reasons: dict[str, str | None] = {}
+        pipe = self.redis.pipeline(transaction=True)
+        for alert, raw in zip(fresh, stored):
+            reason, state = decide(policy, KeyState.from_dict(json.loads(raw) if raw else None), alert["state"], now)
+            reasons[alert["alert_id"]] = reason
+            pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
+        notified = [a["alert_id"] for a in fresh if reasons[a["alert_id"]] is None]
+        shared = notification_id(notified) if policy.group and notified else None
+        for alert in fresh:
+            reason = reasons[alert["alert_id"]]
+            nid = None if reason is not None else shared or notification_id([alert["alert_id"]])
+            assigned[alert["alert_id"]] = nid
+            pipe.set(self.keys.decision(alert["alert_id"]), json.dumps({"reason": reason, "notification": nid}),
+                     ex=DECISION_TTL_S)
+            if reason is not None:
+                self.records.suppressed(subscription_id, alert, reason, pipe)
+            TRANSITIONS.labels("notified" if reason is None else "suppressed").inc()
+        pipe.execute()
+        return assigned
+
+    def enqueue(self, notification: dict, subscription: Subscription) -> None:
+        for endpoint in subscription.endpoints:
+            self.celery.send_task(DELIVER_TASK, args=(notification, endpoint.id))
+        NOTIFICATIONS.labels("reminder" if notification["reminder"] else notification["state"]).inc()
+
+    def remind(self, session: Session) -> int:
+        """Remind subscribers of keys still firing whose re-notify interval has passed."""
+        now = time.time()
+        sent = 0
+        for subscription in session.scalars(select(Subscription).where(Subscription.active)):
+            policy = AlertPolicy.model_validate(subscription.policy or {})
+            if policy.renotify_s is None:
+                continue
+            firing = {k: json.loads(v) for k, v in self.redis.hgetall(self.keys.firing(subscription.id)).items()}
+            if not firing:
+                continue
+            keys = sorted(firing)
+            states_key = self.keys.key_states(subscription.id)
+            stored = self.redis.hmget(states_key, keys)
+            # Only transitions the dispatcher has already decided on; the others are still on their way.
+            handled = self.redis.mget([self.keys.decision(firing[k]["alert_id"]) for k in keys])
+            due = [
+                firing[k]
+                for k, raw, decided in zip(keys, stored, handled)
+                if decided and reminder_due(policy, KeyState.from_dict(json.loads(raw) if raw else None), now)
+            ]
+            if not due:
+                continue
+            for members in [due] if policy.group else [[a] for a in due]:
+                nid = notification_id([a["alert_id"] for a in members], reminder_at=now)
+                self.enqueue(build_notification(_info(subscription), members, nid, reminder=True), subscription)
+                sent += 1
+            # After enqueueing: a crash in between repeats a reminder rather than losing it.
+            self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
+        return sent
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def drain_pending(self) -> None:
+        while self.read(None, pending=True):
+            self.flush(force=True)
+
+    def run_once(self) -> None:
+        self.read(self._wait_ms())
+        self.flush()
+        if time.monotonic() >= self.next_reminder:
+            with self.sessions() as session:
+                self.remind(session)
+            self.next_reminder = time.monotonic() + self.settings.dispatcher_remind_interval_s
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
-        while self.run_once(pending=True):
-            pass
+        self.drain_pending()
         log.info("dispatcher_started", stream=self.keys.alerts_stream)
         while self.running:
             try:
@@ -84,6 +227,7 @@ class Dispatcher:
             except redis.ConnectionError as exc:
                 log.warning("redis_unavailable", error=str(exc))
                 time.sleep(1)
+        self.flush(force=True)
 
 
 def main() -> None:

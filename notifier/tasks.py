@@ -1,25 +1,32 @@
-"""Delivery tasks: one webhook POST per (alert, endpoint), retried with backoff, recorded always.
+"""The delivery task: one notification to one endpoint, retried with backoff, every attempt recorded.
 
-Tasks are acknowledged late and may be redelivered (worker crash, dispatcher
-replay), so a delivery is marked done per ``alert id + endpoint`` and a marked
-delivery is never sent again.
+Tasks are acknowledged late and may be redelivered (a worker killed mid-task, a
+dispatcher re-handling what it had not acknowledged), so a delivery is marked
+done per ``notification id + endpoint`` and a marked delivery is never sent
+again. A delivery that exhausts its retries, or is refused for good, goes to the
+dead-letter set, from which operators replay it.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 import redis
 import structlog
 from celery import Task
+from celery.signals import worker_ready
 from prometheus_client import Counter, Histogram
 
+from infra.metrics import serve_metrics
 from infra.redis_schema import RedisKeys
-from infra.settings import get_settings
-from notifier.app import app
+from infra.settings import Settings, get_settings
+from notifier.app import DELIVER_TASK, app
+from notifier.attempt import Attempt
+from notifier.deliveries import DeliveryRecords
+from notifier.email import render, send_email
 from notifier.webhook import DestinationRefused, check_destination, post_webhook
 from subscriptions.db import session_scope
 from subscriptions.models import Endpoint
@@ -29,14 +36,16 @@ log = structlog.get_logger(__name__)
 ATTEMPTS = Counter("tocsin_delivery_attempts_total", "Delivery attempts", ["kind", "outcome"])
 LATENCY = Histogram("tocsin_delivery_latency_seconds", "Latency of delivery attempts", ["kind"])
 
-ATTEMPT_LOG_LENGTH = 1_000
-DELIVERED_MARK_TTL_S = 30 * 24 * 3600
+
+@worker_ready.connect
+def _serve_metrics(**_: object) -> None:
+    serve_metrics(get_settings().metrics_port_worker)
 
 
 @lru_cache(maxsize=4)
 def _redis(url: str) -> redis.Redis:
     """One client (and connection pool) per worker process, not one per task."""
-    return redis.Redis.from_url(url)
+    return redis.Redis.from_url(url, decode_responses=True)
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
@@ -44,69 +53,93 @@ def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
     return random.uniform(0, min(cap_s, base_s * 2**retries))
 
 
-def record_attempt(client: redis.Redis, keys: RedisKeys, subscription_id: int, entry: dict) -> None:
-    log_key = keys.delivery_log(subscription_id)
-    pipe = client.pipeline()
-    pipe.lpush(log_key, json.dumps(entry, separators=(",", ":")))
-    pipe.ltrim(log_key, 0, ATTEMPT_LOG_LENGTH - 1)
-    pipe.hincrby(keys.delivery_stats, entry["outcome"], 1)
-    pipe.execute()
-
-
-@app.task(bind=True, name="tocsin.deliver_webhook", acks_late=True, max_retries=None)
-def deliver_webhook(self: Task, alert: dict, endpoint_id: int) -> str:
-    settings = get_settings()
-    keys = RedisKeys(settings)
-    client = _redis(settings.redis_url)
-    mark = keys.delivered(alert["alert_id"], endpoint_id)
-    if client.exists(mark):
-        return "duplicate"
-    with session_scope(settings.database_url) as session:
-        endpoint = session.get(Endpoint, endpoint_id)
-        url, secret = (endpoint.target, endpoint.secret) if endpoint else (None, None)
-    entry = {
-        "alert_id": alert["alert_id"],
-        "endpoint_id": endpoint_id,
-        "key": alert["key"],
-        "state": alert["state"],
-        "attempt": self.request.retries + 1,
-        "at": time.time(),
-    }
-    if url is None:
-        record_attempt(client, keys, alert["subscription_id"], {**entry, "outcome": "dead", "error": "endpoint deleted"})
-        return "endpoint deleted"
+def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Settings) -> Attempt:
+    """One attempt over the endpoint's channel."""
+    if endpoint.kind == "email":
+        return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
     try:
-        check_destination(url, settings.webhook_allow_hosts)
+        check_destination(endpoint.target, settings.webhook_allow_hosts)
     except DestinationRefused as exc:
-        record_attempt(client, keys, alert["subscription_id"], {**entry, "outcome": "dead", "error": str(exc)})
-        ATTEMPTS.labels("webhook", "refused").inc()
-        return "refused"
-
-    attempt = post_webhook(
-        url,
-        alert,
-        secret,
-        idempotency_key=f"{alert['alert_id']}:{endpoint_id}",
+        return Attempt(ok=False, retryable=False, latency_ms=0.0, error=str(exc))
+    return post_webhook(
+        endpoint.target,
+        notification,
+        endpoint.secret,
+        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
         connect_timeout_s=settings.webhook_connect_timeout_s,
         read_timeout_s=settings.webhook_read_timeout_s,
     )
-    LATENCY.labels("webhook").observe(attempt.latency_ms / 1000)
-    detail = {"status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1), "error": attempt.error}
-    if attempt.ok:
-        client.set(mark, "1", ex=DELIVERED_MARK_TTL_S)
-        record_attempt(client, keys, alert["subscription_id"], {**entry, **detail, "outcome": "delivered"})
-        ATTEMPTS.labels("webhook", "delivered").inc()
-        return "delivered"
-    exhausted = self.request.retries >= settings.webhook_max_retries
-    if not attempt.retryable or exhausted:
-        record_attempt(client, keys, alert["subscription_id"], {**entry, **detail, "outcome": "dead"})
-        client.lpush(keys.dead_letters, json.dumps({"alert": alert, "endpoint_id": endpoint_id, **detail}))
-        ATTEMPTS.labels("webhook", "dead").inc()
-        log.warning("delivery_dead", alert_id=alert["alert_id"], endpoint_id=endpoint_id, **detail)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    target: str
+    secret: str | None
+
+
+_targets: dict[tuple[str, int], tuple[float, Target | None]] = {}
+
+
+def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
+    """The endpoint's channel, address and secret, cached briefly: a lookup costs more than a local POST."""
+    key = (settings.database_url, endpoint_id)
+    cached = _targets.get(key)
+    if cached and time.monotonic() - cached[0] < settings.delivery_endpoint_cache_s:
+        return cached[1]
+    with session_scope(settings.database_url) as session:
+        endpoint = session.get(Endpoint, endpoint_id)
+        target = Target(endpoint.kind, endpoint.target, endpoint.secret) if endpoint else None
+    _targets[key] = (time.monotonic(), target)
+    return target
+
+
+def claim_ttl_s(settings: Settings) -> float:
+    """Longer than any one attempt can take, so a claim outlives the attempt that holds it."""
+    return max(settings.webhook_connect_timeout_s + settings.webhook_read_timeout_s, 2 * settings.smtp_timeout_s) + 5
+
+
+@app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
+def deliver(self: Task, notification: dict, endpoint_id: int) -> str:
+    settings = get_settings()
+    records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
+    nid = notification["notification_id"]
+    claimed, delivered = records.claim(nid, endpoint_id, claim_ttl_s(settings))
+    if delivered:
+        return "duplicate"
+    if not claimed:
+        # Another copy is sending right now (or died doing so): look again once it must be done.
+        raise self.retry(countdown=claim_ttl_s(settings))
+    try:
+        return _attempt(self, settings, records, notification, endpoint_id)
+    finally:
+        records.release(nid, endpoint_id)
+
+
+def _attempt(self: Task, settings: Settings, records: DeliveryRecords, notification: dict, endpoint_id: int) -> str:
+    endpoint = endpoint_target(settings, endpoint_id)
+    attempt_no = self.request.retries + 1
+    if endpoint is None:
+        attempt = Attempt(ok=False, retryable=False, latency_ms=0.0, error="endpoint deleted")
+        records.dead(notification, endpoint_id, attempt, attempt_no)
         return "dead"
-    record_attempt(client, keys, alert["subscription_id"], {**entry, **detail, "outcome": "retry"})
-    ATTEMPTS.labels("webhook", "retry").inc()
+
+    kind = endpoint.kind
+    attempt = send(endpoint, notification, endpoint_id, settings)
+    LATENCY.labels(kind).observe(attempt.latency_ms / 1000)
+    if attempt.ok:
+        records.delivered(notification, endpoint_id, kind, attempt, attempt_no)
+        ATTEMPTS.labels(kind, "delivered").inc()
+        return "delivered"
+    if not attempt.retryable or self.request.retries >= settings.delivery_max_retries:
+        records.dead(notification, endpoint_id, attempt, attempt_no, kind)
+        ATTEMPTS.labels(kind, "dead").inc()
+        log.warning("delivery_dead", notification=notification["notification_id"], endpoint_id=endpoint_id,
+                    **attempt.detail())
+        return "dead"
+    records.attempt(notification, endpoint_id, kind, attempt, attempt_no, "retry")
+    ATTEMPTS.labels(kind, "retry").inc()
     delay = attempt.retry_after_s
     if delay is None:
-        delay = backoff_s(self.request.retries, settings.webhook_backoff_base_s, settings.webhook_backoff_max_s)
-    raise self.retry(countdown=delay)
+        delay = backoff_s(self.request.retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
+    raise self.retry(countdown=min(delay, settings.delivery_backoff_max_s))

@@ -25,7 +25,7 @@ subscription_endpoints = Table(
 
 
 class Endpoint(Base):
-    """Where alerts go: a webhook URL whose requests are signed with ``secret``."""
+    """Where alerts go: a webhook URL whose requests are signed with ``secret``, or an e-mail address."""
 
     __tablename__ = "endpoints"
 
@@ -45,6 +45,7 @@ class Subscription(Base):
     condition_spec: Mapped[dict] = mapped_column(JSON)
     keys: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: every key
     active: Mapped[bool] = mapped_column(Boolean, default=True)
+    policy: Mapped[dict] = mapped_column(JSON, default=dict)  # notifier.policy.AlertPolicy
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     endpoints: Mapped[list[Endpoint]] = relationship(secondary=subscription_endpoints, lazy="selectin")

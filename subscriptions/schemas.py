@@ -2,30 +2,51 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ingest.model import Key
+from notifier.policy import AlertPolicy
 from subscriptions.language import parse_condition
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
+EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;]+@[^@\s<>,;]+\.[A-Za-z0-9-]{2,}$")
+
+
 class EndpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["webhook"]
-    target: str = Field(min_length=3, max_length=2048, description="webhook URL")
-    secret: str | None = Field(None, min_length=16, max_length=128, description="webhook signing secret")
+    kind: Literal["webhook", "email"]
+    target: str = Field(min_length=3, max_length=2048, description="webhook URL, or e-mail address")
+    secret: str | None = Field(None, min_length=16, max_length=128,
+                               description="webhook signing secret; generated when omitted")
 
-    @model_validator(mode="after")
-    def _check_target(self) -> EndpointIn:
-        url = AnyHttpUrl(self.target)
+    @field_validator("target")
+    @classmethod
+    def _check_target(cls, target: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") == "email":
+            if not EMAIL_ADDRESS.match(target):
+                raise ValueError("must be one e-mail address, like ops@example.com")
+            return target
+        try:
+            url = AnyHttpUrl(target)
+        except ValidationError:
+            raise ValueError("must be an http(s) URL") from None
         if url.scheme not in {"http", "https"}:
-            raise ValueError("webhook target must be an http(s) URL")
-        return self
+            raise ValueError("must be an http(s) URL")
+        return target
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_for_webhooks(cls, secret: str | None, info: ValidationInfo) -> str | None:
+        if secret is not None and info.data.get("kind") == "email":
+            raise ValueError("e-mail endpoints take no secret")
+        return secret
 
 
 class EndpointOut(BaseModel):
@@ -49,6 +70,7 @@ class SubscriptionIn(BaseModel):
     keys: list[Key] | None = Field(None, max_length=10_000, description="keys to watch; null for every key")
     endpoint_ids: list[int] = Field(default_factory=list, max_length=20)
     active: bool = True
+    policy: AlertPolicy = Field(default_factory=AlertPolicy)
 
     @field_validator("condition")
     @classmethod
@@ -71,5 +93,12 @@ class SubscriptionOut(BaseModel):
     keys: list[str] | None
     active: bool
     endpoint_ids: list[int]
+    policy: AlertPolicy
     created_at: datetime
     updated_at: datetime
+
+
+class MuteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    until: datetime | None = Field(description="send nothing until this time; null unmutes")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import datetime
 
 import redis
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from evaluator.catalog import Catalog
 from evaluator.spec import Condition, SubscriptionSpec
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
+from notifier.policy import AlertPolicy
 from subscriptions.language import check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription
 from subscriptions.schemas import EndpointIn, SubscriptionIn
@@ -79,6 +81,7 @@ class SubscriptionService:
             condition_spec=condition.to_dict(),
             keys=data.keys,
             active=data.active,
+            policy=data.policy.model_dump(mode="json"),
             endpoints=self._endpoints(data.endpoint_ids),
         )
         self.session.add(subscription)
@@ -93,6 +96,7 @@ class SubscriptionService:
         subscription.condition_spec = condition.to_dict()
         subscription.keys = data.keys
         subscription.active = data.active
+        subscription.policy = data.policy.model_dump(mode="json")
         subscription.endpoints = self._endpoints(data.endpoint_ids)
         self._changed()
         return subscription
@@ -103,10 +107,18 @@ class SubscriptionService:
         self._changed()
         return subscription
 
+    def set_muted(self, subscription_id: int, until: datetime | None) -> Subscription:
+        """Mute notifications until ``until`` (None unmutes); evaluation goes on, so nothing is missed."""
+        subscription = self.get(subscription_id)
+        policy = AlertPolicy.model_validate(subscription.policy or {})
+        subscription.policy = policy.model_copy(update={"muted_until": until}).model_dump(mode="json")
+        self.session.commit()  # the evaluator does not read policies: no new catalog
+        return subscription
+
     def delete(self, subscription_id: int) -> None:
         self.session.delete(self.get(subscription_id))
         self._changed()
-        self.redis.delete(self.keys.firing(subscription_id))
+        self.redis.delete(self.keys.firing(subscription_id), self.keys.key_states(subscription_id))
 
     def get(self, subscription_id: int) -> Subscription:
         subscription = self.session.get(Subscription, subscription_id)

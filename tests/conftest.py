@@ -64,8 +64,11 @@ def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
         metrics_port_dispatcher=0,
         metrics_port_worker=0,
         webhook_allow_hosts=["127.0.0.1"],
-        webhook_backoff_base_s=0.05,
-        webhook_backoff_max_s=0.5,
+        delivery_backoff_base_s=0.05,
+        delivery_backoff_max_s=0.5,
+        delivery_visibility_margin_s=2.0,
+        delivery_restore_interval_s=1,
+        dispatcher_group_wait_ms=300,
     )
 
 

@@ -16,7 +16,7 @@ from ingest.model import Event
 from ingest.publisher import EventPublisher
 from notifier.webhook import SIGNATURE_HEADER, verify
 from tests.processes import running, worker_args
-from tests.receiver import WebhookReceiver
+from infra.receiver import WebhookReceiver
 from web.app import create_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -59,12 +59,14 @@ def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> N
         query.stop()
         receiver.close()
 
-    alert = got[0].json
+    notification = got[0].json
+    assert notification["subscription_id"] == subscription["id"]
+    assert notification["condition"] == "SUM(volume) OVER 1m > 10000"
+    [alert] = notification["alerts"]
     assert alert["key"] == "AAPL"
-    assert alert["subscription_id"] == subscription["id"]
     assert alert["value"] > 10_000
-    assert alert["condition"] == "SUM(volume) OVER 1m > 10000"
+    assert alert["window_end"] - alert["window_start"] == 60_000
     assert verify(endpoint["secret"], got[0].headers[SIGNATURE_HEADER], got[0].body)
     assert not verify("wrong-secret-wrong-secret", got[0].headers[SIGNATURE_HEADER], got[0].body)
-    assert all(r.json["key"] == "AAPL" for r in receiver.received)
-    assert len({r.json["alert_id"] for r in receiver.received}) == len(receiver.received)
+    assert all(a["key"] == "AAPL" for r in receiver.received for a in r.json["alerts"])
+    assert len({r.json["notification_id"] for r in receiver.received}) == len(receiver.received)

@@ -12,11 +12,12 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 
 from infra.settings import Settings, get_settings
+from notifier.app import make_celery
 from subscriptions.db import session_factory
 from subscriptions.language import ConditionError
 from subscriptions.service import NotFound, SubscriptionService
-from web.api import endpoints, health, subscriptions
-from web.deps import ServiceDep
+from web.api import dead_letters, endpoints, health, subscriptions
+from web.deps import RecordsDep, ServiceDep
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
@@ -26,7 +27,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
-        app.state.redis = redis.Redis.from_url(settings.redis_url)
+        app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         with session_factory(settings.database_url)() as session:
             try:
                 SubscriptionService(session, settings, app.state.redis).republish()
@@ -38,8 +39,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,
                   description="Alerts on sliding-window aggregates of keyed event streams.")
     app.state.settings = settings
+    app.state.celery = make_celery(settings)  # to enqueue replayed deliveries on this deployment's queue
     app.include_router(subscriptions.router)
     app.include_router(endpoints.router)
+    app.include_router(dead_letters.router)
     app.include_router(health.router)
 
     @app.exception_handler(NotFound)
@@ -53,7 +56,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request, service: ServiceDep) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(request, "index.html", {"subscriptions": service.list()})
+    def index(request: Request, service: ServiceDep, records: RecordsDep) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(
+            request, "index.html", {"subscriptions": service.list(), "dead_letters": records.dead_letters(100)}
+        )
 
     return app

@@ -22,6 +22,14 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _cmdline(process: psutil.Process) -> str:
+    """Its command line, or "" for a helper that already exited (Spark's launcher does)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
+
+
 def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     settings = Settings(
         kafka_bootstrap=f"127.0.0.1:{free_port()}",
@@ -32,6 +40,8 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         metrics_port_feed=free_port(),
         metrics_port_evaluator=free_port(),
         metrics_port_dispatcher=free_port(),
+        metrics_port_worker=free_port(),
+        smtp_port=free_port(),  # nothing answers: the runner starts its SMTP sink
         feed_rate=200,
         feed_symbols=50,
     )
@@ -56,8 +66,9 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "web app never became ready"
             time.sleep(0.5)
         children = psutil.Process(runner.pid).children(recursive=True)
-        names = " ".join(" ".join(c.cmdline()) for c in children)
-        for part in ("tansu", "redis-server", "uvicorn", "celery", "notifier.dispatcher", "evaluator.spark", "ingest feed"):
+        names = " ".join(_cmdline(c) for c in children)
+        for part in ("tansu", "redis-server", "uvicorn", "celery", "notifier.dispatcher", "evaluator.spark", "ingest feed",
+                     "infra.mailsink"):
             assert part in names, f"{part} is not running"
         deadline = time.monotonic() + 60
         while sum(topic_end_offsets(settings, settings.events_topic).values()) == 0:
@@ -65,6 +76,15 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
             time.sleep(0.5)
         metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_feed}/metrics").text
         assert "tocsin_ingest_events_total" in metrics
+        deadline = time.monotonic() + 30
+        while True:  # the worker serves its metrics once it is ready
+            try:
+                metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_worker}/metrics").text
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the worker serves no metrics"
+                time.sleep(0.5)
+        assert "tocsin_delivery_attempts_total" in metrics
     finally:
         runner.send_signal(signal.SIGINT)
         output = runner.communicate(timeout=60)[0]

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from notifier.webhook import Attempt, DestinationRefused, check_destination, post_webhook, sign, verify
-from tests.receiver import WebhookReceiver
+from notifier.webhook import DestinationRefused, check_destination, http_attempt, post_webhook, sign, verify
+from infra.receiver import WebhookReceiver
 
 
 def test_signature_verifies_and_rejects_tampering_and_replay() -> None:
@@ -51,6 +51,7 @@ def test_post_signs_and_classifies_responses() -> None:
 
 
 def test_retry_classification() -> None:
-    assert Attempt(429, 1, "x").retryable and Attempt(500, 1, "x").retryable
-    assert not Attempt(400, 1, "x").retryable and not Attempt(404, 1, "x").retryable
-    assert Attempt(204, 1, None).ok
+    assert http_attempt(429, 1).retryable and http_attempt(500, 1).retryable
+    assert not http_attempt(400, 1).retryable and not http_attempt(404, 1).retryable
+    assert http_attempt(204, 1).ok and not http_attempt(204, 1).error
+    assert http_attempt(503, 1, retry_after_s=7).retry_after_s == 7

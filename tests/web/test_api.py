@@ -106,3 +106,61 @@ def test_catalog_publication_never_goes_backwards(api: TestClient, settings: Set
         service = SubscriptionService(session, settings, redis.Redis.from_url(settings.redis_url))
         assert not service.publish(Catalog(current.version - 1, ()))
     assert published(settings) == current
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"kind": "email", "target": "not-an-address"}, "target", "one e-mail address"),
+        ({"kind": "email", "target": "a@b.com, c@d.com"}, "target", "one e-mail address"),
+        ({"kind": "email", "target": "ops@example.com", "secret": "s" * 20}, "secret", "take no secret"),
+        ({"kind": "webhook", "target": "ftp://example.com/x"}, "target", "http(s) URL"),
+        ({"kind": "sms", "target": "+4412345"}, "kind", "'webhook' or 'email'"),
+    ],
+)
+def test_endpoint_validation_errors_name_the_field(api: TestClient, body: dict, field: str, message: str) -> None:
+    response = api.post("/api/endpoints", json=body)
+    assert response.status_code == 422
+    errors = response.json()["detail"]
+    assert any(field in map(str, e["loc"]) and message in e["msg"] for e in errors), errors
+
+
+def test_email_endpoint_and_alert_policy_round_trip(api: TestClient, settings: Settings) -> None:
+    email = api.post("/api/endpoints", json={"kind": "email", "target": "ops@example.com"})
+    assert email.status_code == 201 and email.json()["secret"] is None
+    body = {"name": "x", "condition": "SUM(volume) OVER 5m > 1", "endpoint_ids": [email.json()["id"]],
+            "policy": {"cooldown_s": 300, "renotify_s": 3600, "send_resolved": False, "group": False}}
+    sub = api.post("/api/subscriptions", json=body).json()
+    assert sub["policy"] == {**body["policy"], "muted_until": None}
+
+    muted = api.post(f"/api/subscriptions/{sub['id']}/mute", json={"until": "2030-01-01T09:00:00Z"}).json()
+    assert muted["policy"]["muted_until"].startswith("2030-01-01T09:00:00") and muted["policy"]["cooldown_s"] == 300
+    assert api.post(f"/api/subscriptions/{sub['id']}/mute", json={"until": None}).json()["policy"]["muted_until"] is None
+
+    bad = api.post("/api/subscriptions", json={**body, "policy": {"renotify_s": 5, "colour": "red"}})
+    assert bad.status_code == 422
+    assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "policy", "renotify_s"),
+                                                                ("body", "policy", "colour")}
+    assert api.get(f"/api/subscriptions/{sub['id']}/deliveries").json() == {"subscription_id": sub["id"],
+                                                                            "deliveries": []}
+    assert api.get("/api/subscriptions/999/deliveries").status_code == 404
+
+
+def test_dead_letters_are_listed_with_a_replay_button(api: TestClient, settings: Settings) -> None:
+    from notifier.attempt import Attempt
+    from notifier.deliveries import DeliveryRecords
+    from notifier.notification import build_notification
+
+    alert = {"alert_id": "a1", "key": "AAPL", "state": "firing", "value": 1.0, "window_start": 0,
+             "window_end": 60_000, "evaluated_at": 60_000}
+    notification = build_notification({"id": 1, "name": "Big volume", "condition": "c"}, [alert], "n1")
+    records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True), RedisKeys(settings))
+    records.dead(notification, 4, Attempt(False, False, 12.0, 410, "HTTP 410"), 1, "webhook")
+
+    page = api.get("/").text
+    assert "Big volume (#1)" in page and "HTTP 410" in page and "/api/dead-letters/n1%3A4/replay" in page
+    [letter] = api.get("/api/dead-letters").json()
+    assert letter["id"] == "n1:4" and letter["notification"]["alerts"][0]["key"] == "AAPL"
+    assert api.delete("/api/dead-letters/n1:4").status_code == 204
+    assert api.delete("/api/dead-letters/n1:4").status_code == 404
+    assert "None: every delivery" in api.get("/").text

@@ -1,0 +1,125 @@
+"""A real HTTP server that receives webhooks: for tests, the benchmark and the local demo.
+
+It can be told to fail its first N requests, or to be slow on them, and it
+records every request it accepted with its arrival time. Run as a module it
+prints each verified notification:
+``python -m infra.receiver --port 8099 --secret <endpoint secret>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.time() on arrival
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+@dataclass
+class WebhookReceiver:
+    fail_first: int = 0
+    fail_status: int = 503
+    slow_first: int = 0  # the first so many requests wait ``slow_s`` before answering
+    slow_s: float = 0.0
+    latency_s: float = 0.0  # every request takes at least this long, like a real remote service
+    host: str = "127.0.0.1"
+    port: int = 0
+    on_receive: Callable[[Received], None] | None = None
+    received: list[Received] = field(default_factory=list)
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        receiver = self
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with lock:
+                    receiver.attempts += 1
+                    number = receiver.attempts
+                if number <= receiver.slow_first:
+                    time.sleep(receiver.slow_s)
+                if receiver.latency_s:
+                    time.sleep(receiver.latency_s)
+                if number <= receiver.fail_first:
+                    self.send_response(receiver.fail_status)
+                    self.end_headers()
+                    return
+                got = Received(dict(self.headers), body, time.time())
+                with lock:
+                    receiver.received.append(got)
+                if receiver.on_receive:
+                    receiver.on_receive(got)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server.server_address[1]}/hook"
+
+    def accepted(self) -> dict[str, Received]:
+        """Accepted requests by ``Idempotency-Key``, as a receiver that de-duplicates would keep them."""
+        return {r.headers["Idempotency-Key"]: r for r in self.received}
+
+    def wait_for(self, predicate: Callable[[Received], bool], timeout_s: float = 60.0, count: int = 1) -> list[Received]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            matching = [r for r in list(self.received) if predicate(r)]
+            if len(matching) >= count:
+                return matching
+            time.sleep(0.05)
+        raise AssertionError(f"fewer than {count} matching webhooks within {timeout_s}s; "
+                             f"got {[r.json for r in self.received]}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def main() -> None:
+    from notifier.notification import summary
+    from notifier.webhook import SIGNATURE_HEADER, verify
+
+    parser = argparse.ArgumentParser(description="Print the webhooks Tocsin sends.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099)
+    parser.add_argument("--secret", help="endpoint secret, to verify signatures")
+    args = parser.parse_args()
+
+    def show(got: Received) -> None:
+        signed = "unchecked" if not args.secret else (
+            "valid" if verify(args.secret, got.headers.get(SIGNATURE_HEADER, ""), got.body) else "INVALID")
+        print(f"{summary(got.json)}  [signature {signed}]", flush=True)
+
+    receiver = WebhookReceiver(host=args.host, port=args.port, on_receive=show)
+    print(f"listening on {receiver.url}", flush=True)
+    try:
+        receiver.thread.join()
+    except KeyboardInterrupt:
+        receiver.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""What became of every notification, in Redis: attempt logs, delivered marks, dead letters.
+
+- ``deliveries:<subscription>``: the newest attempts (and policy suppressions) of a
+  subscription, newest first, for its delivery log;
+- ``delivered:<notification>:<endpoint>``: set once a delivery succeeded, so a
+  redelivered task never sends twice, and ``sending:<notification>:<endpoint>``,
+  held while one copy of a task is sending, so two copies never send at once;
+- ``deliveries:dead``: a hash of deliveries that failed for good, by
+  ``<notification>:<endpoint>``, kept until an operator replays or discards them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+from celery import Celery
+
+from infra.redis_schema import RedisKeys
+from notifier.app import DELIVER_TASK
+from notifier.attempt import Attempt
+
+ATTEMPT_LOG_LENGTH = 1_000
+DELIVERED_MARK_TTL_S = 30 * 24 * 3600
+
+
+def _json(value: dict) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def dead_letter_id(notification_id: str, endpoint_id: int) -> str:
+    return f"{notification_id}:{endpoint_id}"
+
+
+class DeliveryRecords:
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self.redis = client  # decode_responses=True
+        self.keys = keys
+
+    # -- writing (worker, dispatcher) ------------------------------------------------------
+
+    def _log(self, pipe: redis.client.Pipeline, subscription_id: int, entry: dict) -> None:
+        log_key = self.keys.delivery_log(subscription_id)
+        pipe.lpush(log_key, _json({**entry, "at": time.time()}))
+        pipe.ltrim(log_key, 0, ATTEMPT_LOG_LENGTH - 1)
+        pipe.hincrby(self.keys.delivery_stats, entry["outcome"], 1)
+
+    @staticmethod
+    def _entry(notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int,
+               outcome: str) -> dict:
+        return {
+            "notification_id": notification["notification_id"],
+            "endpoint_id": endpoint_id,
+            "kind": kind,
+            "state": notification["state"],
+            "reminder": notification.get("reminder", False),
+            "keys": [a["key"] for a in notification["alerts"]],
+            "attempt": number,
+            "outcome": outcome,
+            **attempt.detail(),
+        }
+
+    def attempt(self, notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int,
+                outcome: str) -> None:
+        pipe = self.redis.pipeline()
+        self._log(pipe, notification["subscription_id"], self._entry(notification, endpoint_id, kind, attempt,
+                                                                     number, outcome))
+        pipe.execute()
+
+    def delivered(self, notification: dict, endpoint_id: int, kind: str, attempt: Attempt, number: int) -> None:
+        pipe = self.redis.pipeline()
+        pipe.set(self.keys.delivered(notification["notification_id"], endpoint_id), "1", ex=DELIVERED_MARK_TTL_S)
+        self._log(pipe, notification["subscription_id"],
+                  self._entry(notification, endpoint_id, kind, attempt, number, "delivered"))
+        pipe.execute()
+
+    def dead(self, notification: dict, endpoint_id: int, attempt: Attempt, number: int, kind: str | None = None) -> None:
+        entry = self._entry(notification, endpoint_id, kind, attempt, number, "dead")
+        letter = {"id": dead_letter_id(notification["notification_id"], endpoint_id), "notification": notification,
+                  **entry, "dead_at": time.time()}
+        pipe = self.redis.pipeline()
+        pipe.hset(self.keys.dead_letters, letter["id"], _json(letter))
+        self._log(pipe, notification["subscription_id"], entry)
+        pipe.execute()
+
+    def suppressed(self, subscription_id: int, alert: dict, reason: str, pipe: redis.client.Pipeline) -> None:
+        """Log, in the caller's transaction, that the alert policy held a transition back."""
+        self._log(pipe, subscription_id, {"alert_id": alert["alert_id"], "keys": [alert["key"]],
+                                          "state": alert["state"], "outcome": "suppressed", "reason": reason})
+
+    def claim(self, notification_id: str, endpoint_id: int, ttl_s: float) -> tuple[bool, bool]:
+        """(claimed, already delivered), in one round trip.
+
+        Only one copy of a delivery is in flight at a time; a dead holder's claim
+        expires after ``ttl_s``.
+        """
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.exists(self.keys.delivered(notification_id, endpoint_id))
+        pipe.set(self.keys.sending(notification_id, endpoint_id), "1", nx=True, px=int(ttl_s * 1000))
+        delivered, claimed = pipe.execute()
+        if delivered and claimed:
+            self.release(notification_id, endpoint_id)
+        return bool(claimed) and not delivered, bool(delivered)
+
+    def release(self, notification_id: str, endpoint_id: int) -> None:
+        self.redis.delete(self.keys.sending(notification_id, endpoint_id))
+
+    # -- reading and operating (web) -----------------------------------------------------------
+
+    def log(self, subscription_id: int, limit: int = 100) -> list[dict]:
+        return [json.loads(e) for e in self.redis.lrange(self.keys.delivery_log(subscription_id), 0, limit - 1)]
+
+    def dead_letters(self, limit: int = 500) -> list[dict]:
+        letters = [json.loads(v) for v in self.redis.hvals(self.keys.dead_letters)]
+        return sorted(letters, key=lambda d: d["dead_at"], reverse=True)[:limit]
+
+    def dead_letter(self, letter_id: str) -> dict | None:
+        raw = self.redis.hget(self.keys.dead_letters, letter_id)
+        return json.loads(raw) if raw else None
+
+    def replay(self, letter_id: str, celery: Celery) -> bool:
+        """Send a dead letter again with a fresh retry budget; False if there is no such letter.
+
+        The letter is enqueued before it is removed: a crash in between leaves a
+        letter that is replayed twice at worst, which the delivered mark absorbs.
+        """
+        letter = self.dead_letter(letter_id)
+        if letter is None:
+            return False
+        celery.send_task(DELIVER_TASK, args=(letter["notification"], letter["endpoint_id"]))
+        self.redis.hdel(self.keys.dead_letters, letter_id)
+        return True
+
+    def discard(self, letter_id: str) -> bool:
+        return bool(self.redis.hdel(self.keys.dead_letters, letter_id))

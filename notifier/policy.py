@@ -1,0 +1,81 @@
+"""Alert policy: which transitions become notifications, per subscription and key.
+
+Pure decisions over a small per-key state, so they can be tested without Redis:
+
+- *mute*: nothing is sent until ``muted_until``;
+- *cool-down*: a key that fired and was notified is not notified again for
+  ``cooldown_s``, however often it flaps;
+- *re-notify*: a key that stays firing is reminded every ``renotify_s`` (also a key
+  whose firing was muted or cooled down, once the mute or cool-down is over);
+- *send-resolved*: whether leaving the condition is notified at all. A resolution
+  is only sent for a firing episode the subscriber was told about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NOTIFY = None  # the reason of a decision that notifies
+
+
+class AlertPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cooldown_s: int = Field(0, ge=0, le=30 * 86_400, description="minimum seconds between notifications of one key")
+    renotify_s: int | None = Field(
+        None, ge=60, le=30 * 86_400, description="remind every so many seconds while a key stays firing; null: never"
+    )
+    send_resolved: bool = Field(True, description="notify when a key leaves the condition")
+    group: bool = Field(True, description="one notification for all keys of one evaluation")
+    muted_until: datetime | None = Field(None, description="send nothing until this time")
+
+    def muted(self, now: float) -> bool:
+        if self.muted_until is None:
+            return False
+        until = self.muted_until if self.muted_until.tzinfo else self.muted_until.replace(tzinfo=UTC)
+        return now < until.timestamp()
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What was last told about one (subscription, key)."""
+
+    notified_at: float | None = None  # unix seconds of the last firing or reminder notification
+    open: bool = False  # a firing was notified and its resolution is still due
+
+    def to_dict(self) -> dict:
+        return {"notified_at": self.notified_at, "open": self.open}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> KeyState:
+        return cls(data["notified_at"], data["open"]) if data else cls()
+
+
+def decide(policy: AlertPolicy, state: KeyState, transition: str, now: float) -> tuple[str | None, KeyState]:
+    """Whether a ``firing``/``resolved`` transition is notified: (None or the reason not to, new state)."""
+    if transition == "firing":
+        if policy.muted(now):
+            return "muted", state
+        if state.notified_at is not None and now - state.notified_at < policy.cooldown_s:
+            return "cool-down", state
+        return NOTIFY, KeyState(now, True)
+    if not state.open:
+        return "its firing was not notified", state
+    closed = KeyState(state.notified_at, False)
+    if not policy.send_resolved:
+        return "send-resolved is off", closed
+    if policy.muted(now):
+        return "muted", closed
+    return NOTIFY, closed
+
+
+def reminder_due(policy: AlertPolicy, state: KeyState, now: float) -> bool:
+    """Whether a key that is still firing should be reminded now."""
+    if policy.renotify_s is None or policy.muted(now):
+        return False
+    if state.notified_at is None:
+        return True
+    return now - state.notified_at >= max(policy.renotify_s, policy.cooldown_s)

@@ -1,0 +1,205 @@
+"""Deliveries through a real Celery worker (Redis broker) to a real HTTP receiver and SMTP server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from evaluator.naive import alert_id
+from evaluator.spark.job import RedisAlertSink
+from infra.mailsink import MailSink
+from infra.receiver import WebhookReceiver
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from notifier.app import DELIVER_TASK, make_celery
+from notifier.deliveries import DeliveryRecords
+from notifier.dispatcher import Dispatcher
+from notifier.notification import build_notification, notification_id
+from subscriptions.db import session_factory
+from subscriptions.schemas import EndpointIn, SubscriptionIn
+from subscriptions.service import SubscriptionService
+from tests.processes import running, worker_args
+from web.app import create_app
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def service(settings: Settings, redis_client: redis.Redis) -> Iterator[SubscriptionService]:
+    with session_factory(settings.database_url)() as session:
+        yield SubscriptionService(session, settings, redis_client)
+
+
+def _subscription(service: SubscriptionService, endpoints: list[int], name: str = "volume", **policy: object) -> int:
+    data = SubscriptionIn(name=name, condition="SUM(volume) OVER 1m > 100", endpoint_ids=endpoints, policy=policy)
+    return service.create(data).id
+
+
+def _transition(subscription_id: int, key: str, state: str, evaluated_at: int) -> dict:
+    return {"alert_id": alert_id(subscription_id, key, state, evaluated_at), "subscription_id": subscription_id,
+            "key": key, "state": state, "value": 150.0 if state == "firing" else 50.0,
+            "window_start": evaluated_at - 60_000, "window_end": evaluated_at, "evaluated_at": evaluated_at}
+
+
+def _notification(subscription_id: int, key: str = "AAPL") -> dict:
+    alert = _transition(subscription_id, key, "firing", 1_700_000_060_000)
+    info = {"id": subscription_id, "name": "volume", "condition": "SUM(volume) OVER 1m > 100"}
+    return build_notification(info, [alert], notification_id([alert["alert_id"]]))
+
+
+def _eventually(check: Callable[[], object], timeout_s: float = 60.0) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s}s: {check.__doc__ or check}")
+
+
+@contextmanager
+def worker(settings: Settings, log_dir: Path) -> Iterator:
+    with running(settings, log_dir, ("worker", worker_args())) as (process,):
+        yield process
+
+
+def _outcomes(records: DeliveryRecords, subscription_id: int) -> list[str]:
+    return [e["outcome"] for e in reversed(records.log(subscription_id))]
+
+
+def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver(fail_first=3, fail_status=503)
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    notification = _notification(subscription_id)
+    celery = make_celery(settings)
+    try:
+        with worker(settings, tmp_path / "logs"):
+            celery.send_task(DELIVER_TASK, args=(notification, endpoint.id))
+            celery.send_task(DELIVER_TASK, args=(notification, endpoint.id))  # a redelivered copy, concurrently
+            receiver.wait_for(lambda r: True)
+            _eventually(lambda: _outcomes(records, subscription_id).count("delivered"))
+            time.sleep(1.5)  # give the copy time to (not) send again
+    finally:
+        receiver.close()
+    assert receiver.attempts == 4 and len(receiver.received) == 1
+    assert _outcomes(records, subscription_id) == ["retry", "retry", "retry", "delivered"]
+    retry = records.log(subscription_id)[-1]
+    assert retry["status_code"] == 503 and retry["error"] == "HTTP 503" and retry["latency_ms"] >= 0
+    assert retry["attempt"] == 1 and records.log(subscription_id)[0]["attempt"] == 4
+
+
+def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    # The first request hangs for a while and is then refused: the worker dies while it waits.
+    receiver = WebhookReceiver(fail_first=1, slow_first=1, slow_s=3)
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    celery = make_celery(settings)
+    try:
+        with worker(settings, tmp_path / "logs") as process:
+            celery.send_task(DELIVER_TASK, args=(_notification(subscription_id), endpoint.id))
+            _eventually(lambda: receiver.attempts == 1)
+            process.kill()
+        assert receiver.received == [] and _outcomes(records, subscription_id) == []
+        with worker(settings, tmp_path / "logs-restarted"):
+            [got] = receiver.wait_for(lambda r: True, timeout_s=90)
+            _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
+            time.sleep(1.5)
+    finally:
+        receiver.close()
+    assert receiver.attempts == 2 and len(receiver.received) == 1
+    assert got.json["notification_id"] == _notification(subscription_id)["notification_id"]
+
+
+def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(settings, service, redis_client,
+                                                                         tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver(fail_first=1, fail_status=410)  # a 4xx: final, no retries
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    celery = make_celery(settings)
+    try:
+        with worker(settings, tmp_path / "logs"), TestClient(create_app(settings)) as api:
+            celery.send_task(DELIVER_TASK, args=(_notification(subscription_id), endpoint.id))
+            _eventually(lambda: records.dead_letters())
+            [letter] = api.get("/api/dead-letters").json()
+            assert letter["status_code"] == 410 and letter["endpoint_id"] == endpoint.id
+            assert receiver.attempts == 1 and receiver.received == []
+
+            assert api.post("/api/dead-letters/nope:1/replay").status_code == 404
+            assert api.post(f"/api/dead-letters/{letter['id']}/replay").json() == {"replayed": [letter["id"]]}
+            receiver.wait_for(lambda r: True)
+            assert api.get("/api/dead-letters").json() == []
+            log = _eventually(lambda: [e for e in api.get(f"/api/subscriptions/{subscription_id}/deliveries")
+                                       .json()["deliveries"] if e["outcome"] == "delivered"])
+            assert log[0]["status_code"] == 204 and log[0]["keys"] == ["AAPL"]
+    finally:
+        receiver.close()
+    assert _outcomes(records, subscription_id) == ["dead", "delivered"]
+
+
+def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver()
+    sink = MailSink()
+    settings = settings.model_copy(update={"smtp_port": sink.bound_port})
+    hook = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url)).id
+    mail = service.create_endpoint(EndpointIn(kind="email", target="ops@example.com")).id
+    grouped = _subscription(service, [hook, mail], "grouped", cooldown_s=600)
+    single = _subscription(service, [hook], "single", group=False, send_resolved=False)
+    muted = _subscription(service, [hook], "muted", muted_until=datetime.now(UTC) + timedelta(hours=1))
+    t1, t2, t3 = 1_700_000_060_000, 1_700_000_061_000, 1_700_000_062_000
+    RedisAlertSink(settings).write([
+        _transition(grouped, "AAPL", "firing", t1), _transition(grouped, "MSFT", "firing", t1),
+        _transition(single, "X", "firing", t1), _transition(single, "Y", "firing", t1),
+        _transition(muted, "Z", "firing", t1),
+        _transition(grouped, "AAPL", "resolved", t2), _transition(single, "X", "resolved", t2),
+        _transition(grouped, "AAPL", "firing", t3),  # flapping within the cool-down
+    ])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    dispatcher = Dispatcher(settings)
+    try:
+        with running(settings, tmp_path / "logs", ("worker", worker_args())):
+            dispatcher.read(block_ms=100)
+            time.sleep(settings.dispatcher_group_wait_ms / 1000)
+            dispatcher.flush()
+            receiver.wait_for(lambda r: True, count=4)
+            sink.wait_for(2)
+
+            # MSFT stays firing; its re-notify interval (never shorter than the cool-down) passes.
+            service.update(grouped, SubscriptionIn(name="grouped", condition="SUM(volume) OVER 1m > 100",
+                                                   endpoint_ids=[hook], policy={"cooldown_s": 600, "renotify_s": 60}))
+            redis_client.hset(RedisKeys(settings).key_states(grouped), "MSFT",
+                              '{"notified_at": %f, "open": true}' % (time.time() - 601))
+            with session_factory(settings.database_url)() as session:
+                assert dispatcher.remind(session) == 1
+                assert dispatcher.remind(session) == 0  # not again before the interval
+            receiver.wait_for(lambda r: r.json["reminder"])
+            time.sleep(1)
+    finally:
+        receiver.close()
+        sink.close()
+
+    hooks = sorted((r.json["subscription_name"], r.json["state"], r.json["reminder"],
+                    tuple(a["key"] for a in r.json["alerts"])) for r in receiver.received)
+    assert hooks == [
+        ("grouped", "firing", False, ("AAPL", "MSFT")),  # one notification for the evaluation
+        ("grouped", "firing", True, ("MSFT",)),  # the reminder
+        ("grouped", "resolved", False, ("AAPL",)),
+        ("single", "firing", False, ("X",)),
+        ("single", "firing", False, ("Y",)),
+    ]
+    assert sorted(m["Subject"] for m in sink.messages) == [
+        "[Tocsin] FIRING: grouped (AAPL, MSFT)", "[Tocsin] RESOLVED: grouped (AAPL)"]
+    reasons = {(e["keys"][0], e["state"]): e["reason"] for sub in (grouped, single, muted)
+               for e in records.log(sub) if e["outcome"] == "suppressed"}
+    assert reasons == {("AAPL", "firing"): "cool-down", ("X", "resolved"): "send-resolved is off",
+                       ("Z", "firing"): "muted"}
+    assert redis_client.xpending(RedisKeys(settings).alerts_stream, "notifier")["pending"] == 0
