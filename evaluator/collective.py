@@ -44,6 +44,25 @@ class CollectiveIndexes:
             self.maxs[name].add_batch(keys, starts, maxs[a][order])
             self.mins[name].add_batch(keys, starts, mins[a][order])
 
+    def add_late_panes(
+        self,
+        keys: Sequence[str],
+        pane_starts: np.ndarray,
+        counts: np.ndarray,
+        sums: np.ndarray,
+        mins: np.ndarray,
+        maxs: np.ndarray,
+    ) -> None:
+        """Fold panes older than what the indexes already hold: the correction path for late events."""
+        starts = [int(t) for t in pane_starts]
+        for key, t, n in zip(keys, starts, counts.tolist(), strict=True):
+            self.count.add_late(key, t, float(n))
+        for a, name in enumerate(self.attributes):
+            for key, t, v in zip(keys, starts, sums[a].tolist(), strict=True):
+                self.sums[name].add_late(key, t, v)
+            self.maxs[name].add_late(list(keys), starts, maxs[a].tolist())
+            self.mins[name].add_late(list(keys), starts, mins[a].tolist())
+
     def expire(self, before_ts: int) -> None:
         for index in (self.count, *self.sums.values(), *self.maxs.values(), *self.mins.values()):
             index.expire(before_ts)

@@ -129,6 +129,53 @@ class CollectiveExtreme(SubstreamIndex):
         stair.ts.append(ts)
         self.last.set(stair.id, ts)
 
+    def add_late(self, keys: list[str], ts: list[int], values: list[float]) -> None:
+        """Insert elements that may be older than the newest point (late events).
+
+        Each touched key's staircase is recomputed with the new elements, then the
+        point array is rebuilt in time order from all live staircase points:
+        O(live points), paid only when late data arrives.
+        """
+        if not keys:
+            return
+        if all(t >= (self.point_ts[-1] if self.point_ts else t) for t in ts) and list(ts) == sorted(ts):
+            for key, t, v in zip(keys, ts, values, strict=True):
+                self.add(key, t, v)
+            return
+        touched: dict[str, list[tuple[int, float]]] = {}
+        for key, t, v in zip(keys, ts, values, strict=True):
+            if math.isnan(v):
+                raise ValueError("NaN has no order")
+            stair = self.stairs.get(key)
+            if stair is None:
+                stair = self.stairs[key] = _Staircase(self._new_id(key))
+            points = touched.get(key)
+            if points is None:
+                points = touched[key] = [(self.point_ts[p], self.point_x[p]) for p in stair.points]
+            points.append((t, self.sign * v))
+            self.last.set(stair.id, max(self.last.stamp.get(stair.id, t), t))
+        live: list[tuple[int, int, float]] = []
+        for key, stair in self.stairs.items():
+            points = touched.get(key)
+            if points is None:
+                live.extend((self.point_ts[p], stair.id, self.point_x[p]) for p in stair.points)
+                continue
+            points.sort()
+            kept, best = [], NEG
+            for t, x in reversed(points):  # newest first: keep what no newer point dominates
+                if x > best:
+                    kept.append((t, x))
+                    best = x
+            live.extend((t, stair.id, x) for t, x in reversed(kept))
+        live.sort(key=lambda point: point[0])
+        self._reset(max(2 * len(live), 1024))
+        for stair in self.stairs.values():
+            stair.points, stair.ts = [], []
+        for t, key_id, x in live:
+            stair = self.stairs[self.names[key_id]]
+            stair.points.append(self._append_point(t, key_id, x))
+            stair.ts.append(t)
+
     def expire(self, before_ts: int) -> None:
         """Drop staircase points with ``ts <= before_ts``."""
         for stair in self.stairs.values():

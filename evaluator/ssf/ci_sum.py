@@ -138,6 +138,46 @@ class CollectiveSum(SubstreamIndex):
             level += 1
             size *= 2
 
+    def add_late(self, key: str, ts: int, value: float) -> None:
+        """Insert an element older than key's newest (a late event) and re-derive the key's stamps.
+
+        Stamps are a function of the substream alone, so the result is what adding the
+        elements in time order would have built: O(elements of the key + levels).
+        """
+        sub = self._substream(key)
+        if not sub.ts or ts >= sub.ts[-1]:
+            self.add(key, ts, value)
+            return
+        if value < 0 or math.isnan(value):
+            raise ValueError(f"CI-SUM needs non-negative values, got {value}")
+        if value == 0:
+            return
+        i = bisect.bisect_right(sub.ts, ts)
+        sub.ts.insert(i, ts)
+        sub.ends.insert(i, (sub.ends[i - 1] if i else sub.base) + value)
+        for n in range(i + 1, len(sub.ends)):
+            sub.ends[n] += value
+        self._restamp(sub)
+
+    def _restamp(self, sub: _Substream) -> None:
+        total = sub.total
+        level, size = 0, self.unit
+        while size <= total or any(lv >= level for lv, _ in self.indexes):
+            m = math.floor(total / size) * size
+            for j in self.js:
+                q = m - j * size
+                stamp = None if q < 0 else sub.stamp_at(q)
+                index = self.indexes.get((level, j))
+                if stamp is None:
+                    if index is not None:
+                        index.discard(sub.id)
+                    continue
+                if index is None:
+                    index = self.indexes[(level, j)] = StampIndex(self.bucket_ms)
+                index.set(sub.id, stamp)
+            level += 1
+            size *= 2
+
     def expire(self, before_ts: int) -> None:
         """Forget elements with ``ts <= before_ts``: no window will reach them again."""
         for sub in self.substreams.values():

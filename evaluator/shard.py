@@ -1,0 +1,388 @@
+"""One evaluator shard: the keys hashed to it, their collective indexes, and their alerts.
+
+Pure (no I/O); the Spark adapter feeds it pane rows and source progress each
+micro-batch and stores what it returns.
+
+Time. Each shard follows every Kafka partition's progress (the newest event or
+heartbeat time seen in it, broadcast to all shards), so a shard without events
+of its own still advances. The watermark is the slowest partition's progress
+minus the allowed delay; every pane boundary ``b`` at or below it is evaluated,
+in order, over windows ``[b - T, b)``. Evaluation instants depend only on the
+data, so a replayed or restarted run produces the same transitions and ids.
+
+Panes. A pane joins the collective indexes once complete (its boundary passed),
+in pane order, as the indexes require. A pane row arriving after that (a late
+event) is inserted out of order by the indexes' correction path and counts in
+every later window that covers it (WID's generous semantics); one older than
+every window still to come is dropped and counted.
+
+Evaluation. Subscriptions are grouped by (aggregate, attribute, window). Per
+group and boundary, one index lookup with the group's loosest bounds returns the
+candidates with their exact values (CI-COUNT / CI-SUM with verification, the
+MAX/MIN staircases; AVG from the exact COUNT and SUM substreams); each
+subscription then takes its range of the values sorted once. ``collective=False``
+evaluates every subscription on every key one by one instead: the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evaluator.catalog import Catalog
+from evaluator.collective import CollectiveIndexes
+from evaluator.naive import Transition, alert_id
+from evaluator.panerows import PaneRows
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from evaluator.ssf.ci_extreme import CollectiveExtreme
+from evaluator.ssf.ci_sum import CollectiveSum
+
+_EMPTY_VALUE = {Aggregate.COUNT: 0.0, Aggregate.SUM: 0.0}  # the value of an empty window, where there is one
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    attributes: tuple[str, ...]
+    pane_ms: int
+    horizon_ms: int  # the longest window any condition may use
+    delay_ms: int  # allowed event-time disorder
+    partitions: int  # source partitions whose progress makes the watermark
+    p: int = 4  # CI-COUNT / CI-SUM stamps per level: ε = 2 / (p + 2)
+    collective: bool = True
+
+
+@dataclass(frozen=True)
+class Group:
+    aggregate: Aggregate
+    attribute: str | None
+    window_ms: int
+    specs: tuple[SubscriptionSpec, ...]
+    loosest: Condition | None  # None: some member is unbounded on each side, every key is a candidate
+
+
+def group_subscriptions(catalog: Catalog) -> list[Group]:
+    """Subscriptions by (aggregate, attribute, window), each group with its loosest bounds."""
+    by: dict[tuple, list[SubscriptionSpec]] = defaultdict(list)
+    for spec in catalog.subscriptions:
+        c = spec.condition
+        by[(c.aggregate, c.attribute, c.window_ms)].append(spec)
+    groups = []
+    for (aggregate, attribute, window), specs in sorted(by.items(), key=lambda kv: str(kv[0])):
+        lows = [s.condition.low for s in specs]
+        highs = [s.condition.high for s in specs]
+        low = None if any(v is None for v in lows) else min(lows)
+        high = None if any(v is None for v in highs) else max(highs)
+        loosest = None
+        if low is not None or high is not None:
+            loosest = Condition(aggregate, attribute, window, low, high, low_inclusive=True, high_inclusive=True)
+        groups.append(Group(aggregate, attribute, window, tuple(specs), loosest))
+    return groups
+
+
+@dataclass
+class Delta:
+    """What one micro-batch changed, enough to bring a stale copy of the shard up to date."""
+
+    rows: PaneRows
+    progress: dict[int, int]
+    evaluated_at: int | None
+    applied_until: int | None
+    changes: list[tuple[int, str, str]] = field(default_factory=list)  # (subscription, key, state), in order
+    dropped_subscriptions: list[int] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        meta = json.dumps({
+            "progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
+            "changes": self.changes, "dropped": self.dropped_subscriptions,
+        }).encode()
+        return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Delta:
+        (n,) = struct.unpack_from("<I", blob)
+        meta = json.loads(blob[4 : 4 + n])
+        return cls(
+            PaneRows.from_bytes(blob[4 + n :]),
+            {int(p): ts for p, ts in meta["progress"].items()},
+            meta["evaluated_at"],
+            meta["applied_until"],
+            [tuple(x) for x in meta["changes"]],
+            meta["dropped"],
+        )
+
+
+@dataclass
+class BatchStats:
+    late_events: int = 0  # arrived after their pane joined the indexes, applied by correction
+    dropped_events: int = 0  # older than every window still to be evaluated
+    boundaries: int = 0
+    candidates: int = 0  # values computed by index lookups (collective) or per (key, subscription) (naive)
+    matches: int = 0
+
+
+class ShardEvaluator:
+    def __init__(self, config: ShardConfig) -> None:
+        self.config = config
+        self.indexes = CollectiveIndexes(config.attributes, p=config.p, bucket_ms=config.pane_ms)
+        self.pending = PaneRows.empty(len(config.attributes))  # panes not complete yet
+        self.firing: dict[int, set[str]] = {}
+        self.progress: dict[int, int] = {}
+        self.evaluated_at: int | None = None  # the last boundary evaluated
+        self.applied_until: int | None = None  # panes starting before this are in the indexes
+        self.epoch = 0  # the adapter's batch number this state corresponds to
+        self._groups: list[Group] = []
+        self._groups_version: int | None = None
+
+    # -- time -----------------------------------------------------------------------------------
+
+    @property
+    def watermark(self) -> int | None:
+        """Events older than this are late; None until every partition has reported."""
+        if len(self.progress) < self.config.partitions:
+            return None
+        return min(self.progress.values()) - self.config.delay_ms
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def ingest(self, rows: PaneRows, progress: dict[int, int], stats: BatchStats | None = None) -> PaneRows:
+        """Take a batch's pane rows and partition progress; returns the rows kept (for the change log)."""
+        stats = stats or BatchStats()
+        for partition, ts in progress.items():
+            self.progress[partition] = max(self.progress.get(partition, ts), ts)
+        if not len(rows) or self.applied_until is None:
+            self.pending = PaneRows.concat([self.pending, rows], len(self.config.attributes))
+            return rows
+        assert self.evaluated_at is not None
+        too_old = rows.starts < self.evaluated_at - self.config.horizon_ms
+        if too_old.any():
+            stats.dropped_events += int(rows.counts[too_old].sum())
+            rows = rows.select(~too_old)
+        late = rows.starts < self.applied_until
+        if late.any():
+            stats.late_events += int(rows.counts[late].sum())
+            self._apply(rows.select(late).combined(), late=True)
+        self.pending = PaneRows.concat([self.pending, rows.select(~late)], len(self.config.attributes))
+        return rows
+
+    def _apply(self, rows: PaneRows, late: bool = False) -> None:
+        if not len(rows):
+            return
+        keys = rows.keys.tolist()
+        if late:
+            self.indexes.add_late_panes(keys, rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs)
+        else:
+            self.indexes.add_panes(keys, rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs)
+
+    def _apply_until(self, boundary: int) -> None:
+        """Move the panes that start before ``boundary`` from pending into the indexes, in pane order."""
+        if len(self.pending):
+            complete = self.pending.starts < boundary
+            if complete.any():
+                self._apply(self.pending.select(complete).combined())
+                self.pending = self.pending.select(~complete)
+        self.applied_until = boundary
+        self.indexes.expire(boundary - self.config.horizon_ms - 1)
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def step(
+        self, rows: PaneRows, progress: dict[int, int], catalog: Catalog, stats: BatchStats | None = None
+    ) -> tuple[list[Transition], Delta]:
+        """One micro-batch: take its rows and progress, evaluate what became complete."""
+        stats = stats or BatchStats()
+        kept = self.ingest(rows, progress, stats)
+        transitions, delta = self.advance(catalog, stats)
+        delta.rows = kept
+        return transitions, delta
+
+    def advance(self, catalog: Catalog, stats: BatchStats | None = None) -> tuple[list[Transition], Delta]:
+        """Evaluate every boundary the watermark passed; returns the transitions and this batch's delta."""
+        stats = stats or BatchStats()
+        delta = Delta(PaneRows.empty(len(self.config.attributes)), dict(self.progress), None, None)
+        transitions: list[Transition] = []
+        self._refresh(catalog, delta)
+        watermark = self.watermark
+        if watermark is not None:
+            last = (watermark // self.config.pane_ms) * self.config.pane_ms
+            boundary = self._next_boundary()
+            while boundary is not None and boundary <= last:
+                self._apply_until(boundary)
+                transitions += self._evaluate(boundary, stats, delta)
+                self.evaluated_at = boundary
+                stats.boundaries += 1
+                boundary = self._next_boundary()
+        delta.evaluated_at, delta.applied_until = self.evaluated_at, self.applied_until
+        return transitions, delta
+
+    def _next_boundary(self) -> int | None:
+        pane = self.config.pane_ms
+        first_pending = int(self.pending.starts.min()) + pane if len(self.pending) else None
+        if self.evaluated_at is None:
+            return first_pending  # start with the first pane that holds data
+        boundary = self.evaluated_at + pane
+        if first_pending is not None and first_pending > boundary and not self._anything_to_watch():
+            return first_pending  # nothing in any window and nothing firing: skip the idle stretch
+        if first_pending is None and not self._anything_to_watch():
+            return None
+        return boundary
+
+    def _anything_to_watch(self) -> bool:
+        return any(self.firing.values()) or any(sub.ts for sub in self.indexes.count.substreams.values())
+
+    def _refresh(self, catalog: Catalog, delta: Delta) -> None:
+        if catalog.version == self._groups_version:
+            return
+        self._groups = group_subscriptions(catalog)
+        self._groups_version = catalog.version
+        active = {s.id for s in catalog.subscriptions}
+        for sid in [sid for sid in self.firing if sid not in active]:  # deleted or paused: forget silently
+            del self.firing[sid]
+            delta.dropped_subscriptions.append(sid)
+
+    def _known(self) -> set[str]:
+        """Keys with a pane in the retention horizon."""
+        return {key for key, sub in self.indexes.count.substreams.items() if sub.ts}
+
+    def value(self, aggregate: Aggregate, attribute: str | None, window_ms: int, key: str, now: int) -> float | None:
+        """The exact value of one key's window ``(now - T, now]``."""
+        indexes = self.indexes
+        if aggregate is Aggregate.COUNT:
+            return indexes.count.value(key, window_ms, now)
+        if aggregate is Aggregate.SUM:
+            return indexes.sums[attribute].value(key, window_ms, now)
+        if aggregate is Aggregate.AVG:
+            count = indexes.count.value(key, window_ms, now)
+            return indexes.sums[attribute].value(key, window_ms, now) / count if count else None
+        extreme = indexes.maxs[attribute] if aggregate is Aggregate.MAX else indexes.mins[attribute]
+        return extreme.value(key, window_ms, now)
+
+    def _candidate_values(self, group: Group, now: int, known: set[str]) -> dict[str, float]:
+        """Keys that may satisfy some member of ``group``, with their exact values.
+
+        Without an index (AVG, or no bound shared by the whole group) the candidates are
+        the keys watched: those with data in the horizon and those firing for a member.
+        """
+        if group.loosest is not None and group.aggregate is not Aggregate.AVG:
+            index: CollectiveSum | CollectiveExtreme
+            if group.aggregate is Aggregate.COUNT:
+                index = self.indexes.count
+            elif group.aggregate is Aggregate.SUM:
+                index = self.indexes.sums[group.attribute]
+            elif group.aggregate is Aggregate.MAX:
+                index = self.indexes.maxs[group.attribute]
+            else:
+                index = self.indexes.mins[group.attribute]
+            return index.query(group.loosest, now)
+        values = {}
+        watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))
+        for key in watched:
+            value = self.value(group.aggregate, group.attribute, group.window_ms, key, now)
+            if value is not None and (group.loosest is None or group.loosest.holds(value)):
+                values[key] = value
+        return values
+
+    def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
+        now = boundary - 1  # panes starting in [b - T, b) are the elements stamped in (b - 1 - T, b - 1]
+        known = self._known()
+        transitions: list[Transition] = []
+        for group in self._groups:
+            empty = _EMPTY_VALUE.get(group.aggregate)
+            if self.config.collective:
+                values = self._candidate_values(group, now, known)
+                stats.candidates += len(values)
+                keys = np.array(list(values), dtype=object)
+                sorted_values = np.fromiter(values.values(), dtype=np.float64, count=len(values))
+                order = np.argsort(sorted_values, kind="stable")
+                keys, sorted_values = keys[order], sorted_values[order]
+            for spec in group.specs:
+                was = self.firing.get(spec.id, set())
+                c = spec.condition
+                if self.config.collective:
+                    lo = 0 if c.low is None else int(np.searchsorted(
+                        sorted_values, c.low, side="left" if c.low_inclusive else "right"))
+                    hi = len(sorted_values) if c.high is None else int(np.searchsorted(
+                        sorted_values, c.high, side="right" if c.high_inclusive else "left"))
+                    matched = set(keys[lo:hi].tolist())
+                    if empty is not None and c.holds(empty):  # an empty window matches only keys still watched
+                        matched = {k for k in matched if k in known or k in was}
+                    if spec.keys is not None:
+                        matched &= spec.keys
+                else:
+                    matched = set()
+                    eligible = known | was  # a key is watched while it has data or is firing
+                    for key in eligible if spec.keys is None else eligible & spec.keys:
+                        stats.candidates += 1
+                        if c.holds(self.value(c.aggregate, c.attribute, c.window_ms, key, now)):
+                            matched.add(key)
+                    values = None
+                stats.matches += len(matched)
+                if matched == was:
+                    continue
+                for key, state in [*((k, "firing") for k in matched - was), *((k, "resolved") for k in was - matched)]:
+                    value = values.get(key) if values is not None and state == "firing" else None
+                    if value is None:
+                        value = self.value(c.aggregate, c.attribute, c.window_ms, key, now)
+                    transitions.append(Transition(alert_id(spec.id, key, state, boundary), spec.id, key, state,
+                                                  value, boundary - c.window_ms, boundary, boundary))
+                    delta.changes.append((spec.id, key, state))
+                if matched:
+                    self.firing[spec.id] = matched
+                else:
+                    self.firing.pop(spec.id, None)
+        return transitions
+
+    # -- catching up and persisting -------------------------------------------------------------------
+
+    def replay(self, delta: Delta) -> None:
+        """Apply a batch another copy of this shard processed, without evaluating again."""
+        self.ingest(delta.rows, delta.progress)
+        if delta.applied_until is not None and delta.applied_until != self.applied_until:
+            self._apply_until(delta.applied_until)
+        self.evaluated_at = delta.evaluated_at
+        for sid in delta.dropped_subscriptions:
+            self.firing.pop(sid, None)
+        for sid, key, state in delta.changes:
+            if state == "firing":
+                self.firing.setdefault(sid, set()).add(key)
+                continue
+            keys = self.firing.get(sid)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.firing[sid]
+        self._groups_version = None  # re-check the catalog on the next evaluation
+
+    def snapshot(self) -> bytes:
+        indexes = self.indexes
+        parts = [indexes.count.to_bytes()]
+        for a in self.config.attributes:
+            parts += [indexes.sums[a].to_bytes(), indexes.maxs[a].to_bytes(), indexes.mins[a].to_bytes()]
+        meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
+                "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}}
+        parts += [self.pending.to_bytes(), json.dumps(meta).encode()]
+        return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
+
+    @classmethod
+    def from_snapshot(cls, config: ShardConfig, blob: bytes) -> ShardEvaluator:
+        (n,) = struct.unpack_from("<I", blob)
+        sizes = struct.unpack_from(f"<{n}Q", blob, 4)
+        offset, parts = 4 + 8 * n, []
+        for size in sizes:
+            parts.append(blob[offset : offset + size])
+            offset += size
+        shard = cls(config)
+        shard.indexes.count = CollectiveSum.from_bytes(parts[0])
+        for i, a in enumerate(config.attributes):
+            shard.indexes.sums[a] = CollectiveSum.from_bytes(parts[1 + 3 * i])
+            shard.indexes.maxs[a] = CollectiveExtreme.from_bytes(parts[2 + 3 * i])
+            shard.indexes.mins[a] = CollectiveExtreme.from_bytes(parts[3 + 3 * i])
+        shard.pending = PaneRows.from_bytes(parts[-2])
+        meta = json.loads(parts[-1])
+        shard.progress = {int(p): ts for p, ts in meta["progress"].items()}
+        shard.evaluated_at, shard.applied_until = meta["evaluated_at"], meta["applied_until"]
+        shard.firing = {int(sid): set(keys) for sid, keys in meta["firing"].items()}
+        return shard
