@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,6 +46,12 @@ class Settings(BaseSettings):
     watermark_delay_ms: int = Field(2_000, ge=0, description="allowed event-time disorder")
     max_window_ms: int = Field(3 * 3600 * 1000, ge=1, description="longest window a condition may use")
     source_max_records_per_trigger: int | None = Field(None, ge=1)
+    evaluator_mode: Literal["collective", "naive"] = Field(
+        "collective", description="collective indexes, or every subscription on every key (the baseline)"
+    )
+    evaluator_shards: int | None = Field(None, ge=1, description="default: one per shuffle partition")
+    evaluator_p: int = Field(4, ge=1, description="CI-COUNT/CI-SUM stamps per level: error ε = 2/(p+2)")
+    evaluator_snapshot_every: int = Field(100, ge=2, description="batches between shard state snapshots")
 
     # --- ingest ----------------------------------------------------------------
     heartbeat_interval_ms: int = Field(1_000, ge=1)

@@ -1,19 +1,29 @@
 """The evaluator's Spark Structured Streaming query.
 
     Kafka (Python data source)
-      -> parse + validate + pre-aggregate per (key, pane)   [mapInPandas, per Kafka partition]
-      -> event-time watermark (heartbeats included)
-      -> stateful evaluation keyed by key                   [applyInPandasWithState, RocksDB]
-      -> transitions to Redis                               [foreachBatch, idempotent]
+      -> parse + validate + pre-aggregate per (key, pane)        [mapInPandas, per Kafka partition]
+         + each Kafka partition's progress, sent to every shard
+      -> stateful evaluation keyed by shard                      [transformWithStateInPandas, RocksDB]
+         (collective indexes, see evaluator/shard.py)
+      -> transitions to Redis                                    [foreachBatch, idempotent]
 
 Because Kafka partitions by key, one input partition holds all of a key's events
 in a micro-batch, so the per-partition pre-aggregation is complete and the
 shuffle carries one row per (key, pane) instead of one per event.
+
+State per shard, in the RocksDB state store: a change log (``log``: batch number
+-> what the batch changed) on top of a periodic snapshot (``base``), and a
+``clock`` with the latest batch number. The evaluator structures themselves live
+in the Python worker between batches; a worker whose copy is behind replays the
+log entries it missed, one with no usable copy rebuilds from the snapshot, so a
+batch writes only what it changed and state never depends on which worker runs it.
 """
 
 from __future__ import annotations
 
 import json
+import time
+import zlib
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -21,32 +31,29 @@ import numpy as np
 import pandas as pd
 import redis
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQuery
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from evaluator.naive import evaluate_key
-from evaluator.panes import PaneStore
+from evaluator.panerows import PaneRows
+from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
+from ingest.kafka import new_consumer, partitions_of
 from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
-
-#: Heartbeats travel as rows of this key (not a valid event key) so they move the watermark.
-#: They must reach the stateful operator: Spark pushes a filter on other columns below the
-#: watermark operator, which would hide them from it.
-HEARTBEAT_KEY = ""
 
 STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
 
 PANES_SCHEMA = (
-    "key string, pane_start long, event_time timestamp, count long, "
+    "shard long, key string, pane_start long, count long, "
     + ", ".join(f"{f} double" for f in STAT_FIELDS[1:])
+    + ", partition int, progress long"
 )
 TRANSITIONS_SCHEMA = (
     "alert_id string, subscription_id long, key string, state string, value double, "
     "window_start long, window_end long, evaluated_at long"
 )
-STATE_SCHEMA = "panes binary, firing binary, evaluated_at long"
+NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
 
 
 @lru_cache(maxsize=4)
@@ -56,20 +63,37 @@ def _dead_letter_producer(bootstrap: str):  # noqa: ANN202 - one producer per wo
     return KafkaProducer(bootstrap_servers=bootstrap, acks="all")
 
 
-class PaneParser:
-    """mapInPandas: raw Kafka rows -> pane aggregates and heartbeats; rejects to the dead-letter topic.
+def shard_of(key: str, shard_ids: tuple[int, ...]) -> int:
+    return shard_ids[zlib.crc32(key.encode()) % len(shard_ids)]
 
-    Dead letters are at-least-once: a retried task may send one twice, never zero times.
+
+def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
+    """One shard id per shuffle partition: ids that Spark's hash partitioning spreads one to a partition."""
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    if shards > partitions:
+        raise ValueError(f"{shards} shards need at least as many shuffle partitions (have {partitions})")
+    rows = spark.range(0, 64 * partitions).selectExpr("id", f"pmod(hash(id), {partitions}) as p").collect()
+    first: dict[int, int] = {}
+    for row in rows:
+        first.setdefault(row.p, row.id)
+    return tuple(first[p] for p in sorted(first)[:shards])
+
+
+class PaneParser:
+    """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
+
+    Rejects go to the dead-letter topic, at least once: a retried task may send one
+    twice, never zero times.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, shard_ids: tuple[int, ...]) -> None:
         self.settings = settings
+        self.shard_ids = shard_ids
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        pane_ms = self.settings.pane_ms
         for raw in frames:
             events: list[tuple] = []
-            heartbeats: list[int] = []
+            progress: dict[int, int] = {}
             dead: list[DeadLetter] = []
             for topic, partition, offset, value in zip(raw["topic"], raw["partition"], raw["offset"], raw["value"]):
                 source = f"{topic}[{partition}]@{offset}"
@@ -78,7 +102,8 @@ class PaneParser:
                     continue
                 if b'"heartbeat"' in value:
                     try:
-                        heartbeats.append(Heartbeat.model_validate_json(value).ts)
+                        ts = Heartbeat.model_validate_json(value).ts
+                        progress[int(partition)] = max(progress.get(int(partition), ts), ts)
                         continue
                     except ValueError:
                         pass  # not a heartbeat after all: validate it as an event
@@ -87,107 +112,161 @@ class PaneParser:
                     dead.append(parsed)
                 else:
                     events.append((parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
+                    progress[int(partition)] = max(progress.get(int(partition), parsed.ts), parsed.ts)
             if dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
                 for letter in dead:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
-            yield _pane_frame(events, heartbeats, pane_ms)
+            yield self._frame(events, progress)
+
+    def _frame(self, events: list[tuple], progress: dict[int, int]) -> pd.DataFrame:
+        columns = ["shard", "key", "pane_start", *STAT_FIELDS, "partition", "progress"]
+        parts: list[pd.DataFrame] = []
+        if events:
+            pane_ms = self.settings.pane_ms
+            df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
+            df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
+            spec: dict[str, tuple[str, str]] = {"count": ("ts", "size")}
+            for a in ATTRIBUTES:
+                spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
+            panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
+            panes["shard"] = [shard_of(k, self.shard_ids) for k in panes["key"]]
+            panes["partition"] = NO_PARTITION
+            panes["progress"] = 0
+            parts.append(panes)
+        if progress:
+            partitions, newest = zip(*progress.items())
+            n = len(self.shard_ids)
+            parts.append(pd.DataFrame({
+                "shard": np.repeat(self.shard_ids, len(partitions)),
+                "key": "",
+                "pane_start": 0,
+                "count": 0,
+                **{f: 0.0 for f in STAT_FIELDS[1:]},
+                "partition": np.tile(partitions, n),
+                "progress": np.tile(newest, n),
+            }))
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+        frame = pd.concat(parts, ignore_index=True)[columns]
+        frame["count"] = frame["count"].astype("int64")
+        frame["partition"] = frame["partition"].astype("int32")
+        return frame
 
 
-def _pane_frame(events: list[tuple], heartbeats: list[int], pane_ms: int) -> pd.DataFrame:
-    columns = ["key", "pane_start", "event_time", *STAT_FIELDS]
-    parts: list[pd.DataFrame] = []
-    if events:
-        df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
-        df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
-        spec: dict[str, tuple[str, str]] = {"count": ("ts", "size"), "max_ts": ("ts", "max")}
-        for a in ATTRIBUTES:
-            spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
-        panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
-        panes["event_time"] = pd.to_datetime(panes.pop("max_ts"), unit="ms", utc=True)
-        parts.append(panes)
-    if heartbeats:
-        hb = pd.DataFrame(
-            {
-                "key": [HEARTBEAT_KEY],
-                "pane_start": [0],
-                "event_time": pd.to_datetime([max(heartbeats)], unit="ms", utc=True),
-                "count": [0],
-                **{f: [0.0] for f in STAT_FIELDS[1:]},
-            }
-        )
-        parts.append(hb)
-    if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-    frame = pd.concat(parts, ignore_index=True)[columns]
-    frame["count"] = frame["count"].astype("int64")
-    return frame
+def pane_rows(frame: pd.DataFrame) -> PaneRows:
+    return PaneRows(
+        frame["key"].to_numpy(dtype=object),
+        frame["pane_start"].to_numpy(dtype=np.int64),
+        frame["count"].to_numpy(dtype=np.int64),
+        np.vstack([frame[f"sum_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.vstack([frame[f"min_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.vstack([frame[f"max_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+    )
 
 
-class KeyEvaluator:
-    """applyInPandasWithState: per key, keep panes and the firing set; evaluate at each pane boundary.
+#: Each worker process's copies of the shards it has run, by (checkpoint, shard id).
+_SHARDS: dict[tuple[str, int], ShardEvaluator] = {}
 
-    The evaluation time is the watermark rounded down to a pane boundary, so every
-    window evaluated is complete up to the allowed disorder. Event-time timeouts
-    re-evaluate keys that receive nothing, so their windows drain and alerts resolve.
-    """
 
-    def __init__(self, settings: Settings) -> None:
+_CATALOGS: dict[tuple[str, str], CatalogSource] = {}
+
+
+def _catalog_source(settings: Settings) -> CatalogSource:
+    """One catalog reader (and Redis client) per worker process and deployment."""
+    key = (settings.redis_url, settings.redis_prefix)
+    if key not in _CATALOGS:
+        _CATALOGS[key] = CatalogSource(settings)
+    return _CATALOGS[key]
+
+
+class ShardProcessor(StatefulProcessor):
+    """transformWithStateInPandas keyed by shard: one :class:`ShardEvaluator` per shard."""
+
+    def __init__(self, settings: Settings, partitions: int) -> None:
         self.settings = settings
-        self._catalog: CatalogSource | None = None
+        self.config = ShardConfig(
+            attributes=ATTRIBUTES,
+            pane_ms=settings.pane_ms,
+            horizon_ms=settings.max_window_ms,
+            delay_ms=settings.watermark_delay_ms,
+            partitions=partitions,
+            p=settings.evaluator_p,
+            collective=settings.evaluator_mode == "collective",
+        )
 
-    def __getstate__(self) -> dict:
-        return {"settings": self.settings, "_catalog": None}
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.clock = handle.getValueState(
+            "clock", StructType([StructField("epoch", LongType()), StructField("base_epoch", LongType())]))
+        self.base = handle.getValueState("base", StructType([StructField("snapshot", BinaryType())]))
+        self.log = handle.getMapState("log", StructType([StructField("epoch", LongType())]),
+                                      StructType([StructField("delta", BinaryType())]))
 
-    def catalog(self) -> CatalogSource:
-        if self._catalog is None:
-            self._catalog = CatalogSource(self.settings)
-        return self._catalog
-
-    def __call__(self, key: tuple, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
-        (k,) = key
-        if k == HEARTBEAT_KEY:
-            return
-        pane_ms, horizon = self.settings.pane_ms, self.settings.max_window_ms
-        if state.exists:
-            blob, firing_blob, evaluated_at = state.get
-            store = PaneStore.from_bytes(bytes(blob))
-            firing = set(np.frombuffer(bytes(firing_blob), dtype=np.int64).tolist())
+    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[ShardEvaluator, str]:
+        """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot."""
+        cached = _SHARDS.pop((str(self.settings.checkpoint_path), shard), None)
+        if cached is not None and base_epoch <= cached.epoch <= epoch:
+            evaluator, how = cached, "cached" if cached.epoch == epoch else "caught_up"
         else:
-            store, firing, evaluated_at = PaneStore(len(ATTRIBUTES)), set(), 0
-        watermark = max(int(state.getCurrentWatermarkMs()), 0)
-        tau = (watermark // pane_ms) * pane_ms
+            evaluator = (ShardEvaluator.from_snapshot(self.config, self.base.get()[0]) if self.base.exists()
+                         else ShardEvaluator(self.config))
+            evaluator.epoch, how = base_epoch, "rebuilt"
+        for missed in range(evaluator.epoch + 1, epoch + 1):
+            evaluator.replay(Delta.from_bytes(self.log.getValue((missed,))[0]))
+        evaluator.epoch = epoch
+        return evaluator, how
 
-        late = 0
-        if not state.hasTimedOut:
-            for pdf in frames:
-                too_old = pdf["pane_start"].to_numpy() < max(evaluated_at, tau) - horizon
-                late += int(pdf["count"].to_numpy()[too_old].sum())
-                pdf = pdf[~too_old]
-                store.merge(
-                    pdf["pane_start"].to_numpy(),
-                    pdf["count"].to_numpy(),
-                    np.vstack([pdf[f"sum_{a}"].to_numpy() for a in ATTRIBUTES]),
-                    np.vstack([pdf[f"min_{a}"].to_numpy() for a in ATTRIBUTES]),
-                    np.vstack([pdf[f"max_{a}"].to_numpy() for a in ATTRIBUTES]),
-                )
-        if late:
-            self.catalog().redis.hincrby(RedisKeys(self.settings).evaluator_stats, "late_events_dropped", late)
+    def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
+        started = time.perf_counter()
+        (shard,) = key
+        shard = int(shard)
+        epoch, base_epoch = self.clock.get() if self.clock.exists() else (0, 0)
+        evaluator, how = self._restore(shard, epoch, base_epoch)
+        restored = time.perf_counter()
 
-        transitions = []
-        if tau > evaluated_at:
-            store.expire(tau - horizon)
-            transitions, firing = evaluate_key(k, store, self.catalog().current().for_key(k), firing, tau, ATTRIBUTES)
-            evaluated_at = tau
+        frame = pd.concat(list(rows), ignore_index=True)
+        is_progress = frame["partition"].to_numpy() != NO_PARTITION
+        progress_rows = frame[is_progress]
+        progress = progress_rows.groupby("partition")["progress"].max().to_dict()
+        stats = BatchStats()
+        source = _catalog_source(self.settings)
+        transitions, delta = evaluator.step(pane_rows(frame[~is_progress]), {int(p): int(t) for p, t in progress.items()},
+                                            source.current(), stats)
+        evaluated = time.perf_counter()
 
-        if len(store) == 0 and not firing:
-            state.remove()
+        epoch += 1
+        if epoch - base_epoch >= self.settings.evaluator_snapshot_every:
+            self.base.update((evaluator.snapshot(),))
+            for old in range(base_epoch + 1, epoch):
+                self.log.removeKey((old,))
+            base_epoch = epoch
         else:
-            state.update((store.to_bytes(), np.array(sorted(firing), dtype=np.int64).tobytes(), evaluated_at))
-            state.setTimeoutTimestamp(max(tau, evaluated_at) + pane_ms)
+            self.log.updateValue((epoch,), (delta.to_bytes(),))
+        self.clock.update((epoch, base_epoch))
+        evaluator.epoch = epoch
+        _SHARDS[(str(self.settings.checkpoint_path), shard)] = evaluator
+        persisted = time.perf_counter()
+
+        keys = RedisKeys(self.settings)
+        pipe = source.redis.pipeline(transaction=False)
+        for name, value in (("late_events_applied", stats.late_events), ("late_events_dropped", stats.dropped_events),
+                            ("boundaries", stats.boundaries), ("candidates", stats.candidates),
+                            ("matches", stats.matches), (f"shard_restore_{how}", 1)):
+            if value:
+                pipe.hincrby(keys.evaluator_stats, name, value)
+        pipe.hset(keys.evaluator_stats, mapping={
+            f"shard_{shard}_restore_ms": round((restored - started) * 1000, 2),
+            f"shard_{shard}_evaluate_ms": round((evaluated - restored) * 1000, 2),
+            f"shard_{shard}_persist_ms": round((persisted - evaluated) * 1000, 2),
+            f"shard_{shard}_evaluated_at": evaluator.evaluated_at or 0,
+        })
+        pipe.execute()
         if transitions:
             yield pd.DataFrame.from_records([t.to_dict() for t in transitions])
+
+    def close(self) -> None:
+        pass
 
 
 _RECORD_TRANSITION = """
@@ -247,6 +326,12 @@ class RedisAlertSink:
 
 
 def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
+    consumer = new_consumer(settings)
+    try:
+        partitions = len(partitions_of(consumer, settings.events_topic))
+    finally:
+        consumer.close()
+    shard_ids = shard_ids_for(spark, settings.evaluator_shards or settings.spark_shuffle_partitions)
     reader = (
         spark.readStream.format("tocsin_kafka")
         .option("bootstrap", settings.kafka_bootstrap)
@@ -258,15 +343,10 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
     panes = (
         reader.load()
         .select("topic", "partition", "offset", "value")
-        .mapInPandas(PaneParser(settings), PANES_SCHEMA)
-        .withWatermark("event_time", f"{settings.watermark_delay_ms} milliseconds")
+        .mapInPandas(PaneParser(settings, shard_ids), PANES_SCHEMA)
     )
-    transitions = panes.groupBy("key").applyInPandasWithState(
-        KeyEvaluator(settings),
-        TRANSITIONS_SCHEMA,
-        STATE_SCHEMA,
-        "append",
-        GroupStateTimeout.EventTimeTimeout,
+    transitions = panes.groupBy("shard").transformWithStateInPandas(
+        ShardProcessor(settings, partitions), TRANSITIONS_SCHEMA, "append", "None"
     )
     return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings))
