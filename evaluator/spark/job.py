@@ -54,6 +54,7 @@ TRANSITIONS_SCHEMA = (
     "window_start long, window_end long, evaluated_at long"
 )
 NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
+CLOCK_STATE = "clock"  # an output row carrying a shard's last evaluated boundary, not a transition
 
 
 @lru_cache(maxsize=4)
@@ -259,11 +260,13 @@ class ShardProcessor(StatefulProcessor):
             f"shard_{shard}_restore_ms": round((restored - started) * 1000, 2),
             f"shard_{shard}_evaluate_ms": round((evaluated - restored) * 1000, 2),
             f"shard_{shard}_persist_ms": round((persisted - evaluated) * 1000, 2),
-            f"shard_{shard}_evaluated_at": evaluator.evaluated_at or 0,
         })
         pipe.execute()
-        if transitions:
-            yield pd.DataFrame.from_records([t.to_dict() for t in transitions])
+        records = [t.to_dict() for t in transitions]
+        # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
+        records.append({"alert_id": "", "subscription_id": shard, "key": "", "state": CLOCK_STATE, "value": None,
+                        "window_start": 0, "window_end": 0, "evaluated_at": evaluator.evaluated_at or 0})
+        yield pd.DataFrame.from_records(records)
 
     def close(self) -> None:
         pass
@@ -316,12 +319,17 @@ class RedisAlertSink:
         return sum(int(x) for x in pipe.execute())
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        rows = [r.asDict() for r in batch.collect()]
-        for row in rows:
+        rows, clocks = [], {}
+        for row in (r.asDict() for r in batch.collect()):
+            if row["state"] == CLOCK_STATE:
+                clocks[f"shard_{row['subscription_id']}_evaluated_at"] = row["evaluated_at"]
+                continue
             value = row["value"]
             row["value"] = None if value is None or np.isnan(value) else float(value)
+            rows.append(row)
         written = self.write(rows) if rows else 0
-        self.redis.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id})
+        self.redis.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id, "last_batch_at": time.time(),
+                                                            **clocks})
         self.redis.hincrby(self.keys.evaluator_stats, "transitions", written)
 
 

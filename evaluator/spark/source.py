@@ -75,12 +75,13 @@ def split_limit(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
+        options = {k.lower(): v for k, v in options.items()}  # Spark may hand option names lower-cased
         self.bootstrap = options["bootstrap"]
         self.topic = options["topic"]
-        self.starting = options.get("startingOffsets", "earliest")
-        self.max_records = int(options["maxRecordsPerTrigger"]) if options.get("maxRecordsPerTrigger") else None
-        self.request_timeout_ms = int(options.get("requestTimeoutMs", "10000"))
-        self.read_timeout_s = float(options.get("readTimeoutSeconds", "60"))
+        self.starting = options.get("startingoffsets", "earliest")
+        self.max_records = int(options["maxrecordspertrigger"]) if options.get("maxrecordspertrigger") else None
+        self.request_timeout_ms = int(options.get("requesttimeoutms", "10000"))
+        self.read_timeout_s = float(options.get("readtimeoutseconds", "60"))
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
 

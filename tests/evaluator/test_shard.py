@@ -14,6 +14,7 @@ from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from tests.evaluator.oracle import oracle, value_of
 
 ATTRS = ("price", "volume")
 PANE, DELAY, HORIZON, PARTITIONS = 1_000, 2_000, 8_000, 2
@@ -48,37 +49,6 @@ def progress_of(events: list[tuple[str, int, float, float]]) -> dict[int, int]:
         p = partition_of(key)
         progress[p] = max(progress.get(p, ts), ts)
     return progress
-
-
-def oracle(events, specs: list[SubscriptionSpec], last_boundary: int) -> set[tuple]:  # noqa: ANN001
-    """Every boundary from the first pane with data, over raw events, with the shard's watch rules."""
-    first = min(ts for _, ts, *_ in events) // PANE * PANE + PANE
-    firing: dict[int, set[str]] = defaultdict(set)
-    out = set()
-    for b in range(first, last_boundary + 1, PANE):
-        known = {k for k, ts, *_ in events if b - HORIZON <= ts // PANE * PANE < b}
-        for spec in specs:
-            c = spec.condition
-            matched = set()
-            for key in (known | firing[spec.id]) & (spec.keys or set(KEYS)):
-                window = [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b]
-                matched |= {key} if c.holds(value_of(c, window)) else set()
-            out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
-            out |= {(spec.id, k, "resolved", b) for k in firing[spec.id] - matched}
-            firing[spec.id] = matched
-    return out
-
-
-def value_of(c: Condition, window: list) -> float | None:
-    prices, volumes = [e[2] for e in window], [e[3] for e in window]
-    series = {"price": prices, "volume": volumes}.get(c.attribute or "", [])
-    if c.aggregate is Aggregate.COUNT:
-        return float(len(window))
-    if c.aggregate is Aggregate.SUM:
-        return float(sum(series))
-    if not series:
-        return None
-    return {Aggregate.AVG: sum(series) / len(series), Aggregate.MIN: min(series), Aggregate.MAX: max(series)}[c.aggregate]
 
 
 conditions = st.builds(
@@ -134,7 +104,7 @@ def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: boo
     more, _delta = shard.advance(catalog)
     got |= {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in more}
     last = (end - DELAY) // PANE * PANE
-    assert got == oracle(events, specs, last)
+    assert got == oracle(events, specs, last, PANE, HORIZON)
     for (sid, key, state, b), value in values.items():  # reported values are the window's exact value
         c = specs[sid - 1].condition
         window = [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b]

@@ -88,6 +88,7 @@ def test_spark_reads_each_record_exactly_once_across_restarts(spark, settings: S
                         break
             finally:
                 query.stop()
+            assert max(p["numInputRows"] for p in query.recentProgress) <= 25  # maxRecordsPerTrigger holds
         assert query.exception() is None
 
     run_until(first)
