@@ -35,7 +35,7 @@ import numpy as np
 
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
-from evaluator.naive import Transition, alert_id
+from evaluator.transition import Transition, alert_id
 from evaluator.panerows import PaneRows
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.ssf.ci_extreme import CollectiveExtreme

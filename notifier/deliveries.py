@@ -75,7 +75,7 @@ class DeliveryRecords:
                   self._entry(notification, endpoint_id, kind, attempt, number, "delivered"))
         pipe.execute()
 
-    def dead(self, notification: dict, endpoint_id: int, attempt: Attempt, number: int, kind: str | None = None) -> None:
+    def dead(self, notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int) -> None:
         entry = self._entry(notification, endpoint_id, kind, attempt, number, "dead")
         letter = {"id": dead_letter_id(notification["notification_id"], endpoint_id), "notification": notification,
                   **entry, "dead_at": time.time()}

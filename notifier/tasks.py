@@ -53,24 +53,6 @@ def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
     return random.uniform(0, min(cap_s, base_s * 2**retries))
 
 
-def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Settings) -> Attempt:
-    """One attempt over the endpoint's channel."""
-    if endpoint.kind == "email":
-        return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
-    try:
-        check_destination(endpoint.target, settings.webhook_allow_hosts)
-    except DestinationRefused as exc:
-        return Attempt(ok=False, retryable=False, latency_ms=0.0, error=str(exc))
-    return post_webhook(
-        endpoint.target,
-        notification,
-        endpoint.secret,
-        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
-        connect_timeout_s=settings.webhook_connect_timeout_s,
-        read_timeout_s=settings.webhook_read_timeout_s,
-    )
-
-
 @dataclass(frozen=True)
 class Target:
     kind: str
@@ -92,6 +74,24 @@ def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
         target = Target(endpoint.kind, endpoint.target, endpoint.secret) if endpoint else None
     _targets[key] = (time.monotonic(), target)
     return target
+
+
+def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Settings) -> Attempt:
+    """One attempt over the endpoint's channel."""
+    if endpoint.kind == "email":
+        return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
+    try:
+        check_destination(endpoint.target, settings.webhook_allow_hosts)
+    except DestinationRefused as exc:
+        return Attempt(ok=False, retryable=False, latency_ms=0.0, error=str(exc))
+    return post_webhook(
+        endpoint.target,
+        notification,
+        endpoint.secret,
+        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
+        connect_timeout_s=settings.webhook_connect_timeout_s,
+        read_timeout_s=settings.webhook_read_timeout_s,
+    )
 
 
 def claim_ttl_s(settings: Settings) -> float:
@@ -116,12 +116,12 @@ def deliver(self: Task, notification: dict, endpoint_id: int) -> str:
         records.release(nid, endpoint_id)
 
 
-def _attempt(self: Task, settings: Settings, records: DeliveryRecords, notification: dict, endpoint_id: int) -> str:
+def _attempt(task: Task, settings: Settings, records: DeliveryRecords, notification: dict, endpoint_id: int) -> str:
     endpoint = endpoint_target(settings, endpoint_id)
-    attempt_no = self.request.retries + 1
+    attempt_no = task.request.retries + 1
     if endpoint is None:
         attempt = Attempt(ok=False, retryable=False, latency_ms=0.0, error="endpoint deleted")
-        records.dead(notification, endpoint_id, attempt, attempt_no)
+        records.dead(notification, endpoint_id, None, attempt, attempt_no)
         return "dead"
 
     kind = endpoint.kind
@@ -131,8 +131,8 @@ def _attempt(self: Task, settings: Settings, records: DeliveryRecords, notificat
         records.delivered(notification, endpoint_id, kind, attempt, attempt_no)
         ATTEMPTS.labels(kind, "delivered").inc()
         return "delivered"
-    if not attempt.retryable or self.request.retries >= settings.delivery_max_retries:
-        records.dead(notification, endpoint_id, attempt, attempt_no, kind)
+    if not attempt.retryable or task.request.retries >= settings.delivery_max_retries:
+        records.dead(notification, endpoint_id, kind, attempt, attempt_no)
         ATTEMPTS.labels(kind, "dead").inc()
         log.warning("delivery_dead", notification=notification["notification_id"], endpoint_id=endpoint_id,
                     **attempt.detail())
@@ -141,5 +141,5 @@ def _attempt(self: Task, settings: Settings, records: DeliveryRecords, notificat
     ATTEMPTS.labels(kind, "retry").inc()
     delay = attempt.retry_after_s
     if delay is None:
-        delay = backoff_s(self.request.retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
-    raise self.retry(countdown=min(delay, settings.delivery_backoff_max_s))
+        delay = backoff_s(task.request.retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
+    raise task.retry(countdown=min(delay, settings.delivery_backoff_max_s))

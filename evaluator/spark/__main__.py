@@ -22,6 +22,21 @@ log = structlog.get_logger("evaluator")
 INPUT_RATE = Gauge("tocsin_evaluator_input_rows_per_second", "Kafka records per second into the evaluator")
 BATCH_SECONDS = Gauge("tocsin_evaluator_batch_seconds", "Duration of the last micro-batch")
 BATCH_ID = Gauge("tocsin_evaluator_batch_id", "Id of the last micro-batch")
+#: Totals the shard operator and the sink keep in Redis (they run in Spark's Python workers).
+TOTALS = {
+    name: Gauge(f"tocsin_evaluator_{name}", help_text)
+    for name, help_text in {
+        "late_events_applied": "Events that arrived after their pane was evaluated and were applied by correction",
+        "late_events_dropped": "Events older than every window still to be evaluated, dropped",
+        "boundaries": "Pane boundaries evaluated, summed over shards",
+        "candidates": "Values computed to answer subscriptions (index candidates, or (key, subscription) pairs)",
+        "matches": "(subscription, key) pairs in their condition, summed over evaluations",
+        "transitions": "Transitions written to Redis",
+        "restore_ms_total": "Milliseconds spent restoring shards (cache catch-up or rebuild)",
+        "evaluate_ms_total": "Milliseconds spent ingesting panes and evaluating",
+        "persist_ms_total": "Milliseconds spent writing shard change logs and snapshots",
+    }.items()
+}
 
 
 def main() -> None:
@@ -40,6 +55,9 @@ def main() -> None:
     last_batch = -1
     try:
         while not stop.wait(1.0) and query.isActive:
+            totals = stats.hgetall(keys.evaluator_stats)
+            for name, gauge in TOTALS.items():
+                gauge.set(float(totals.get(name.encode(), 0)))
             progress = query.lastProgress
             if not progress or progress["batchId"] == last_batch:
                 continue
@@ -54,7 +72,6 @@ def main() -> None:
                     "batch_seconds": seconds,
                     "input_rows": progress.get("numInputRows", 0),
                     "rows_per_second": progress.get("processedRowsPerSecond") or 0,
-                    "watermark": progress.get("eventTime", {}).get("watermark", ""),
                 },
             )
             if progress.get("numInputRows"):

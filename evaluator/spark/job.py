@@ -256,11 +256,10 @@ class ShardProcessor(StatefulProcessor):
                             ("matches", stats.matches), (f"shard_restore_{how}", 1)):
             if value:
                 pipe.hincrby(keys.evaluator_stats, name, value)
-        pipe.hset(keys.evaluator_stats, mapping={
-            f"shard_{shard}_restore_ms": round((restored - started) * 1000, 2),
-            f"shard_{shard}_evaluate_ms": round((evaluated - restored) * 1000, 2),
-            f"shard_{shard}_persist_ms": round((persisted - evaluated) * 1000, 2),
-        })
+        for stage, seconds in (("restore", restored - started), ("evaluate", evaluated - restored),
+                               ("persist", persisted - evaluated)):
+            pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
+        pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
         records = [t.to_dict() for t in transitions]
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
@@ -272,65 +271,74 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
-_RECORD_TRANSITION = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[4]) then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'alert', ARGV[1])
-  if ARGV[2] == 'firing' then
-    redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
-  else
-    redis.call('HDEL', KEYS[3], ARGV[3])
+_RECORD_TRANSITIONS = """
+-- KEYS: the alert stream, then per transition its dedupe mark, firing hash and counters hash
+-- ARGV: dedupe TTL, stream max length, then per transition its payload, state and key
+local written = 0
+for i = 0, (#ARGV - 2) / 3 - 1 do
+  local mark, firing, counters = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
+  local payload, state, key = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  if redis.call('SET', mark, '1', 'NX', 'EX', ARGV[1]) then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'alert', payload)
+    if state == 'firing' then
+      redis.call('HSET', firing, key, payload)
+    else
+      redis.call('HDEL', firing, key)
+    end
+    redis.call('HINCRBY', counters, state, 1)
+    written = written + 1
   end
-  redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
-  return 1
 end
-return 0
+return written
 """
 
 
 class RedisAlertSink:
     """foreachBatch: record transitions in Redis exactly once per alert id.
 
-    One Lua script per transition makes "seen?" and "record" atomic, so a replayed
-    micro-batch (after a crash between Redis and Spark's commit) adds nothing.
+    A Lua script makes "seen?" and "record" atomic per transition, so a replayed
+    micro-batch (after a crash between Redis and Spark's commit) adds nothing; it
+    takes transitions in chunks, one round trip per chunk. (Its keys span hash
+    slots: this needs a single Redis, not Redis Cluster.)
     """
 
     DEDUPE_TTL_S = 7 * 24 * 3600
     STREAM_MAXLEN = 1_000_000
+    CHUNK = 2_000
 
     def __init__(self, settings: Settings) -> None:
         self.keys = RedisKeys(settings)
         self.redis = redis.Redis.from_url(settings.redis_url)
-        self.script = self.redis.register_script(_RECORD_TRANSITION)
+        self.script = self.redis.register_script(_RECORD_TRANSITIONS)
 
     def write(self, transitions: list[dict]) -> int:
-        pipe = self.redis.pipeline(transaction=False)
-        for t in transitions:
-            payload = json.dumps(t, separators=(",", ":"))
-            self.script(
-                keys=[
-                    self.keys.alert_mark(t["alert_id"]),
-                    self.keys.alerts_stream,
-                    self.keys.firing(t["subscription_id"]),
-                    self.keys.counters(t["subscription_id"]),
-                ],
-                args=[payload, t["state"], t["key"], self.DEDUPE_TTL_S, self.STREAM_MAXLEN],
-                client=pipe,
-            )
-        return sum(int(x) for x in pipe.execute())
+        written = 0
+        for first in range(0, len(transitions), self.CHUNK):
+            keys, args = [self.keys.alerts_stream], [self.DEDUPE_TTL_S, self.STREAM_MAXLEN]
+            for t in transitions[first : first + self.CHUNK]:
+                keys += [self.keys.alert_mark(t["alert_id"]), self.keys.firing(t["subscription_id"]),
+                         self.keys.counters(t["subscription_id"])]
+                args += [json.dumps(t, separators=(",", ":")), t["state"], t["key"]]
+            written += int(self.script(keys=keys, args=args))
+        return written
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        rows, clocks = [], {}
-        for row in (r.asDict() for r in batch.collect()):
-            if row["state"] == CLOCK_STATE:
-                clocks[f"shard_{row['subscription_id']}_evaluated_at"] = row["evaluated_at"]
-                continue
-            value = row["value"]
-            row["value"] = None if value is None or np.isnan(value) else float(value)
-            rows.append(row)
+        started = time.perf_counter()
+        frame = batch.toPandas()
+        is_clock = frame["state"] == CLOCK_STATE
+        clocks = {f"shard_{sid}_evaluated_at": int(at) for sid, at in
+                  zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"])}
+        rows = frame[~is_clock].astype(object).where(frame[~is_clock].notna(), None).to_dict("records")
+        for row in rows:
+            for column in ("subscription_id", "window_start", "window_end", "evaluated_at"):
+                row[column] = int(row[column])
+            row["value"] = None if row["value"] is None else float(row["value"])
         written = self.write(rows) if rows else 0
-        self.redis.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id, "last_batch_at": time.time(),
-                                                            **clocks})
-        self.redis.hincrby(self.keys.evaluator_stats, "transitions", written)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id, "last_batch_at": time.time(), **clocks})
+        pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
+        pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
+        pipe.execute()
 
 
 def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:

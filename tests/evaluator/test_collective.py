@@ -1,4 +1,4 @@
-"""Pane aggregates feed the collective indexes; answers equal the per-key pane evaluator's."""
+"""Pane aggregates feed the collective indexes; answers equal a scan of the raw events."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evaluator.collective import CollectiveIndexes
-from evaluator.naive import aggregate_value
-from evaluator.panes import PaneStore
 from evaluator.spec import Aggregate, Condition
+from tests.evaluator.oracle import value_of
 
 ATTRS = ("price", "volume")
 PANE = 1_000
@@ -26,7 +25,7 @@ PANE = 1_000
 )
 def test_pane_fed_indexes_match_per_key_panes(steps, aggregate, panes_wide, threshold, above) -> None:  # noqa: ANN001
     indexes = CollectiveIndexes(ATTRS, p=2)
-    stores: dict[str, PaneStore] = {}
+    events: list[tuple[str, int, float, float]] = []
     pane = 0
     batch: list[tuple] = []
     for key, advance, count, price, volume in steps:
@@ -36,14 +35,14 @@ def test_pane_fed_indexes_match_per_key_panes(steps, aggregate, panes_wide, thre
         sums = np.array([[price * count], [volume * count]], dtype=float)
         extremes = np.array([[price], [volume]], dtype=float)
         indexes.add_panes([key], np.array([start]), np.array([count]), sums, extremes, extremes)
-        stores.setdefault(key, PaneStore(2)).merge(np.array([start]), np.array([count]), sums, extremes, extremes)
+        events += [(key, start, float(price), float(volume))] * count
     window = panes_wide * PANE
     attribute = None if aggregate is Aggregate.COUNT else "volume"
     bound = dict(low=float(threshold)) if above else dict(high=float(threshold))
     condition = Condition(aggregate, attribute, window, **bound)
     now = pane * PANE + PANE - 1  # just before the next pane boundary: panes start <= now
     want = {
-        key for key, store in stores.items()
-        if condition.holds(aggregate_value(store.window(now + 1 - window, now + 1), condition, ATTRS))
+        key for key in {e[0] for e in events}
+        if condition.holds(value_of(condition, [e for e in events if e[0] == key and now + 1 - window <= e[1] <= now]))
     }
     assert indexes.matching(condition, now) == want

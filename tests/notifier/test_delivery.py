@@ -12,7 +12,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from evaluator.naive import alert_id
+from evaluator.transition import alert_id
 from evaluator.spark.job import RedisAlertSink
 from infra.mailsink import MailSink
 from infra.receiver import WebhookReceiver

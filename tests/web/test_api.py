@@ -155,7 +155,7 @@ def test_dead_letters_are_listed_with_a_replay_button(api: TestClient, settings:
              "window_end": 60_000, "evaluated_at": 60_000}
     notification = build_notification({"id": 1, "name": "Big volume", "condition": "c"}, [alert], "n1")
     records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True), RedisKeys(settings))
-    records.dead(notification, 4, Attempt(False, False, 12.0, 410, "HTTP 410"), 1, "webhook")
+    records.dead(notification, 4, "webhook", Attempt(False, False, 12.0, 410, "HTTP 410"), 1)
 
     page = api.get("/").text
     assert "Big volume (#1)" in page and "HTTP 410" in page and "/api/dead-letters/n1%3A4/replay" in page

@@ -1,0 +1,329 @@
+"""The whole evaluator pipeline on this machine: Kafka -> Spark -> shard operator -> Redis.
+
+    python benchmarks/pipeline.py            # 5,000 keys; 1k / 10k / 100k subscriptions; collective vs naive
+    python benchmarks/pipeline.py --quick    # smoke run
+
+Real components: a Tansu broker and a Redis server of its own, one local[2]
+SparkSession running the production query (``evaluator.spark.job.build_query``).
+
+- *Throughput*: a stream of ``--rate`` events per event-second over ``--keys`` keys
+  (Zipf popularity) is published once; each configuration runs its own query over
+  it (own checkpoint and Redis prefix), one event-second per micro-batch, as fast
+  as it can. Sustained events/s is measured from the end of the third event-second
+  (start-up, and the first evaluations where every match fires at once, are not
+  counted) to the end of the budget or of the stream.
+- *Latency*: events produced live at ``--live-rate`` per second (event time = now)
+  with 10k subscriptions; for every alert, the time from the moment its window
+  became complete in the log (window end + allowed delay) to its arrival in the
+  Redis stream.
+- *Where time goes*: Spark's per-trigger durations and the shard operator's own
+  stages (restoring the shard, ingesting + evaluating, persisting the change log).
+
+Collective and naive evaluation run in the same process on the same data; the
+naive baseline evaluates every subscription on every key at every pane boundary.
+Numbers are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import redis
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import percentiles, table  # noqa: E402
+from evaluator.catalog import Catalog  # noqa: E402
+from evaluator.spark.job import build_query  # noqa: E402
+from evaluator.spark.session import spark_session  # noqa: E402
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec  # noqa: E402
+from infra.redis_schema import RedisKeys  # noqa: E402
+from infra.services import free_port, start_redis, start_tansu  # noqa: E402
+from infra.settings import Settings  # noqa: E402
+from ingest.kafka import ensure_topics  # noqa: E402
+from ingest.model import Event  # noqa: E402
+from ingest.publisher import EventPublisher  # noqa: E402
+
+SECOND = 1_000
+WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 1 h
+
+
+def key_names(n: int) -> list[str]:
+    return [f"S{i:05d}" for i in range(n)]
+
+
+def stream(keys: list[str], rate: int, seconds: int, start_ms: int, seed: int = 5):  # noqa: ANN201
+    """(key, ts, price, volume), time ordered per key, ``rate`` per event-second, Zipf-popular keys."""
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) ** 0.8 for i in range(len(keys))]
+    cumulative, total = [], 0.0
+    for w in weights:
+        total += w
+        cumulative.append(total)
+    prices = price_levels(keys)
+    for second in range(seconds):
+        for n in range(rate):
+            key = keys[bisect.bisect_left(cumulative, rng.random() * total)]
+            prices[key] = max(1.0, prices[key] * (1 + rng.gauss(0, 0.0005)))
+            yield key, start_ms + second * SECOND + n * SECOND // rate, round(prices[key] * 4) / 4, float(
+                int(rng.lognormvariate(4, 1)) + 1)
+
+
+def price_levels(keys: list[str]) -> dict[str, float]:
+    """Each symbol trades around its own level, log-uniform between 5 and 1,000."""
+    rng = random.Random(13)
+    return {k: round(5 * 200 ** rng.random(), 2) for k in keys}
+
+
+def subscriptions(n: int, keys: list[str], rate: int, seed: int = 9) -> tuple[SubscriptionSpec, ...]:
+    """A mix over every aggregate, four windows and thresholds that most keys do not reach."""
+    rng = random.Random(seed)
+    per_key_per_s = rate / len(keys)
+    specs = []
+    for i in range(n):
+        window = rng.choice(WINDOWS)
+        aggregate = rng.choice(list(Aggregate))
+        expected_count = per_key_per_s * window / SECOND
+        if aggregate is Aggregate.COUNT:
+            condition = Condition(aggregate, None, window, low=float(int(expected_count * rng.uniform(2, 20)) + 1))
+        elif aggregate is Aggregate.SUM:
+            condition = Condition(aggregate, "volume", window, low=expected_count * 90 * rng.uniform(3, 30))
+        elif aggregate is Aggregate.AVG:
+            condition = Condition(aggregate, "price", window, low=5 * 200 ** rng.uniform(0.9, 1.0))
+        elif aggregate is Aggregate.MAX:
+            condition = Condition(aggregate, "price", window, low=5 * 200 ** rng.uniform(0.9, 1.05))
+        else:
+            condition = Condition(aggregate, "price", window, high=5 * 200 ** rng.uniform(-0.05, 0.1))
+        watched = frozenset(rng.sample(keys, rng.randint(1, 5))) if rng.random() < 0.2 else None
+        specs.append(SubscriptionSpec(i + 1, condition, watched))
+    return tuple(specs)
+
+
+def publish(settings: Settings, events: list[tuple], heartbeat_every_ms: int = 500) -> None:
+    with EventPublisher(settings) as publisher:
+        next_beat = events[0][1] + heartbeat_every_ms
+        for key, ts, price, volume in tqdm(events, desc="publishing", unit="event", leave=False):
+            if ts >= next_beat:
+                publisher.heartbeat(next_beat)
+                next_beat += heartbeat_every_ms
+            publisher.publish(Event(key=key, ts=ts, price=price, volume=volume))
+        publisher.heartbeat(events[-1][1] + 30 * SECOND)
+
+
+def install_catalog(settings: Settings, specs: tuple[SubscriptionSpec, ...]) -> None:
+    import json
+
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = RedisKeys(settings)
+    client.set(keys.catalog_snapshot, json.dumps(Catalog(1, specs).to_dict()))
+    client.set(keys.catalog_version, 1)
+
+
+def tree_rss_mb() -> float:
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def min_clock(stats: dict[str, str], shards: int) -> int | None:
+    clocks = [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+    return min(clocks) if len(clocks) == shards else None
+
+
+def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int], rate: int,  # noqa: ANN001
+                   budget_s: float, mode: str) -> dict:
+    settings = base.model_copy(update={
+        "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}", "evaluator_mode": mode,
+        "source_max_records_per_trigger": rate, "trigger_interval": "0 seconds",
+    })
+    install_catalog(settings, specs)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    stats_key = RedisKeys(settings).evaluator_stats
+    shards = settings.spark_shuffle_partitions
+    last_ts = event_times[-1]
+    warm_up_events = 3 * rate
+    query = build_query(spark, settings)
+    first = last = None
+    started = time.monotonic()
+    try:
+        with tqdm(total=len(event_times), desc=f"{mode} {len(specs):,} subs", unit="event", leave=False) as bar:
+            while time.monotonic() - started < budget_s:
+                if query.exception():
+                    raise query.exception()
+                clock = min_clock(client.hgetall(stats_key), shards)
+                now = time.monotonic()
+                if clock is not None:
+                    done = bisect.bisect_left(event_times, clock)
+                    bar.update(done - bar.n)
+                    if first is None and done >= warm_up_events:  # past start-up and the first firings
+                        first = (now, done)
+                    last = (now, done)
+                    if clock > last_ts:
+                        break
+                time.sleep(0.25)
+    finally:
+        query.stop()
+    stats = client.hgetall(stats_key)
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    boundaries = max(float(stats.get("boundaries", 0)), 1.0)
+    shard_batches = max(float(stats.get("shard_batches", 0)), 1.0)
+    result = {
+        "rate": (last[1] - first[1]) / (last[0] - first[0]) if first and last[0] > first[0] else float("nan"),
+        "events": last[1] if last else 0,
+        "batches": len(progress),
+        "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1),
+        "add_batch_ms": sum(p["durationMs"].get("addBatch", 0) for p in progress) / max(len(progress), 1),
+        "restore_ms": float(stats.get("restore_ms_total", 0)) / shard_batches,
+        "evaluate_ms": float(stats.get("evaluate_ms_total", 0)) / shard_batches,
+        "persist_ms": float(stats.get("persist_ms_total", 0)) / shard_batches,
+        "sink_ms": float(stats.get("sink_ms_total", 0)) / max(len(progress), 1),
+        "transitions": float(stats.get("transitions", 0)) / max(len(progress), 1),
+        "candidates": float(stats.get("candidates", 0)) / boundaries,
+        "matches": float(stats.get("matches", 0)) / boundaries,
+        "rss_mb": tree_rss_mb(),
+        "finished": last is not None and bisect.bisect_left(event_times, last_ts) <= last[1],
+    }
+    return result
+
+
+def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, seconds: int) -> list[float]:  # noqa: ANN001
+    settings = base.model_copy(update={
+        "redis_prefix": "bench-live", "checkpoint_dir": base.data_dir / "checkpoint-live",
+        "events_topic": "bench-live", "dead_letter_topic": "bench-live-dead", "watermark_delay_ms": 500,
+        "trigger_interval": "1 second",
+    })
+    ensure_topics(settings)
+    install_catalog(settings, specs)
+    query = build_query(spark, settings)
+    stop = threading.Event()
+
+    def produce() -> None:
+        rng = random.Random(1)
+        prices = price_levels(keys)
+        with EventPublisher(settings) as publisher:
+            next_beat = time.time()
+            while not stop.is_set():
+                tick = time.time()
+                for _ in range(max(1, live_rate // 10)):
+                    key = keys[min(int(rng.paretovariate(1.2)) - 1, len(keys) - 1)]
+                    prices[key] = max(1.0, prices[key] * (1 + rng.gauss(0, 0.0005)))
+                    publisher.publish(Event(key=key, ts=int(time.time() * 1000), price=round(prices[key] * 4) / 4,
+                                            volume=float(int(rng.lognormvariate(4, 1)) + 1)))
+                if time.time() >= next_beat:
+                    publisher.heartbeat(int(time.time() * 1000))
+                    next_beat += 0.2
+                time.sleep(max(0.0, 0.1 - (time.time() - tick)))
+
+    producer = threading.Thread(target=produce, daemon=True)
+    begin = time.time()
+    producer.start()
+    try:
+        for _ in tqdm(range(seconds), desc="live", unit="s", leave=False):
+            time.sleep(1)
+            if query.exception():
+                raise query.exception()
+    finally:
+        stop.set()
+        producer.join()
+        query.stop()
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    latencies = []
+    import json
+
+    warm = begin + min(15, seconds / 2)  # leave out the first seconds: JIT, first batches
+    for entry_id, fields in client.xrange(RedisKeys(settings).alerts_stream):
+        written = int(entry_id.split("-")[0]) / 1000
+        alert = json.loads(fields["alert"])
+        decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000
+        if decidable >= warm:
+            latencies.append(written - decidable)
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
+    parser.add_argument("--keys", type=int, default=5_000)
+    parser.add_argument("--rate", type=int, default=5_000, help="events per event-second")
+    parser.add_argument("--seconds", type=int, default=40, help="event-seconds in the stream")
+    parser.add_argument("--subscriptions", default="1000,10000,100000")
+    parser.add_argument("--naive-up-to", type=int, default=10_000, help="largest subscription count run naively")
+    parser.add_argument("--budget", type=float, default=150.0, help="wall seconds per configuration")
+    parser.add_argument("--live-rate", type=int, default=1_000)
+    parser.add_argument("--live-seconds", type=int, default=60)
+    args = parser.parse_args()
+    if args.quick:
+        args.keys, args.rate, args.seconds, args.subscriptions = 200, 200, 4, "300"
+        args.budget, args.live_rate, args.live_seconds = 30.0, 100, 20
+
+    work = Path(tempfile.mkdtemp(prefix="tocsin-bench-pipeline-"))
+    kafka_port, redis_port = free_port(), free_port()
+    broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
+    redis_server = start_redis(redis_port, work / "redis", work / "redis.log")
+    base = Settings(
+        kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
+        events_topic="bench-events", dead_letter_topic="bench-dead", event_partitions=4,
+        data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
+    )
+    keys = key_names(args.keys)
+    start_ms = 1_800_000_000_000
+    events = list(stream(keys, args.rate, args.seconds, start_ms))
+    event_times = sorted(ts for _, ts, *_ in events)
+    ensure_topics(base)
+    publish(base, events)
+    spark = spark_session(base, "tocsin-benchmark")
+    rows, naive_rates = [], {}
+    try:
+        for n in [int(x) for x in args.subscriptions.split(",")]:
+            specs = subscriptions(n, keys, args.rate)
+            modes = ["naive", "collective"] if n <= args.naive_up_to else ["collective"]
+            for mode in modes:
+                r = throughput_run(spark, base, f"{mode}-{n}", specs, event_times, args.rate, args.budget, mode)
+                if mode == "naive":
+                    naive_rates[n] = r["rate"]
+                ratio = r["rate"] / naive_rates[n] if n in naive_rates else float("nan")
+                rows.append([f"{n:,}", mode, r["rate"], r["events"], "yes" if r["finished"] else "budget",
+                             r["batch_ms"], r["add_batch_ms"], r["restore_ms"], r["evaluate_ms"], r["persist_ms"],
+                             r["sink_ms"], r["transitions"], r["candidates"], r["matches"], r["rss_mb"], ratio])
+        live_specs = subscriptions(10_000 if not args.quick else 300, keys, args.live_rate)
+        latencies = latency_run(spark, base, live_specs, keys, args.live_rate, args.live_seconds)
+    finally:
+        spark.stop()
+        broker.stop()
+        redis_server.stop()
+
+    table(
+        f"Sustained throughput, {args.keys:,} keys, {args.rate:,} events per event-second, one event-second per "
+        "micro-batch, local[2] (per-batch and per-shard-batch means, ms)",
+        ["subscriptions", "evaluation", "events/s", "events done", "finished", "batch ms", "addBatch ms",
+         "restore ms", "evaluate ms", "persist ms", "sink ms", "transitions/batch", "candidates/boundary",
+         "matches/boundary", "RSS MB", "vs naive"],
+        rows,
+    )
+    trigger_s = 1.0
+    table(
+        f"Alert latency, live stream at {args.live_rate:,} events/s, {len(live_specs):,} subscriptions, trigger 1 s, "
+        "allowed delay 0.5 s (window complete in the log -> alert in Redis)",
+        ["alerts", "p50 s", "p95 s", "p99 s", "max s", "p99 / trigger"],
+        [[len(latencies), *percentiles(latencies, (50, 95, 99, 100), 1.0),
+          (percentiles(latencies, (99,), 1.0)[0] / trigger_s) if latencies else float("nan")]]
+        if latencies else [[0, float("nan"), float("nan"), float("nan"), float("nan"), float("nan")]],
+    )
+
+
+if __name__ == "__main__":
+    main()
