@@ -33,35 +33,30 @@ class CollectiveIndexes:
         sums: np.ndarray,
         mins: np.ndarray,
         maxs: np.ndarray,
+        late: bool = False,
     ) -> None:
-        """Fold pane aggregates; ``sums/mins/maxs`` are ``(attributes, panes)`` arrays in pane order."""
+        """Fold pane aggregates; ``sums/mins/maxs`` are ``(attributes, panes)`` arrays.
+
+        ``late`` panes may be older than what the indexes hold (the correction path for
+        late events); others must not be, and are applied in pane order.
+        """
         order = np.argsort(pane_starts, kind="stable")
         keys = [keys[i] for i in order]
-        starts = pane_starts[order]
-        self.count.add_batch(keys, starts, counts[order])
-        for a, name in enumerate(self.attributes):
-            self.sums[name].add_batch(keys, starts, sums[a][order])
-            self.maxs[name].add_batch(keys, starts, maxs[a][order])
-            self.mins[name].add_batch(keys, starts, mins[a][order])
-
-    def add_late_panes(
-        self,
-        keys: Sequence[str],
-        pane_starts: np.ndarray,
-        counts: np.ndarray,
-        sums: np.ndarray,
-        mins: np.ndarray,
-        maxs: np.ndarray,
-    ) -> None:
-        """Fold panes older than what the indexes already hold: the correction path for late events."""
-        starts = [int(t) for t in pane_starts]
-        for key, t, n in zip(keys, starts, counts.tolist(), strict=True):
+        starts = [int(t) for t in pane_starts[order]]
+        if not late:
+            self.count.add_batch(keys, starts, counts[order])
+            for a, name in enumerate(self.attributes):
+                self.sums[name].add_batch(keys, starts, sums[a][order])
+                self.maxs[name].add_batch(keys, starts, maxs[a][order])
+                self.mins[name].add_batch(keys, starts, mins[a][order])
+            return
+        for key, t, n in zip(keys, starts, counts[order].tolist(), strict=True):
             self.count.add_late(key, t, float(n))
         for a, name in enumerate(self.attributes):
-            for key, t, v in zip(keys, starts, sums[a].tolist(), strict=True):
+            for key, t, v in zip(keys, starts, sums[a][order].tolist(), strict=True):
                 self.sums[name].add_late(key, t, v)
-            self.maxs[name].add_late(list(keys), starts, maxs[a].tolist())
-            self.mins[name].add_late(list(keys), starts, mins[a].tolist())
+            self.maxs[name].add_late(keys, starts, maxs[a][order].tolist())
+            self.mins[name].add_late(keys, starts, mins[a][order].tolist())
 
     def expire(self, before_ts: int) -> None:
         for index in (self.count, *self.sums.values(), *self.maxs.values(), *self.mins.values()):

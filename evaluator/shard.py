@@ -171,11 +171,8 @@ class ShardEvaluator:
     def _apply(self, rows: PaneRows, late: bool = False) -> None:
         if not len(rows):
             return
-        keys = rows.keys.tolist()
-        if late:
-            self.indexes.add_late_panes(keys, rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs)
-        else:
-            self.indexes.add_panes(keys, rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs)
+        self.indexes.add_panes(rows.keys.tolist(), rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs,
+                               late=late)
 
     def _apply_until(self, boundary: int) -> None:
         """Move the panes that start before ``boundary`` from pending into the indexes, in pane order."""
@@ -354,7 +351,6 @@ class ShardEvaluator:
                 keys.discard(key)
                 if not keys:
                     del self.firing[sid]
-        self._groups_version = None  # re-check the catalog on the next evaluation
 
     def snapshot(self) -> bytes:
         indexes = self.indexes

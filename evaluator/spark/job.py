@@ -167,8 +167,9 @@ def pane_rows(frame: pd.DataFrame) -> PaneRows:
     )
 
 
-#: Each worker process's copies of the shards it has run, by (checkpoint, shard id).
+#: Each worker process's copies of the shards it has run, by (checkpoint, shard id), least recently used first.
 _SHARDS: dict[tuple[str, int], ShardEvaluator] = {}
+_SHARDS_KEPT = 16
 
 
 _CATALOGS: dict[tuple[str, str], CatalogSource] = {}
@@ -247,6 +248,8 @@ class ShardProcessor(StatefulProcessor):
         self.clock.update((epoch, base_epoch))
         evaluator.epoch = epoch
         _SHARDS[(str(self.settings.checkpoint_path), shard)] = evaluator
+        while len(_SHARDS) > _SHARDS_KEPT:  # copies of queries that stopped would otherwise stay forever
+            del _SHARDS[next(iter(_SHARDS))]
         persisted = time.perf_counter()
 
         keys = RedisKeys(self.settings)

@@ -97,3 +97,41 @@ def test_sink_is_idempotent(settings: Settings) -> None:
     assert sink.write([row]) == 1
     assert sink.write([row]) == 0, "a replayed batch must add nothing"
     assert len(transitions(settings)) == 1
+
+
+def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spark, settings: Settings) -> None:  # noqa: ANN001
+    settings = settings.model_copy(update={"max_window_ms": 10_000})
+    ensure_topics(settings)
+    publish_catalog(settings, SubscriptionSpec(1, parse_condition("COUNT(*) OVER 5s >= 2")))
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    stats = RedisKeys(settings).evaluator_stats
+    base = 1_800_000_000_000
+    query = build_query(spark, settings)
+    try:
+        with EventPublisher(settings) as publisher:
+            for i in range(3):
+                publisher.publish(Event(key="A", ts=base + i * 100, price=10, volume=1))
+            publisher.heartbeat(base + 4_000)
+        wait(query, lambda: {(t["subscription_id"], t["state"]) for t in transitions(settings)} == {(1, "firing")})
+
+        # Without restarting the query: subscription 1 goes away (no resolution), 2 arrives and fires at once.
+        client.set(RedisKeys(settings).catalog_snapshot, json.dumps(Catalog(2, (
+            SubscriptionSpec(2, parse_condition("SUM(volume) OVER 5s >= 3")),)).to_dict()))
+        client.set(RedisKeys(settings).catalog_version, 2)
+        time.sleep(0.5)  # the workers re-read the version at most every 0.2 s
+        with EventPublisher(settings) as publisher:
+            publisher.heartbeat(base + 5_000)
+        wait(query, lambda: any(t["subscription_id"] == 2 for t in transitions(settings)))
+
+        with EventPublisher(settings) as publisher:  # older than every window still to come
+            publisher.publish(Event(key="A", ts=base - 60_000, price=10, volume=1))
+            publisher.heartbeat(base + 6_000)
+        wait(query, lambda: int(client.hget(stats, "late_events_dropped") or 0) == 1)
+    finally:
+        query.stop()
+    got = [(t["subscription_id"], t["key"], t["state"], t["evaluated_at"]) for t in transitions(settings)]
+    assert got[0][:3] == (1, "A", "firing")
+    assert (2, "A", "firing") in {g[:3] for g in got}
+    assert [g for g in got if g[0] == 1] == [got[0]], "a removed subscription is forgotten without a transition"
+    fired_2 = next(g[3] for g in got if g[0] == 2)
+    assert fired_2 <= base + 3_000 + settings.pane_ms, "the new subscription was evaluated at the next boundary"
