@@ -176,10 +176,10 @@ class Dispatcher:
         """Remind subscribers of keys still firing whose re-notify interval has passed."""
         now = time.time()
         sent = 0
-        for subscription in session.scalars(select(Subscription).where(Subscription.active)):
+        with_renotify = select(Subscription).where(
+            Subscription.active, Subscription.policy["renotify_s"].as_integer().is_not(None))
+        for subscription in session.scalars(with_renotify):
             policy = AlertPolicy.model_validate(subscription.policy or {})
-            if policy.renotify_s is None:
-                continue
             firing = {k: json.loads(v) for k, v in self.redis.hgetall(self.keys.firing(subscription.id)).items()}
             if not firing:
                 continue

@@ -229,12 +229,11 @@ class ShardProcessor(StatefulProcessor):
 
         frame = pd.concat(list(rows), ignore_index=True)
         is_progress = frame["partition"].to_numpy() != NO_PARTITION
-        progress_rows = frame[is_progress]
-        progress = progress_rows.groupby("partition")["progress"].max().to_dict()
+        newest = frame[is_progress].groupby("partition")["progress"].max()
+        progress = {int(p): int(t) for p, t in newest.items()}
         stats = BatchStats()
         source = _catalog_source(self.settings)
-        transitions, delta = evaluator.step(pane_rows(frame[~is_progress]), {int(p): int(t) for p, t in progress.items()},
-                                            source.current(), stats)
+        transitions, delta = evaluator.step(pane_rows(frame[~is_progress]), progress, source.current(), stats)
         evaluated = time.perf_counter()
 
         epoch += 1
