@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import json
 import random
 import sys
 import tempfile
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import percentiles, table  # noqa: E402
 from evaluator.catalog import Catalog  # noqa: E402
-from evaluator.spark.job import build_query  # noqa: E402
+from evaluator.spark.job import build_query, evaluated_through  # noqa: E402
 from evaluator.spark.session import spark_session  # noqa: E402
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec  # noqa: E402
 from infra.redis_schema import RedisKeys  # noqa: E402
@@ -52,6 +53,7 @@ from infra.settings import Settings  # noqa: E402
 from ingest.kafka import ensure_topics  # noqa: E402
 from ingest.model import Event  # noqa: E402
 from ingest.publisher import EventPublisher  # noqa: E402
+from subscriptions.service import publish_catalog  # noqa: E402
 
 SECOND = 1_000
 WARM_UP_LIMIT_S = 900
@@ -121,12 +123,7 @@ def publish(settings: Settings, events: list[tuple], heartbeat_every_ms: int = 5
 
 
 def install_catalog(settings: Settings, specs: tuple[SubscriptionSpec, ...]) -> None:
-    import json
-
-    client = redis.Redis.from_url(settings.redis_url)
-    keys = RedisKeys(settings)
-    client.set(keys.catalog_snapshot, json.dumps(Catalog(1, specs).to_dict()))
-    client.set(keys.catalog_version, 1)
+    publish_catalog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings), Catalog(1, specs))
 
 
 def tree_rss_mb() -> float:
@@ -138,11 +135,6 @@ def tree_rss_mb() -> float:
         except psutil.Error:
             pass
     return total / 2**20
-
-
-def min_clock(stats: dict[str, str], shards: int) -> int | None:
-    clocks = [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
-    return min(clocks) if len(clocks) == shards else None
 
 
 def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int], rate: int,  # noqa: ANN001
@@ -166,7 +158,7 @@ def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int
             while time.monotonic() - (first[0] if first else started) < (budget_s if first else WARM_UP_LIMIT_S):
                 if query.exception():
                     raise query.exception()
-                clock = min_clock(client.hgetall(stats_key), shards)
+                clock = evaluated_through(client.hgetall(stats_key), shards)
                 now = time.monotonic()
                 if clock is not None:
                     done = bisect.bisect_left(event_times, clock)
@@ -245,8 +237,6 @@ def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, s
         query.stop()
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     latencies = []
-    import json
-
     warm = begin + min(15, seconds / 2)  # leave out the first seconds: JIT, first batches
     for entry_id, fields in client.xrange(RedisKeys(settings).alerts_stream):
         written = int(entry_id.split("-")[0]) / 1000

@@ -36,6 +36,13 @@ return 0
 """
 
 
+def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> bool:
+    """Publish ``catalog`` for the evaluator unless Redis already holds a newer one."""
+    script = client.register_script(_PUBLISH_IF_NEWER)
+    payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
+    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, payload]))
+
+
 class NotFound(LookupError):
     pass
 
@@ -158,10 +165,7 @@ class SubscriptionService:
         )
 
     def publish(self, catalog: Catalog) -> bool:
-        """Publish ``catalog`` unless Redis already holds a newer one."""
-        script = self.redis.register_script(_PUBLISH_IF_NEWER)
-        payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
-        return bool(script(keys=[self.keys.catalog_version, self.keys.catalog_snapshot], args=[catalog.version, payload]))
+        return publish_catalog(self.redis, self.keys, catalog)
 
     def republish(self) -> bool:
         """Publish the current catalog (at start-up, or after Redis lost its data)."""

@@ -273,6 +273,12 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
+def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
+    """The last boundary every shard has evaluated and stored, from the clocks the sink writes."""
+    clocks = [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+    return min(clocks) if len(clocks) == shards else None
+
+
 _RECORD_TRANSITIONS = """
 -- KEYS: the alert stream, then per transition its dedupe mark, firing hash and counters hash
 -- ARGV: dedupe TTL, stream max length, then per transition its payload, state and key

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from evaluator.spark.job import build_query
+from evaluator.spark.job import build_query, evaluated_through
 from evaluator.spec import SubscriptionSpec
 from infra.redis_schema import RedisKeys
 from infra.services import python_module, spawn
@@ -73,8 +73,8 @@ def publish(settings: Settings, events: list[tuple[str, int, float, float]]) -> 
 
 def evaluated_everything(settings: Settings, last: int, shards: int) -> bool:
     stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
-    done = [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
-    return len(done) == shards and min(done) >= last
+    done = evaluated_through(stats, shards)
+    return done is not None and done >= last
 
 
 def wait_until(predicate, timeout_s: float = 180, query=None) -> None:  # noqa: ANN001

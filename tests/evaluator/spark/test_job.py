@@ -18,16 +18,14 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
+from subscriptions.service import publish_catalog as publish
 from tests.ingest.test_publisher import read_topic
 
 pytestmark = pytest.mark.spark
 
 
-def publish_catalog(settings: Settings, *specs: SubscriptionSpec) -> None:
-    keys = RedisKeys(settings)
-    client = redis.Redis.from_url(settings.redis_url)
-    client.set(keys.catalog_snapshot, json.dumps(Catalog(1, specs).to_dict()))
-    client.set(keys.catalog_version, 1)
+def publish_catalog(settings: Settings, *specs: SubscriptionSpec, version: int = 1) -> None:
+    assert publish(redis.Redis.from_url(settings.redis_url), RedisKeys(settings), Catalog(version, specs))
 
 
 def transitions(settings: Settings) -> list[dict]:
@@ -115,9 +113,7 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
         wait(query, lambda: {(t["subscription_id"], t["state"]) for t in transitions(settings)} == {(1, "firing")})
 
         # Without restarting the query: subscription 1 goes away (no resolution), 2 arrives and fires at once.
-        client.set(RedisKeys(settings).catalog_snapshot, json.dumps(Catalog(2, (
-            SubscriptionSpec(2, parse_condition("SUM(volume) OVER 5s >= 3")),)).to_dict()))
-        client.set(RedisKeys(settings).catalog_version, 2)
+        publish_catalog(settings, SubscriptionSpec(2, parse_condition("SUM(volume) OVER 5s >= 3")), version=2)
         time.sleep(0.5)  # the workers re-read the version at most every 0.2 s
         with EventPublisher(settings) as publisher:
             publisher.heartbeat(base + 5_000)
