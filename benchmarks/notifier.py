@@ -40,6 +40,7 @@ from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
 from notifier.email import render, send_email  # noqa: E402
 from notifier.notification import build_notification, notification_id  # noqa: E402
 from notifier.webhook import post_webhook  # noqa: E402
+from subscriptions.accounts import AccountService  # noqa: E402
 from subscriptions.db import session_factory  # noqa: E402
 from subscriptions.models import Endpoint  # noqa: E402
 
@@ -149,8 +150,10 @@ def main() -> None:
         webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
     )
     with session_factory(settings.database_url)() as session:
-        hooks = {name: Endpoint(kind="webhook", target=r.url, secret=SECRET) for name, r in receivers.items()}
-        mail = Endpoint(kind="email", target="ops@example.com")
+        owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")
+        hooks = {name: Endpoint(owner_id=owner.id, kind="webhook", target=r.url, secret=SECRET)
+                 for name, r in receivers.items()}
+        mail = Endpoint(owner_id=owner.id, kind="email", target="ops@example.com")
         session.add_all([*hooks.values(), mail])
         session.commit()
     worker_cmd = python_module("celery", "-A", "notifier.app", "worker", "--pool", "threads", "--concurrency",

@@ -6,11 +6,17 @@
   the notifier's dispatcher in the ``notifier`` group);
 - ``alert:<id>``: de-duplication marks, so a replayed micro-batch adds nothing;
 - ``firing:<subscription>``: a hash key -> latest firing transition;
+- ``history:<subscription>``: a Stream of the subscription's newest transitions
+  (``HISTORY_LENGTH``), for its alert history;
 - ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards;
 - ``policy:<subscription>``: per key, what the subscriber was last told, and
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
-- ``deliveries:*`` and ``delivered:*``: see ``notifier.deliveries``.
+- ``deliveries:*`` and ``delivered:*``: see ``notifier.deliveries``;
+- ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
+- ``previews`` and ``preview:<request>``: condition previews asked of the
+  evaluator's shards and their answers (see ``web.conditions``);
+- ``login-failures:<address>``: failed logins, for the lock-out (see ``web.auth``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from infra.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
+HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
 
 
 class RedisKeys:
@@ -29,6 +36,9 @@ class RedisKeys:
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")
+        self.ops_samples = k("ops", "samples")
+        self.previews = k("previews")
+        self.ops_sampler_lock = k("ops", "sampler-lock")
         self._k = k
 
     def alert_mark(self, alert_id: str) -> str:
@@ -37,11 +47,17 @@ class RedisKeys:
     def firing(self, subscription_id: int) -> str:
         return self._k("firing", subscription_id)
 
+    def history(self, subscription_id: int) -> str:
+        return self._k("history", subscription_id)
+
     def counters(self, subscription_id: int) -> str:
         return self._k("counters", subscription_id)
 
     def delivery_log(self, subscription_id: int) -> str:
         return self._k("deliveries", subscription_id)
+
+    def endpoint_log(self, endpoint_id: int) -> str:
+        return self._k("deliveries", "endpoint", endpoint_id)
 
     def delivered(self, notification_id: str, endpoint_id: int) -> str:
         return self._k("delivered", notification_id, endpoint_id)
@@ -51,6 +67,12 @@ class RedisKeys:
 
     def key_states(self, subscription_id: int) -> str:
         return self._k("policy", subscription_id)
+
+    def preview_answers(self, request_id: str) -> str:
+        return self._k("preview", request_id)
+
+    def login_failures(self, email: str) -> str:
+        return self._k("login-failures", email)
 
     def decision(self, alert_id: str) -> str:
         return self._k("decision", alert_id)

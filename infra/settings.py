@@ -63,6 +63,20 @@ class Settings(BaseSettings):
     # --- web -------------------------------------------------------------------
     web_host: str = "127.0.0.1"
     web_port: int = 8000
+    signup_open: bool = Field(True, description="anyone may create an account; else operators invite by CLI")
+    operator_emails: list[str] = Field(
+        default_factory=list, description="accounts signing up with these addresses get the operator role"
+    )
+    session_ttl_s: int = Field(14 * 86_400, ge=60, description="how long a browser session lasts")
+    session_cookie_secure: bool = Field(False, description="send the session cookie over HTTPS only")
+    login_max_failures: int = Field(10, ge=1, description="failed logins per address before it is locked out")
+    login_lockout_s: int = Field(900, ge=1, description="how long failed logins are counted, and the lock-out")
+    user_max_subscriptions: int = Field(1_000, ge=0)
+    user_max_endpoints: int = Field(50, ge=0)
+    user_max_tokens: int = Field(20, ge=0)
+    dashboard_sample_s: float = Field(2.0, gt=0, description="how often the web app samples operator metrics")
+    dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")
+    preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
 
     # --- notifier ----------------------------------------------------------------
     webhook_connect_timeout_s: float = 3.0

@@ -1,7 +1,8 @@
 """What became of every notification, in Redis: attempt logs, delivered marks, dead letters.
 
 - ``deliveries:<subscription>``: the newest attempts (and policy suppressions) of a
-  subscription, newest first, for its delivery log;
+  subscription, newest first, for its delivery log, and ``deliveries:endpoint:<id>``,
+  the newest attempts at one endpoint (test alerts included);
 - ``delivered:<notification>:<endpoint>``: set once a delivery succeeded, so a
   redelivered task never sends twice, and ``sending:<notification>:<endpoint>``,
   held while one copy of a task is sending, so two copies never send at once;
@@ -20,6 +21,7 @@ from celery import Celery
 from infra.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK
 from notifier.attempt import Attempt
+from notifier.notification import test_notification
 
 ATTEMPT_LOG_LENGTH = 1_000
 DELIVERED_MARK_TTL_S = 30 * 24 * 3600
@@ -27,6 +29,13 @@ DELIVERED_MARK_TTL_S = 30 * 24 * 3600
 
 def _json(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def enqueue_test_alert(celery: Celery, endpoint_id: int) -> str:
+    """Queue a made-up alert to one endpoint through the real delivery task; returns its notification id."""
+    notification = test_notification(endpoint_id, int(time.time() * 1000))
+    celery.send_task(DELIVER_TASK, args=(notification, endpoint_id))
+    return notification["notification_id"]
 
 
 def dead_letter_id(notification_id: str, endpoint_id: int) -> str:
@@ -40,10 +49,14 @@ class DeliveryRecords:
 
     # -- writing (worker, dispatcher) ------------------------------------------------------
 
-    def _log(self, pipe: redis.client.Pipeline, subscription_id: int, entry: dict) -> None:
-        log_key = self.keys.delivery_log(subscription_id)
-        pipe.lpush(log_key, _json({**entry, "at": time.time()}))
-        pipe.ltrim(log_key, 0, ATTEMPT_LOG_LENGTH - 1)
+    def _log(self, pipe: redis.client.Pipeline, subscription_id: int | None, entry: dict) -> None:
+        line = _json({**entry, "at": time.time()})
+        logs = [self.keys.delivery_log(subscription_id)] if subscription_id is not None else []
+        if entry.get("endpoint_id") is not None:
+            logs.append(self.keys.endpoint_log(entry["endpoint_id"]))
+        for log_key in logs:
+            pipe.lpush(log_key, line)
+            pipe.ltrim(log_key, 0, ATTEMPT_LOG_LENGTH - 1)
         pipe.hincrby(self.keys.delivery_stats, entry["outcome"], 1)
 
     @staticmethod
@@ -110,6 +123,9 @@ class DeliveryRecords:
 
     def log(self, subscription_id: int, limit: int = 100) -> list[dict]:
         return [json.loads(e) for e in self.redis.lrange(self.keys.delivery_log(subscription_id), 0, limit - 1)]
+
+    def endpoint_log(self, endpoint_id: int, limit: int = 100) -> list[dict]:
+        return [json.loads(e) for e in self.redis.lrange(self.keys.endpoint_log(endpoint_id), 0, limit - 1)]
 
     def dead_letters(self, limit: int = 500) -> list[dict]:
         letters = [json.loads(v) for v in self.redis.hvals(self.keys.dead_letters)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from collections.abc import Iterable
 
 ALERT_FIELDS = ("alert_id", "key", "state", "value", "window_start", "window_end", "evaluated_at")
@@ -40,6 +41,14 @@ def build_notification(
         "created_at": time.time(),
         "alerts": [{f: a.get(f) for f in ALERT_FIELDS} for a in ordered],
     }
+
+
+def test_notification(endpoint_id: int, now_ms: int) -> dict:
+    """A made-up firing alert for the "send test alert" button: a fresh id each time, marked ``test``."""
+    alert = {"alert_id": f"test-{uuid.uuid4().hex}", "key": "TEST", "state": "firing", "value": 0.0,
+             "window_start": now_ms - 60_000, "window_end": now_ms, "evaluated_at": now_ms}
+    info = {"id": None, "name": f"Test alert for endpoint #{endpoint_id}", "condition": "test"}
+    return {**build_notification(info, [alert], notification_id([alert["alert_id"]])), "test": True}
 
 
 def summary(notification: dict) -> str:

@@ -1,16 +1,63 @@
-"""Database engine and sessions (SQLite by default, PostgreSQL in production)."""
+"""Database engine, schema migrations and sessions (SQLite by default, PostgreSQL in production).
+
+The schema is owned by Alembic (``subscriptions/migrations``). Every process that
+opens the database brings it to the newest revision first, under a lock (a file
+lock for SQLite, an advisory lock for PostgreSQL), so processes starting together
+never race on DDL.
+"""
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from subscriptions.models import Base
+MIGRATIONS = Path(__file__).parent / "migrations"
+_PG_MIGRATION_LOCK = 7_391_027_113  # any constant: the advisory lock id of schema upgrades
+
+
+class SchemaError(RuntimeError):
+    """The database holds tables Alembic does not know about."""
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def _upgrade(connection: Connection) -> None:
+    tables = set(inspect(connection).get_table_names())
+    if tables and "alembic_version" not in tables:
+        raise SchemaError(
+            f"the database at {connection.engine.url!r} predates schema migrations; move it away and start again"
+        )
+    command.upgrade(alembic_config(connection), "head")
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision, one process at a time."""
+    if engine.dialect.name == "sqlite":
+        database = engine.url.database
+        lock_path = Path(f"{database}.migrate.lock") if database and database != ":memory:" else None
+        with open(lock_path, "w") if lock_path else open("/dev/null") as lock:  # noqa: SIM115
+            if lock_path:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            with engine.begin() as connection:
+                _upgrade(connection)
+        return
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text("select pg_advisory_xact_lock(:id)"), {"id": _PG_MIGRATION_LOCK})
+        _upgrade(connection)
 
 
 @lru_cache(maxsize=8)
@@ -27,7 +74,7 @@ def engine_for(url: str) -> Engine:
             cursor.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    Base.metadata.create_all(engine)
+    migrate(engine)
     return engine
 
 

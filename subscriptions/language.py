@@ -180,3 +180,19 @@ def format_condition(condition: Condition) -> str:
     if condition.low is not None:
         return f"{head} {'>=' if condition.low_inclusive else '>'} {_number(condition.low)}"
     return f"{head} {'<=' if condition.high_inclusive else '<'} {_number(condition.high)}"
+
+
+_AGGREGATE_WORDS = {"COUNT": "number of events", "SUM": "sum of {a}", "AVG": "average {a}",
+                    "MIN": "lowest {a}", "MAX": "highest {a}"}
+
+
+def explain(condition: Condition) -> str:
+    """The condition in plain words, for the subscription form."""
+    what = _AGGREGATE_WORDS[condition.aggregate.value].format(a=condition.attribute)
+    if condition.low is not None and condition.high is not None:
+        test = f"is between {_number(condition.low)} and {_number(condition.high)}"
+    elif condition.low is not None:
+        test = f"is {'at least' if condition.low_inclusive else 'above'} {_number(condition.low)}"
+    else:
+        test = f"is {'at most' if condition.high_inclusive else 'below'} {_number(condition.high)}"  # type: ignore[arg-type]
+    return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"

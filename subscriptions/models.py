@@ -1,4 +1,4 @@
-"""Persistent subscriptions and delivery endpoints."""
+"""Persistent users, their subscriptions and delivery endpoints."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, Boolean, Column, DateTime, ForeignKey, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+ROLES = ("user", "operator")
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -14,6 +16,50 @@ def utcnow() -> datetime:
 
 class Base(DeclarativeBase):
     pass
+
+
+class User(Base):
+    """A subscriber. ``operator`` users also see the platform's load and handle dead letters."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)  # stored lower-cased
+    password_hash: Mapped[str] = mapped_column(String(256))
+    role: Mapped[str] = mapped_column(String(16), default="user")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
+
+
+class ApiToken(Base):
+    """A bearer token for the HTTP API; only its SHA-256 is stored, the token is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to tell tokens apart
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class WebSession(Base):
+    """A browser session: the cookie holds a random token whose SHA-256 is the id, plus its CSRF token."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    user: Mapped[User] = relationship(lazy="joined")
 
 
 subscription_endpoints = Table(
@@ -30,6 +76,7 @@ class Endpoint(Base):
     __tablename__ = "endpoints"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     target: Mapped[str] = mapped_column(String(2048))
     secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -40,6 +87,7 @@ class Subscription(Base):
     __tablename__ = "subscriptions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
     condition: Mapped[str] = mapped_column(Text)  # canonical text
     condition_spec: Mapped[dict] = mapped_column(JSON)

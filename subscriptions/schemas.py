@@ -62,12 +62,19 @@ class EndpointCreated(EndpointOut):
     secret: str | None = Field(description="shown once: store it to verify webhook signatures")
 
 
+class TestFireOut(BaseModel):
+    notification_id: str
+    endpoint_id: int
+    queued: bool
+
+
 class SubscriptionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Name
     condition: str = Field(min_length=1, max_length=500, examples=["SUM(volume) OVER 5m > 2e6"])
-    keys: list[Key] | None = Field(None, max_length=10_000, description="keys to watch; null for every key")
+    keys: list[Key] | None = Field(None, min_length=1, max_length=10_000,
+                                   description="keys to watch; null for every key")
     endpoint_ids: list[int] = Field(default_factory=list, max_length=20)
     active: bool = True
     policy: AlertPolicy = Field(default_factory=AlertPolicy)
@@ -102,3 +109,69 @@ class MuteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     until: datetime | None = Field(description="send nothing until this time; null unmutes")
+
+
+# -- accounts ---------------------------------------------------------------------------------
+
+class Credentials(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: str = Field(min_length=3, max_length=320, examples=["ada@example.com"])
+    password: str = Field(min_length=1, max_length=256)
+
+    @field_validator("email")
+    @classmethod
+    def _address(cls, email: str) -> str:
+        email = email.strip().lower()
+        if not EMAIL_ADDRESS.match(email):
+            raise ValueError("must be an e-mail address, like ada@example.com")
+        return email
+
+
+class SignUpIn(Credentials):
+    password: str = Field(min_length=10, max_length=256, description="at least 10 characters")
+
+
+class PasswordChangeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    current_password: str = Field(min_length=1, max_length=256)
+    new_password: str = Field(min_length=10, max_length=256)
+
+
+class UserOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    email: str
+    role: str
+    created_at: datetime
+
+
+class SessionOut(BaseModel):
+    user: UserOut
+    csrf_token: str = Field(description="send as X-CSRF-Token with every unsafe request made with the cookie")
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+
+
+class TokenOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="shown once: send it as 'Authorization: Bearer <token>'")
+
+
+class LoginTokenIn(Credentials):
+    name: Name = "api"

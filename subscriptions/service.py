@@ -1,4 +1,4 @@
-"""Subscription and endpoint operations, and publishing the catalog to the evaluator.
+"""Subscription and endpoint operations, scoped to their owner, and publishing the catalog to the evaluator.
 
 Every change bumps the catalog version in the same transaction; after commit the
 active subscriptions are published to Redis with that version by a script that
@@ -13,7 +13,7 @@ import secrets
 from datetime import datetime
 
 import redis
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from evaluator.catalog import Catalog
@@ -21,8 +21,9 @@ from evaluator.spec import Condition, SubscriptionSpec
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.policy import AlertPolicy
-from subscriptions.language import check_window, format_condition, parse_condition
-from subscriptions.models import CatalogVersion, Endpoint, Subscription
+from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
+from subscriptions.errors import FieldError, Forbidden, NotFound
+from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 
 _PUBLISH_IF_NEWER = """
@@ -43,102 +44,20 @@ def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> b
     return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, payload]))
 
 
-class NotFound(LookupError):
-    pass
+__all__ = ["CatalogPublisher", "NotFound", "SubscriptionService", "publish_catalog"]
 
 
-class SubscriptionService:
+class CatalogPublisher:
+    """The versioned catalog of every user's active subscriptions, as the evaluator reads it."""
+
     def __init__(self, session: Session, settings: Settings, redis_client: redis.Redis) -> None:
         self.session = session
         self.settings = settings
         self.redis = redis_client
         self.keys = RedisKeys(settings)
 
-    # -- endpoints -----------------------------------------------------------------
-
-    def create_endpoint(self, data: EndpointIn) -> Endpoint:
-        secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
-        endpoint = Endpoint(kind=data.kind, target=data.target, secret=secret)
-        self.session.add(endpoint)
-        self.session.commit()
-        return endpoint
-
-    def list_endpoints(self) -> list[Endpoint]:
-        return list(self.session.scalars(select(Endpoint).order_by(Endpoint.id)))
-
-    # -- subscriptions ---------------------------------------------------------------
-
-    def _condition(self, text: str) -> Condition:
-        condition = parse_condition(text)
-        check_window(condition, self.settings.pane_ms, self.settings.max_window_ms)
-        return condition
-
-    def _endpoints(self, ids: list[int]) -> list[Endpoint]:
-        found = list(self.session.scalars(select(Endpoint).where(Endpoint.id.in_(ids)))) if ids else []
-        missing = sorted(set(ids) - {e.id for e in found})
-        if missing:
-            raise NotFound(f"endpoints not found: {missing}")
-        return found
-
-    def create(self, data: SubscriptionIn) -> Subscription:
-        condition = self._condition(data.condition)
-        subscription = Subscription(
-            name=data.name,
-            condition=format_condition(condition),
-            condition_spec=condition.to_dict(),
-            keys=data.keys,
-            active=data.active,
-            policy=data.policy.model_dump(mode="json"),
-            endpoints=self._endpoints(data.endpoint_ids),
-        )
-        self.session.add(subscription)
-        self._changed()
-        return subscription
-
-    def update(self, subscription_id: int, data: SubscriptionIn) -> Subscription:
-        subscription = self.get(subscription_id)
-        condition = self._condition(data.condition)
-        subscription.name = data.name
-        subscription.condition = format_condition(condition)
-        subscription.condition_spec = condition.to_dict()
-        subscription.keys = data.keys
-        subscription.active = data.active
-        subscription.policy = data.policy.model_dump(mode="json")
-        subscription.endpoints = self._endpoints(data.endpoint_ids)
-        self._changed()
-        return subscription
-
-    def set_active(self, subscription_id: int, active: bool) -> Subscription:
-        subscription = self.get(subscription_id)
-        subscription.active = active
-        self._changed()
-        return subscription
-
-    def set_muted(self, subscription_id: int, until: datetime | None) -> Subscription:
-        """Mute notifications until ``until`` (None unmutes); evaluation goes on, so nothing is missed."""
-        subscription = self.get(subscription_id)
-        policy = AlertPolicy.model_validate(subscription.policy or {})
-        subscription.policy = policy.model_copy(update={"muted_until": until}).model_dump(mode="json")
-        self.session.commit()  # the evaluator does not read policies: no new catalog
-        return subscription
-
-    def delete(self, subscription_id: int) -> None:
-        self.session.delete(self.get(subscription_id))
-        self._changed()
-        self.redis.delete(self.keys.firing(subscription_id), self.keys.key_states(subscription_id))
-
-    def get(self, subscription_id: int) -> Subscription:
-        subscription = self.session.get(Subscription, subscription_id)
-        if subscription is None:
-            raise NotFound(f"subscription {subscription_id} not found")
-        return subscription
-
-    def list(self) -> list[Subscription]:
-        return list(self.session.scalars(select(Subscription).order_by(Subscription.id)))
-
-    # -- the catalog the evaluator reads -----------------------------------------------
-
-    def _changed(self) -> None:
+    def commit_change(self) -> None:
+        """Commit the session's change with a new catalog version, then publish that catalog."""
         row = self.session.get(CatalogVersion, 1, with_for_update=True)
         if row is None:
             row = CatalogVersion(id=1, version=0)
@@ -180,3 +99,130 @@ class SubscriptionService:
             row.version = version
             self.session.commit()
         return self.publish(self.catalog(version)) if version else False
+
+
+def checked_condition(text: str, settings: Settings) -> Condition:
+    """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
+    condition = parse_condition(text)
+    check_window(condition, settings.pane_ms, settings.max_window_ms)
+    return condition
+
+
+class SubscriptionService:
+    """One user's subscriptions and endpoints. Every query is filtered by owner."""
+
+    def __init__(self, session: Session, settings: Settings, redis_client: redis.Redis, owner: User) -> None:
+        self.session = session
+        self.settings = settings
+        self.redis = redis_client
+        self.owner = owner
+        self.keys = RedisKeys(settings)
+        self.catalogs = CatalogPublisher(session, settings, redis_client)
+
+    def _count(self, model: type[Endpoint] | type[Subscription]) -> int:
+        return self.session.scalar(select(func.count()).select_from(model).where(model.owner_id == self.owner.id)) or 0
+
+    # -- endpoints -----------------------------------------------------------------
+
+    def create_endpoint(self, data: EndpointIn) -> Endpoint:
+        if self._count(Endpoint) >= self.settings.user_max_endpoints:
+            raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
+        secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
+        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target, secret=secret)
+        self.session.add(endpoint)
+        self.session.commit()
+        return endpoint
+
+    def list_endpoints(self) -> list[Endpoint]:
+        return list(self.session.scalars(
+            select(Endpoint).where(Endpoint.owner_id == self.owner.id).order_by(Endpoint.id)))
+
+    def get_endpoint(self, endpoint_id: int) -> Endpoint:
+        endpoint = self.session.get(Endpoint, endpoint_id)
+        if endpoint is None or endpoint.owner_id != self.owner.id:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        return endpoint
+
+    def rotate_secret(self, endpoint_id: int) -> Endpoint:
+        """A new signing secret for a webhook; the old one stops working at once."""
+        endpoint = self.get_endpoint(endpoint_id)
+        if endpoint.kind != "webhook":
+            raise FieldError("kind", "only webhook endpoints have a secret")
+        endpoint.secret = secrets.token_urlsafe(32)
+        self.session.commit()
+        return endpoint
+
+    def delete_endpoint(self, endpoint_id: int) -> None:
+        self.session.delete(self.get_endpoint(endpoint_id))
+        self.session.commit()
+
+    # -- subscriptions ---------------------------------------------------------------
+
+    def _condition(self, text: str) -> Condition:
+        try:
+            return checked_condition(text, self.settings)
+        except ConditionError as exc:
+            raise FieldError("condition", str(exc)) from None
+
+    def _endpoints(self, ids: list[int]) -> list[Endpoint]:
+        found = list(self.session.scalars(
+            select(Endpoint).where(Endpoint.id.in_(ids), Endpoint.owner_id == self.owner.id))) if ids else []
+        missing = sorted(set(ids) - {e.id for e in found})
+        if missing:
+            raise NotFound(f"endpoints not found: {missing}")
+        return found
+
+    def create(self, data: SubscriptionIn) -> Subscription:
+        if self._count(Subscription) >= self.settings.user_max_subscriptions:
+            raise Forbidden(f"limit reached: at most {self.settings.user_max_subscriptions} subscriptions per user")
+        subscription = Subscription(owner_id=self.owner.id)
+        self._assign(subscription, data)
+        self.session.add(subscription)
+        self.catalogs.commit_change()
+        return subscription
+
+    def update(self, subscription_id: int, data: SubscriptionIn) -> Subscription:
+        subscription = self.get(subscription_id)
+        self._assign(subscription, data)
+        self.catalogs.commit_change()
+        return subscription
+
+    def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
+        condition = self._condition(data.condition)
+        subscription.name = data.name
+        subscription.condition = format_condition(condition)
+        subscription.condition_spec = condition.to_dict()
+        subscription.keys = data.keys
+        subscription.active = data.active
+        subscription.policy = data.policy.model_dump(mode="json")
+        subscription.endpoints = self._endpoints(data.endpoint_ids)
+
+    def set_active(self, subscription_id: int, active: bool) -> Subscription:
+        subscription = self.get(subscription_id)
+        subscription.active = active
+        self.catalogs.commit_change()
+        return subscription
+
+    def set_muted(self, subscription_id: int, until: datetime | None) -> Subscription:
+        """Mute notifications until ``until`` (None unmutes); evaluation goes on, so nothing is missed."""
+        subscription = self.get(subscription_id)
+        policy = AlertPolicy.model_validate(subscription.policy or {})
+        subscription.policy = policy.model_copy(update={"muted_until": until}).model_dump(mode="json")
+        self.session.commit()  # the evaluator does not read policies: no new catalog
+        return subscription
+
+    def delete(self, subscription_id: int) -> None:
+        self.session.delete(self.get(subscription_id))
+        self.catalogs.commit_change()
+        self.redis.delete(self.keys.firing(subscription_id), self.keys.key_states(subscription_id),
+                          self.keys.history(subscription_id), self.keys.counters(subscription_id))
+
+    def get(self, subscription_id: int) -> Subscription:
+        subscription = self.session.get(Subscription, subscription_id)
+        if subscription is None or subscription.owner_id != self.owner.id:
+            raise NotFound(f"subscription {subscription_id} not found")
+        return subscription
+
+    def list(self) -> list[Subscription]:
+        return list(self.session.scalars(
+            select(Subscription).where(Subscription.owner_id == self.owner.id).order_by(Subscription.id)))

@@ -17,6 +17,7 @@ import redis
 
 from infra.services import free_port, start_redis, start_tansu
 from infra.settings import Settings
+from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()
 
@@ -69,6 +70,7 @@ def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
         delivery_visibility_margin_s=2.0,
         delivery_restore_interval_s=1,
         dispatcher_group_wait_ms=300,
+        dashboard_sample_s=3600,  # tests that need samples take them (web.ops.sample_once)
     )
 
 
@@ -88,3 +90,17 @@ def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):  # noqa: ANN201
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def owner(settings: Settings):  # noqa: ANN201
+    """The user that owns what a test creates through the services directly."""
+    return new_user(settings)[0]
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator:
+    """The API as an operator (an operator is also a subscriber with subscriptions of its own)."""
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as client:
+        yield client

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from evaluator.spark.job import build_query
 from infra.services import python_module
@@ -17,7 +16,7 @@ from ingest.publisher import EventPublisher
 from notifier.webhook import SIGNATURE_HEADER, verify
 from tests.processes import running, worker_args
 from infra.receiver import WebhookReceiver
-from web.app import create_app
+from tests.users import api_client, new_user
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -25,7 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
     ensure_topics(settings)
     receiver = WebhookReceiver()
-    with TestClient(create_app(settings)) as api:
+    _, token = new_user(settings)
+    with api_client(settings, token) as api:
         endpoint = api.post("/api/endpoints", json={"kind": "webhook", "target": receiver.url}).json()
         created = api.post(
             "/api/subscriptions",

@@ -1,25 +1,33 @@
-"""The FastAPI application: API, health, metrics and a small status page."""
+"""The FastAPI application: JSON API, HTML pages, health, metrics, and the operators' sampler."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+import asyncio
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import redis
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.templating import Jinja2Templates
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 from infra.settings import Settings, get_settings
 from notifier.app import make_celery
 from subscriptions.db import session_factory
+from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
-from subscriptions.service import NotFound, SubscriptionService
-from web.api import dead_letters, endpoints, health, subscriptions
-from web.deps import RecordsDep, ServiceDep
+from subscriptions.service import CatalogPublisher
+from web import ui
+from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
+from web.ops import run_sampler
 
-TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+STATIC = Path(__file__).parent / "static"
+
+
+def _field_error(field: str, message: str) -> JSONResponse:
+    """The shape of FastAPI's own 422s, so clients handle one kind of validation error."""
+    return JSONResponse(status_code=422, content={"detail": [
+        {"type": "value_error", "loc": ["body", field], "msg": message, "input": None}]})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -30,35 +38,48 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         with session_factory(settings.database_url)() as session:
             try:
-                SubscriptionService(session, settings, app.state.redis).republish()
+                CatalogPublisher(session, settings, app.state.redis).republish()
             except redis.RedisError:
                 pass  # readiness reports it; the catalog is published again on the next change
+        sampler = asyncio.create_task(run_sampler(settings, app.state.redis))
         yield
+        sampler.cancel()
+        with suppress(asyncio.CancelledError):
+            await sampler
         app.state.redis.close()
 
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,
-                  description="Alerts on sliding-window aggregates of keyed event streams.")
+                  description="Alerts on sliding-window aggregates of keyed event streams. Authenticate with "
+                              "`Authorization: Bearer <API token>` (`POST /api/auth/token` makes one).")
     app.state.settings = settings
-    app.state.celery = make_celery(settings)  # to enqueue replayed deliveries on this deployment's queue
-    app.include_router(subscriptions.router)
-    app.include_router(endpoints.router)
-    app.include_router(dead_letters.router)
-    app.include_router(health.router)
+    app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
+    for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
+                   ops.router, health.router, ui.router):
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
+    @app.exception_handler(Conflict)
+    async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.exception_handler(Forbidden)
+    async def forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
+        return JSONResponse(status_code=403, content={"detail": str(exc)})
+
+    @app.exception_handler(FieldError)
+    async def field_error(_request: Request, exc: FieldError) -> JSONResponse:
+        return _field_error(exc.field, str(exc))
+
     @app.exception_handler(ConditionError)
     async def bad_condition(_request: Request, exc: ConditionError) -> JSONResponse:
-        raise RequestValidationError(
-            [{"type": "value_error", "loc": ("body", "condition"), "msg": str(exc), "input": None}]
-        )
+        return _field_error("condition", str(exc))
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request, service: ServiceDep, records: RecordsDep) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(
-            request, "index.html", {"subscriptions": service.list(), "dead_letters": records.dead_letters(100)}
-        )
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return await ui.http_error(request, exc)
 
     return app

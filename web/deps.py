@@ -1,20 +1,36 @@
-"""Dependencies injected into routes: settings, database session, Redis, services."""
+"""Dependencies injected into routes: settings, database session, Redis, the caller, services.
+
+The caller is authenticated by an API token (``Authorization: Bearer tcs_…``) or by
+the session cookie of the web UI. Cookie-authenticated requests that change
+something must carry the session's CSRF token (``X-CSRF-Token`` header, or a
+``csrf_token`` form field), so another site cannot make a browser act for its user.
+"""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
 import redis
 from celery import Celery
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.deliveries import DeliveryRecords
+from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
+from subscriptions.models import User, WebSession
 from subscriptions.service import SubscriptionService
+
+SESSION_COOKIE = "tocsin_session"
+CSRF_HEADER = "X-CSRF-Token"
+CSRF_FIELD = "csrf_token"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def get_settings(request: Request) -> Settings:
@@ -37,23 +53,92 @@ def get_celery(request: Request) -> Celery:
     return request.app.state.celery
 
 
+def get_keys(settings: Annotated[Settings, Depends(get_settings)]) -> RedisKeys:
+    return RedisKeys(settings)
+
+
+def get_accounts(
+    session: Annotated[Session, Depends(get_db)], settings: Annotated[Settings, Depends(get_settings)]
+) -> AccountService:
+    return AccountService(session, settings)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, and how: ``web_session`` is None for API tokens."""
+
+    user: User
+    web_session: WebSession | None
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _identify(request: Request, accounts: AccountService) -> Principal | None:
+    header = request.headers.get("authorization")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _unauthorized("use 'Authorization: Bearer <API token>'")
+        user = accounts.user_for_token(token.strip())
+        if user is None:
+            raise _unauthorized("the API token is not valid (revoked, or mistyped)")
+        return Principal(user, None)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    web_session = accounts.session_for(cookie) if cookie else None
+    return Principal(web_session.user, web_session) if web_session else None
+
+
+async def get_principal(
+    request: Request, accounts: Annotated[AccountService, Depends(get_accounts)]
+) -> Principal | None:
+    principal = await run_in_threadpool(_identify, request, accounts)
+    if principal is not None and principal.web_session is not None and request.method not in _SAFE_METHODS:
+        sent = request.headers.get(CSRF_HEADER)
+        if sent is None and request.headers.get("content-type", "").startswith(
+                ("application/x-www-form-urlencoded", "multipart/form-data")):
+            sent = (await request.form()).get(CSRF_FIELD)
+        if not isinstance(sent, str) or not hmac.compare_digest(sent, principal.web_session.csrf_token):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or wrong CSRF token")
+    return principal
+
+
+def get_user(principal: Annotated[Principal | None, Depends(get_principal)]) -> User:
+    if principal is None:
+        raise _unauthorized("sign in, or send an API token")
+    return principal.user
+
+
+def get_operator(user: Annotated[User, Depends(get_user)]) -> User:
+    if not user.is_operator:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "operators only")
+    return user
+
+
 def get_records(
-    redis_client: Annotated[redis.Redis, Depends(get_redis)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    redis_client: Annotated[redis.Redis, Depends(get_redis)], keys: Annotated[RedisKeys, Depends(get_keys)]
 ) -> DeliveryRecords:
-    return DeliveryRecords(redis_client, RedisKeys(settings))
+    return DeliveryRecords(redis_client, keys)
 
 
 def get_service(
     session: Annotated[Session, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
     redis_client: Annotated[redis.Redis, Depends(get_redis)],
+    user: Annotated[User, Depends(get_user)],
 ) -> SubscriptionService:
-    return SubscriptionService(session, settings, redis_client)
+    return SubscriptionService(session, settings, redis_client, user)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+DbDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
+KeysDep = Annotated[RedisKeys, Depends(get_keys)]
+AccountsDep = Annotated[AccountService, Depends(get_accounts)]
+PrincipalDep = Annotated[Principal | None, Depends(get_principal)]
+UserDep = Annotated[User, Depends(get_user)]
+OperatorDep = Annotated[User, Depends(get_operator)]
 ServiceDep = Annotated[SubscriptionService, Depends(get_service)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 RecordsDep = Annotated[DeliveryRecords, Depends(get_records)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 
@@ -39,6 +40,11 @@ TOTALS = {
 }
 
 
+def _json_text(value: object) -> str:
+    """Spark reports a source's offsets as JSON text or as the parsed object, by version."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def main() -> None:
     configure_logging()
     settings = get_settings()
@@ -66,12 +72,15 @@ def main() -> None:
             INPUT_RATE.set(progress.get("processedRowsPerSecond") or 0)
             BATCH_SECONDS.set(seconds)
             BATCH_ID.set(last_batch)
+            source = (progress.get("sources") or [{}])[0]
             stats.hset(
                 keys.evaluator_stats,
                 mapping={
                     "batch_seconds": seconds,
                     "input_rows": progress.get("numInputRows", 0),
                     "rows_per_second": progress.get("processedRowsPerSecond") or 0,
+                    # {partition: next offset} read through: with the log ends, the dashboards' Kafka lag
+                    "source_offsets": _json_text(source.get("endOffset") or {}),
                 },
             )
             if progress.get("numInputRows"):

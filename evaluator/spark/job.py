@@ -37,7 +37,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
-from infra.redis_schema import RedisKeys
+from infra.redis_schema import HISTORY_LENGTH, RedisKeys
 from infra.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
 from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
@@ -280,14 +280,15 @@ def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
 
 
 _RECORD_TRANSITIONS = """
--- KEYS: the alert stream, then per transition its dedupe mark, firing hash and counters hash
--- ARGV: dedupe TTL, stream max length, then per transition its payload, state and key
+-- KEYS: the alert stream, then per transition its dedupe mark, firing hash, counters hash and history stream
+-- ARGV: dedupe TTL, stream max length, history length, then per transition its payload, state and key
 local written = 0
-for i = 0, (#ARGV - 2) / 3 - 1 do
-  local mark, firing, counters = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
-  local payload, state, key = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+for i = 0, (#ARGV - 3) / 3 - 1 do
+  local mark, firing, counters, history = KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i], KEYS[5 + 4 * i]
+  local payload, state, key = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
   if redis.call('SET', mark, '1', 'NX', 'EX', ARGV[1]) then
     redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'alert', payload)
+    redis.call('XADD', history, 'MAXLEN', '~', ARGV[3], '*', 'alert', payload)
     if state == 'firing' then
       redis.call('HSET', firing, key, payload)
     else
@@ -322,10 +323,11 @@ class RedisAlertSink:
     def write(self, transitions: list[dict]) -> int:
         written = 0
         for first in range(0, len(transitions), self.CHUNK):
-            keys, args = [self.keys.alerts_stream], [self.DEDUPE_TTL_S, self.STREAM_MAXLEN]
+            keys, args = [self.keys.alerts_stream], [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH]
             for t in transitions[first : first + self.CHUNK]:
-                keys += [self.keys.alert_mark(t["alert_id"]), self.keys.firing(t["subscription_id"]),
-                         self.keys.counters(t["subscription_id"])]
+                sid = t["subscription_id"]
+                keys += [self.keys.alert_mark(t["alert_id"]), self.keys.firing(sid), self.keys.counters(sid),
+                         self.keys.history(sid)]
                 args += [json.dumps(t, separators=(",", ":")), t["state"], t["key"]]
             written += int(self.script(keys=keys, args=args))
         return written

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
 from evaluator.transition import alert_id
 from evaluator.spark.job import RedisAlertSink
@@ -26,15 +25,15 @@ from subscriptions.db import session_factory
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 from tests.processes import running, worker_args
-from web.app import create_app
+from tests.users import api_client, new_user
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def service(settings: Settings, redis_client: redis.Redis) -> Iterator[SubscriptionService]:
+def service(settings: Settings, redis_client: redis.Redis, owner) -> Iterator[SubscriptionService]:  # noqa: ANN001
     with session_factory(settings.database_url)() as session:
-        yield SubscriptionService(session, settings, redis_client)
+        yield SubscriptionService(session, settings, redis_client, owner)
 
 
 def _subscription(service: SubscriptionService, endpoints: list[int], name: str = "volume", **policy: object) -> int:
@@ -127,7 +126,7 @@ def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(setting
     records = DeliveryRecords(redis_client, RedisKeys(settings))
     celery = make_celery(settings)
     try:
-        with worker(settings, tmp_path / "logs"), TestClient(create_app(settings)) as api:
+        with worker(settings, tmp_path / "logs"), api_client(settings, new_user(settings, role="operator")[1]) as api:
             celery.send_task(DELIVER_TASK, args=(_notification(subscription_id), endpoint.id))
             _eventually(lambda: records.dead_letters())
             [letter] = api.get("/api/dead-letters").json()

@@ -12,13 +12,7 @@ from fastapi.testclient import TestClient
 from evaluator.catalog import Catalog
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
-from web.app import create_app
-
-
-@pytest.fixture
-def api(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as client:
-        yield client
+from tests.users import api_client, new_user, sign_in
 
 
 def published(settings: Settings) -> Catalog:
@@ -88,23 +82,27 @@ def test_unknown_endpoint_and_subscription_are_404(api: TestClient) -> None:
     assert api.post("/api/endpoints", json={"kind": "webhook", "target": "not a url"}).status_code == 422
 
 
-def test_health_and_metrics(api: TestClient) -> None:
+def test_health_and_metrics(api: TestClient, settings: Settings) -> None:
+    from ingest.kafka import ensure_topics
+
     assert api.get("/healthz").json() == {"status": "ok"}
+    missing_topic = api.get("/readyz")
+    assert missing_topic.status_code == 503 and missing_topic.json()["checks"]["stream"].startswith("error")
+    ensure_topics(settings)
     ready = api.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok", "stream": "ok"}
     assert "python_info" in api.get("/metrics").text
-    assert "Subscriptions" in api.get("/").text
 
 
 def test_catalog_publication_never_goes_backwards(api: TestClient, settings: Settings) -> None:
     from subscriptions.db import session_factory
-    from subscriptions.service import SubscriptionService
+    from subscriptions.service import CatalogPublisher
 
     api.post("/api/subscriptions", json={"name": "x", "condition": "SUM(volume) OVER 5m > 1"})
     current = published(settings)
     with session_factory(settings.database_url)() as session:
-        service = SubscriptionService(session, settings, redis.Redis.from_url(settings.redis_url))
-        assert not service.publish(Catalog(current.version - 1, ()))
+        catalogs = CatalogPublisher(session, settings, redis.Redis.from_url(settings.redis_url))
+        assert not catalogs.publish(Catalog(current.version - 1, ()))
     assert published(settings) == current
 
 
@@ -157,10 +155,13 @@ def test_dead_letters_are_listed_with_a_replay_button(api: TestClient, settings:
     records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True), RedisKeys(settings))
     records.dead(notification, 4, "webhook", Attempt(False, False, 12.0, 410, "HTTP 410"), 1)
 
-    page = api.get("/").text
-    assert "Big volume (#1)" in page and "HTTP 410" in page and "/api/dead-letters/n1%3A4/replay" in page
-    [letter] = api.get("/api/dead-letters").json()
-    assert letter["id"] == "n1:4" and letter["notification"]["alerts"][0]["key"] == "AAPL"
-    assert api.delete("/api/dead-letters/n1:4").status_code == 204
-    assert api.delete("/api/dead-letters/n1:4").status_code == 404
-    assert "None: every delivery" in api.get("/").text
+    operator, _ = new_user(settings, role="operator")
+    with api_client(settings) as browser:
+        sign_in(browser, operator.email)
+        page = browser.get("/ops/dead-letters").text
+        assert "Big volume (#1)" in page and "HTTP 410" in page and '{"letter": "n1:4"}' in page
+        [letter] = api.get("/api/dead-letters").json()
+        assert letter["id"] == "n1:4" and letter["notification"]["alerts"][0]["key"] == "AAPL"
+        assert api.delete("/api/dead-letters/n1:4").status_code == 204
+        assert api.delete("/api/dead-letters/n1:4").status_code == 404
+        assert "None: every delivery" in browser.get("/ops/dead-letters").text

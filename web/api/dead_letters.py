@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Response, status
 
-from subscriptions.service import NotFound
-from web.deps import CeleryDep, RecordsDep
+from subscriptions.errors import NotFound
+from web.deps import CeleryDep, RecordsDep, get_operator
 
-router = APIRouter(prefix="/api/dead-letters", tags=["deliveries"])
+router = APIRouter(prefix="/api/dead-letters", tags=["operations"], dependencies=[Depends(get_operator)])
 
 
 @router.get("")

@@ -1,20 +1,60 @@
-"""Delivery endpoints (webhooks)."""
+"""Delivery endpoints: webhooks (secret shown once, rotatable) and e-mail addresses, with test alerts."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from typing import Annotated
 
-from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointOut
-from web.deps import ServiceDep
+from fastapi import APIRouter, Query, Response, status
+
+from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
+from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointOut, TestFireOut
+from web.deps import CeleryDep, RecordsDep, ServiceDep
 
 router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EndpointCreated)
 def create_endpoint(data: EndpointIn, service: ServiceDep) -> EndpointCreated:
+    """A webhook's signing secret is generated unless given, and shown only in this response."""
     return EndpointCreated.model_validate(service.create_endpoint(data))
 
 
 @router.get("", response_model=list[EndpointOut])
 def list_endpoints(service: ServiceDep) -> list[EndpointOut]:
     return [EndpointOut.model_validate(e) for e in service.list_endpoints()]
+
+
+@router.get("/{endpoint_id}", response_model=EndpointOut)
+def get_endpoint(endpoint_id: int, service: ServiceDep) -> EndpointOut:
+    return EndpointOut.model_validate(service.get_endpoint(endpoint_id))
+
+
+@router.post("/{endpoint_id}/rotate-secret", response_model=EndpointCreated)
+def rotate_secret(endpoint_id: int, service: ServiceDep) -> EndpointCreated:
+    """A new webhook signing secret, shown only in this response; the old one stops working."""
+    return EndpointCreated.model_validate(service.rotate_secret(endpoint_id))
+
+
+@router.delete("/{endpoint_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_endpoint(endpoint_id: int, service: ServiceDep) -> Response:
+    service.delete_endpoint(endpoint_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{endpoint_id}/test", status_code=status.HTTP_202_ACCEPTED, response_model=TestFireOut)
+def send_test_alert(endpoint_id: int, service: ServiceDep, celery: CeleryDep) -> TestFireOut:
+    """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
+    endpoint = service.get_endpoint(endpoint_id)
+    return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint.id), endpoint_id=endpoint.id, queued=True)
+
+
+@router.get("/{endpoint_id}/deliveries")
+def endpoint_deliveries(
+    endpoint_id: int,
+    service: ServiceDep,
+    records: RecordsDep,
+    limit: Annotated[int, Query(ge=1, le=ATTEMPT_LOG_LENGTH)] = 100,
+) -> dict:
+    """Every delivery attempt at this endpoint, test alerts included, newest first."""
+    service.get_endpoint(endpoint_id)
+    return {"endpoint_id": endpoint_id, "deliveries": records.endpoint_log(endpoint_id, limit)}

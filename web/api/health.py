@@ -3,34 +3,45 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from web.deps import RedisDep, SettingsDep
+from infra.settings import Settings
+from ingest.kafka import topic_end_offsets
 from subscriptions.db import engine_for
+from web.deps import RedisDep, SettingsDep
 
 router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz")
 def healthz() -> dict:
+    """The process answers."""
     return {"status": "ok"}
 
 
+def _check_database(settings: Settings) -> None:
+    with engine_for(settings.database_url).connect() as connection:
+        connection.execute(text("select 1"))
+
+
+def _check_stream(settings: Settings) -> None:
+    """The broker answers and the event topic exists."""
+    topic_end_offsets(settings.model_copy(update={"kafka_request_timeout_ms": 2_000}), settings.events_topic)
+
+
 @router.get("/readyz")
-def readyz(settings: SettingsDep, redis_client: RedisDep, response: Response) -> dict:
+async def readyz(settings: SettingsDep, redis_client: RedisDep, response: Response) -> dict:
+    """Database, Redis and the event stream all answer (503 and the failing check otherwise)."""
     checks: dict[str, str] = {}
-    try:
-        with engine_for(settings.database_url).connect() as connection:
-            connection.execute(text("select 1"))
-        checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
-        checks["database"] = f"error: {exc}"
-    try:
-        redis_client.ping()
-        checks["redis"] = "ok"
-    except Exception as exc:  # noqa: BLE001
-        checks["redis"] = f"error: {exc}"
+    for name, check in (("database", lambda: _check_database(settings)), ("redis", redis_client.ping),
+                        ("stream", lambda: _check_stream(settings))):
+        try:
+            await run_in_threadpool(check)
+            checks[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            checks[name] = f"error: {exc}"
     ready = all(v == "ok" for v in checks.values())
     response.status_code = 200 if ready else 503
     return {"status": "ready" if ready else "not ready", "checks": checks}

@@ -1,23 +1,21 @@
-"""Subscription CRUD, pause/resume, and the keys currently firing."""
+"""Subscription CRUD, pause/resume, mute, and the alerts and deliveries of each."""
 
 from __future__ import annotations
 
-import json
-
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
 
-from infra.redis_schema import RedisKeys
 from notifier.deliveries import ATTEMPT_LOG_LENGTH
+from subscriptions.alerts import AlertViews, HistoryFilter
 from subscriptions.models import Subscription
 from subscriptions.schemas import MuteIn, SubscriptionIn, SubscriptionOut
-from web.deps import RecordsDep, RedisDep, ServiceDep, SettingsDep
+from web.deps import KeysDep, RecordsDep, RedisDep, ServiceDep
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
 
 
-def _out(subscription: Subscription) -> SubscriptionOut:
+def subscription_out(subscription: Subscription) -> SubscriptionOut:
     return SubscriptionOut.model_validate(
         {
             **{c: getattr(subscription, c) for c in ("id", "name", "condition", "keys", "active")},
@@ -31,38 +29,38 @@ def _out(subscription: Subscription) -> SubscriptionOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=SubscriptionOut)
 def create_subscription(data: SubscriptionIn, service: ServiceDep) -> SubscriptionOut:
-    return _out(service.create(data))
+    return subscription_out(service.create(data))
 
 
 @router.get("", response_model=list[SubscriptionOut])
 def list_subscriptions(service: ServiceDep) -> list[SubscriptionOut]:
-    return [_out(s) for s in service.list()]
+    return [subscription_out(s) for s in service.list()]
 
 
 @router.get("/{subscription_id}", response_model=SubscriptionOut)
 def get_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
-    return _out(service.get(subscription_id))
+    return subscription_out(service.get(subscription_id))
 
 
 @router.put("/{subscription_id}", response_model=SubscriptionOut)
 def update_subscription(subscription_id: int, data: SubscriptionIn, service: ServiceDep) -> SubscriptionOut:
-    return _out(service.update(subscription_id, data))
+    return subscription_out(service.update(subscription_id, data))
 
 
 @router.post("/{subscription_id}/pause", response_model=SubscriptionOut)
 def pause_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
-    return _out(service.set_active(subscription_id, False))
+    return subscription_out(service.set_active(subscription_id, False))
 
 
 @router.post("/{subscription_id}/resume", response_model=SubscriptionOut)
 def resume_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
-    return _out(service.set_active(subscription_id, True))
+    return subscription_out(service.set_active(subscription_id, True))
 
 
 @router.post("/{subscription_id}/mute", response_model=SubscriptionOut)
 def mute_subscription(subscription_id: int, data: MuteIn, service: ServiceDep) -> SubscriptionOut:
     """Hold notifications back until a time (null unmutes); keys keep being evaluated."""
-    return _out(service.set_muted(subscription_id, data.until))
+    return subscription_out(service.set_muted(subscription_id, data.until))
 
 
 @router.delete("/{subscription_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -84,8 +82,27 @@ def delivery_log(
 
 
 @router.get("/{subscription_id}/firing")
-def firing_keys(subscription_id: int, service: ServiceDep, redis_client: RedisDep, settings: SettingsDep) -> dict:
+def firing_keys(subscription_id: int, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
     """Keys currently in the condition, with the transition that put them there."""
     service.get(subscription_id)
-    raw = redis_client.hgetall(RedisKeys(settings).firing(subscription_id))
-    return {"subscription_id": subscription_id, "firing": {k: json.loads(v) for k, v in raw.items()}}
+    return {"subscription_id": subscription_id, "firing": AlertViews(redis_client, keys).firing(subscription_id)}
+
+
+@router.get("/{subscription_id}/alerts")
+def alert_history(
+    subscription_id: int,
+    service: ServiceDep,
+    redis_client: RedisDep,
+    keys: KeysDep,
+    state: Literal["firing", "resolved"] | None = None,
+    key: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[int | None, Query(ge=0, description="evaluated at or after (epoch ms)")] = None,
+    until: Annotated[int | None, Query(ge=0, description="evaluated before (epoch ms)")] = None,
+    limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
+    before: Annotated[str | None, Query(pattern=r"^\d+-\d+$", description="the cursor of the previous page")] = None,
+) -> dict:
+    """Transitions of this subscription, newest first, filtered; page on with ``next`` as ``before``."""
+    service.get(subscription_id)
+    where = HistoryFilter(state=state, key=key, since_ms=since, until_ms=until)
+    alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, limit, before)
+    return {"subscription_id": subscription_id, "alerts": alerts, "next": cursor}

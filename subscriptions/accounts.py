@@ -1,0 +1,140 @@
+"""Users, browser sessions and API tokens.
+
+Passwords are hashed with Argon2id (re-hashed on login when the parameters move
+on). Session cookies and API tokens are random 256-bit strings of which only the
+SHA-256 is stored, so a leaked database opens no account.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime, timedelta
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from infra.settings import Settings
+from subscriptions.errors import Conflict, Forbidden, NotFound
+from subscriptions.models import ROLES, ApiToken, User, WebSession
+
+TOKEN_PREFIX = "tcs_"  # API tokens are recognisable (secret scanners, logs)
+
+_hasher = PasswordHasher()
+# Verified against when an address is unknown, so a failed login takes as long either way.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes; they were stored in UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class AccountService:
+    def __init__(self, session: Session, settings: Settings) -> None:
+        self.session = session
+        self.settings = settings
+
+    # -- users ---------------------------------------------------------------------------------
+
+    def sign_up(self, email: str, password: str, role: str | None = None) -> User:
+        email = email.strip().lower()
+        if self.session.scalar(select(User).where(User.email == email)) is not None:
+            raise Conflict(f"{email} already has an account")
+        operators = {e.lower() for e in self.settings.operator_emails}
+        user = User(email=email, password_hash=_hasher.hash(password),
+                    role=role or ("operator" if email in operators else "user"))
+        self.session.add(user)
+        self.session.commit()
+        return user
+
+    def authenticate(self, email: str, password: str) -> User | None:
+        user = self.session.scalar(select(User).where(User.email == email.strip().lower()))
+        try:
+            _hasher.verify(user.password_hash if user else _DUMMY_HASH, password)
+        except (VerificationError, InvalidHashError):
+            return None
+        if user is None:
+            return None
+        if _hasher.check_needs_rehash(user.password_hash):
+            user.password_hash = _hasher.hash(password)
+            self.session.commit()
+        return user
+
+    def set_role(self, email: str, role: str) -> User:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
+        user = self.session.scalar(select(User).where(User.email == email.strip().lower()))
+        if user is None:
+            raise NotFound(f"no account for {email}")
+        user.role = role
+        self.session.commit()
+        return user
+
+    def change_password(self, user: User, current: str, new: str) -> None:
+        if self.authenticate(user.email, current) is None:
+            raise Forbidden("the current password is wrong")
+        user.password_hash = _hasher.hash(new)
+        self.session.execute(delete(WebSession).where(WebSession.user_id == user.id))
+        self.session.commit()
+
+    # -- browser sessions -------------------------------------------------------------------------
+
+    def start_session(self, user: User) -> tuple[str, WebSession]:
+        """A new session; returns the cookie value (shown to nobody else) and the session."""
+        token = secrets.token_urlsafe(32)
+        now = datetime.now(UTC)
+        web_session = WebSession(id=_digest(token), user_id=user.id, csrf_token=secrets.token_urlsafe(32),
+                                 created_at=now, expires_at=now + timedelta(seconds=self.settings.session_ttl_s))
+        self.session.add(web_session)
+        self.session.execute(delete(WebSession).where(WebSession.expires_at < now))  # sweep the expired
+        self.session.commit()
+        return token, web_session
+
+    def session_for(self, token: str) -> WebSession | None:
+        web_session = self.session.get(WebSession, _digest(token))
+        if web_session is None or _aware(web_session.expires_at) < datetime.now(UTC):
+            return None
+        return web_session
+
+    def end_session(self, token: str) -> None:
+        self.session.execute(delete(WebSession).where(WebSession.id == _digest(token)))
+        self.session.commit()
+
+    # -- API tokens -------------------------------------------------------------------------------
+
+    def create_token(self, user: User, name: str) -> tuple[str, ApiToken]:
+        count = self.session.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.user_id == user.id))
+        if (count or 0) >= self.settings.user_max_tokens:
+            raise Forbidden(f"limit reached: at most {self.settings.user_max_tokens} API tokens per user")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        api_token = ApiToken(user_id=user.id, name=name, token_hash=_digest(token), prefix=token[:10])
+        self.session.add(api_token)
+        self.session.commit()
+        return token, api_token
+
+    def user_for_token(self, token: str) -> User | None:
+        api_token = self.session.scalar(select(ApiToken).where(ApiToken.token_hash == _digest(token)))
+        if api_token is None:
+            return None
+        now = datetime.now(UTC)
+        if api_token.last_used_at is None or now - _aware(api_token.last_used_at) > timedelta(minutes=1):
+            api_token.last_used_at = now  # at most once a minute: no write per request
+            self.session.commit()
+        return api_token.user
+
+    def tokens(self, user: User) -> list[ApiToken]:
+        return list(self.session.scalars(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id)))
+
+    def revoke_token(self, user: User, token_id: int) -> None:
+        api_token = self.session.get(ApiToken, token_id)
+        if api_token is None or api_token.user_id != user.id:
+            raise NotFound(f"API token {token_id} not found")
+        self.session.delete(api_token)
+        self.session.commit()

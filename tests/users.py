@@ -1,0 +1,43 @@
+"""Accounts for tests: a user with an API token, and the web app as that user."""
+
+from __future__ import annotations
+
+import uuid
+
+from infra.settings import Settings
+
+PASSWORD = "correct horse battery"
+
+
+def new_user(settings: Settings, email: str | None = None, role: str = "user"):  # noqa: ANN201
+    """A user with an API token: ``(user, token)``."""
+    from subscriptions.accounts import AccountService
+    from subscriptions.db import session_factory
+
+    with session_factory(settings.database_url)() as session:
+        accounts = AccountService(session, settings)
+        user = accounts.sign_up(email or f"{uuid.uuid4().hex[:10]}@example.com", PASSWORD, role=role)
+        token, _ = accounts.create_token(user, "tests")
+        return user, token
+
+
+def api_client(settings: Settings, token: str | None = None):  # noqa: ANN201
+    """A TestClient of the web app, authenticated with ``token`` when given (start it with ``with``)."""
+    from fastapi.testclient import TestClient
+
+    from web.app import create_app
+
+    client = TestClient(create_app(settings))
+    if token:
+        client.headers["Authorization"] = f"Bearer {token}"
+    return client
+
+
+
+def sign_in(client, email: str, password: str = PASSWORD) -> str:  # noqa: ANN001
+    """Sign ``client`` in with a browser session (cookie) and send its CSRF token from now on."""
+    response = client.post("/api/auth/login", json={"email": email, "password": password})
+    assert response.status_code == 200, response.text
+    csrf = response.json()["csrf_token"]
+    client.headers["X-CSRF-Token"] = csrf
+    return csrf

@@ -1,0 +1,81 @@
+"""Conditions as the subscription form shows them: checked as typed, and previewed against live data.
+
+A preview asks the running evaluator, not a copy of the data: the request goes to
+Redis (``previews``), every shard answers at its next micro-batch with the keys
+that satisfy the condition at the last boundary it evaluated, computed by the same
+lookups as subscriptions (``ShardEvaluator.preview``), and the web app gathers the
+answers for up to ``preview_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+from fastapi.concurrency import run_in_threadpool
+
+from evaluator.spec import Condition
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from subscriptions.language import explain, format_condition
+from subscriptions.service import checked_condition
+
+PREVIEW_SHOWN = 50  # keys listed in a preview; the count covers all
+
+
+def describe(text: str, settings: Settings) -> dict[str, Any]:
+    """The canonical text and a plain-words reading of a condition; ConditionError if it is not valid."""
+    condition = checked_condition(text, settings)
+    return {"canonical": format_condition(condition), "explanation": explain(condition)}
+
+
+def _shards(client: redis.Redis, keys: RedisKeys) -> int:
+    stats = client.hkeys(keys.evaluator_stats)
+    return sum(1 for name in stats if name.startswith("shard_") and name.endswith("_evaluated_at"))
+
+
+def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
+                    client: redis.Redis) -> dict[str, Any]:
+    keys = RedisKeys(settings)
+    shards = _shards(client, keys)
+    request_id = uuid.uuid4().hex
+    answers_key = keys.preview_answers(request_id)
+    client.hset(keys.previews, request_id, json.dumps(
+        {"condition": condition.to_dict(), "keys": watch, "at": time.time()}))
+    answers: dict[int, dict] = {}
+    deadline = time.monotonic() + settings.preview_timeout_s
+    try:
+        while shards and len(answers) < shards:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            got = client.blpop([answers_key], timeout=max(min(left, 1.0), 0.01))
+            if got:
+                answer = json.loads(got[1])
+                answers[int(answer["shard"])] = answer
+    finally:
+        client.hdel(keys.previews, request_id)
+        client.delete(answers_key)
+    matches = sorted((m for a in answers.values() for m in a["matches"]), key=lambda m: (-abs(m[1]), m[0]))
+    evaluated = [a["evaluated_at"] for a in answers.values() if a.get("evaluated_at")]
+    return {
+        "shards": shards,
+        "answered": len(answers),
+        "complete": bool(shards) and len(answers) == shards,
+        "evaluated_at": min(evaluated) if evaluated else None,
+        "total": sum(a["total"] for a in answers.values()),
+        "watched": sum(a["watched"] for a in answers.values()),
+        "matches": [{"key": k, "value": v} for k, v in matches[:PREVIEW_SHOWN]],
+    }
+
+
+async def preview_matches(text: str, watch: list[str] | None, settings: Settings,
+                          client: redis.Redis) -> dict[str, Any]:
+    """Which keys satisfy ``text`` now; ConditionError if it is not valid."""
+    condition = checked_condition(text, settings)
+    result = await run_in_threadpool(_ask_and_gather, condition, watch, settings, client)
+    return {"condition": format_condition(condition), **result}

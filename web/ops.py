@@ -1,0 +1,135 @@
+"""What operators watch: samples of the pipeline's health over time, and the evaluator's load.
+
+One web process at a time (a Redis lock per period) samples every
+``dashboard_sample_s``: Kafka log ends against what the evaluator has read (lag,
+input rate), the evaluator's micro-batch time and its candidates against exact
+matches, the Celery queue, delivery outcomes and dead letters. Samples go to a
+capped Redis list the dashboard charts read, so every web process shows the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import redis
+import structlog
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evaluator.spec import Condition
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from ingest.kafka import topic_end_offsets
+from subscriptions.language import format_duration
+from subscriptions.models import Subscription
+
+log = structlog.get_logger("ops")
+
+
+def celery_queue_keys(settings: Settings) -> tuple[str, str]:
+    """The Redis list Celery's delivery queue lives in, and the hash of tasks workers hold unacknowledged."""
+    prefix = settings.redis_key("celery") + ":"
+    return prefix + settings.redis_key("deliveries"), prefix + "unacked"
+
+
+def _number(raw: dict[str, str], name: str) -> float:
+    try:
+        return float(raw.get(name, 0) or 0)
+    except ValueError:
+        return 0.0
+
+
+def collect_sample(settings: Settings, client: redis.Redis, previous: dict | None) -> dict[str, Any]:
+    """One sample; rates are taken against ``previous``."""
+    keys = RedisKeys(settings)
+    now = time.time()
+    evaluator = client.hgetall(keys.evaluator_stats)
+    deliveries = client.hgetall(keys.delivery_stats)
+    queue, unacked = celery_queue_keys(settings)
+    sample: dict[str, Any] = {
+        "t": round(now, 3),
+        "batch_ms": round(_number(evaluator, "batch_seconds") * 1000, 1),
+        "batch_id": int(_number(evaluator, "last_batch_id")),
+        "last_batch_at": _number(evaluator, "last_batch_at") or None,
+        "candidates": _number(evaluator, "candidates"),
+        "matches": _number(evaluator, "matches"),
+        "transitions": _number(evaluator, "transitions"),
+        "queued": client.llen(queue),
+        "unacked": client.hlen(unacked),
+        "dead_letters": client.hlen(keys.dead_letters),
+        **{outcome: _number(deliveries, outcome) for outcome in ("delivered", "retry", "dead", "suppressed")},
+    }
+    read = json.loads(evaluator.get("source_offsets") or "{}")
+    sample["read"] = sum(int(v) for v in read.values())
+    try:
+        ends = topic_end_offsets(settings.model_copy(update={"kafka_request_timeout_ms": 2_000}),
+                                 settings.events_topic)
+        sample["log_end"] = sum(ends.values())
+        sample["lag"] = sum(max(end - int(read.get(str(p), 0)), 0) for p, end in ends.items())
+        sample["kafka"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the dashboard shows the broker as unreachable
+        sample.update(log_end=None, lag=None, kafka=f"error: {exc}")
+    if previous:
+        dt = max(now - previous["t"], 1e-3)
+
+        def rate(name: str) -> float | None:
+            if sample.get(name) is None or previous.get(name) is None:
+                return None
+            return round(max(sample[name] - previous[name], 0) / dt, 2)
+
+        sample["input_rate"] = rate("log_end")
+        sample["evaluated_rate"] = rate("read")
+        sample["candidate_rate"] = rate("candidates")
+        sample["match_rate"] = rate("matches")
+        done = {o: max(sample[o] - previous.get(o, 0), 0) for o in ("delivered", "retry", "dead")}
+        attempts = sum(done.values())
+        sample["success_rate"] = round(done["delivered"] / attempts, 4) if attempts else None
+    return sample
+
+
+def samples(client: redis.Redis, settings: Settings, limit: int | None = None) -> list[dict]:
+    key = RedisKeys(settings).ops_samples
+    return [json.loads(s) for s in client.lrange(key, -(limit or settings.dashboard_history), -1)]
+
+
+def sample_once(settings: Settings, client: redis.Redis) -> dict | None:
+    """Take a sample unless another web process took this period's; returns it."""
+    keys = RedisKeys(settings)
+    if not client.set(keys.ops_sampler_lock, "1", nx=True, px=int(settings.dashboard_sample_s * 900)):
+        return None
+    last = client.lindex(keys.ops_samples, -1)
+    sample = collect_sample(settings, client, json.loads(last) if last else None)
+    pipe = client.pipeline()
+    pipe.rpush(keys.ops_samples, json.dumps(sample, separators=(",", ":")))
+    pipe.ltrim(keys.ops_samples, -settings.dashboard_history, -1)
+    pipe.execute()
+    return sample
+
+
+async def run_sampler(settings: Settings, client: redis.Redis) -> None:
+    while True:
+        try:
+            await run_in_threadpool(sample_once, settings, client)
+        except Exception as exc:  # noqa: BLE001 - sampling must not take the web app down
+            log.warning("ops_sample_failed", error=str(exc))
+        await asyncio.sleep(settings.dashboard_sample_s)
+
+
+def subscription_load(session: Session) -> list[dict]:
+    """Subscriptions of every user by (aggregate, attribute, window): the groups the evaluator shares work over."""
+    counts: Counter[tuple[str, str, int, bool]] = Counter()
+    for spec, active in session.execute(select(Subscription.condition_spec, Subscription.active)):
+        condition = Condition.from_dict(spec)
+        counts[(condition.aggregate.value, condition.attribute or "*", condition.window_ms, bool(active))] += 1
+    groups: dict[tuple[str, str, int], dict] = {}
+    for (aggregate, attribute, window, active), n in counts.items():
+        group = groups.setdefault((aggregate, attribute, window), {
+            "aggregate": aggregate, "attribute": attribute, "window_ms": window,
+            "window": format_duration(window), "active": 0, "paused": 0})
+        group["active" if active else "paused"] += n
+    return sorted(groups.values(), key=lambda g: (-g["active"], g["aggregate"], g["attribute"], g["window_ms"]))

@@ -1,0 +1,69 @@
+// Small behaviours of the Tocsin UI: copy buttons, and the operators' live charts (uPlot, vendored).
+"use strict";
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("[data-copy]");
+  if (!button) return;
+  const text = document.querySelector(button.dataset.copy)?.textContent ?? "";
+  navigator.clipboard?.writeText(text).then(() => { button.textContent = "Copied"; });
+});
+
+(function dashboard() {
+  const charts = document.getElementById("charts");
+  if (!charts || typeof uPlot === "undefined") return;
+  const sampleS = Number(document.getElementById("tiles").dataset.sampleS) || 2;
+  const series = {
+    rates: [["input_rate", "input", "#2f5bd3"], ["evaluated_rate", "evaluated", "#15803d"]],
+    batch: [["batch_ms", "batch ms", "#7c3aed"]],
+    lag: [["lag", "lag", "#b45309"]],
+    selectivity: [["candidate_rate", "candidates", "#0891b2"], ["match_rate", "matches", "#be185d"]],
+    queue: [["queued", "queued", "#2f5bd3"], ["unacked", "held by workers", "#6b7280"]],
+    delivery: [["success_pct", "success %", "#15803d"]],
+  };
+  const plots = {};
+
+  function columns(samples, fields) {
+    const t = samples.map((s) => s.t);
+    return [t, ...fields.map(([name]) => samples.map((s) => (s[name] ?? null)))];
+  }
+
+  function draw(samples) {
+    for (const s of samples) s.success_pct = s.success_rate == null ? null : 100 * s.success_rate;
+    for (const [name, fields] of Object.entries(series)) {
+      const figure = charts.querySelector(`[data-chart="${name}"]`);
+      const data = columns(samples, fields);
+      if (!plots[name]) {
+        plots[name] = new uPlot({
+          width: figure.clientWidth - 16, height: 170,
+          scales: { x: { time: true } },
+          series: [{}, ...fields.map(([, label, stroke]) => ({ label, stroke, width: 2, spanGaps: true }))],
+          axes: [{}, { size: 60 }],
+        }, data, figure);
+      } else {
+        plots[name].setData(data);
+      }
+    }
+    const latest = samples[samples.length - 1];
+    for (const cell of document.querySelectorAll("#tiles [data-metric]")) {
+      let value = latest[cell.dataset.metric];
+      if (value == null) { cell.textContent = "–"; continue; }
+      if ("percent" in cell.dataset) value *= 100;
+      cell.textContent = Math.abs(value) >= 100 ? Math.round(value).toLocaleString() : Number(value.toFixed(1)).toString();
+    }
+    const status = document.getElementById("sample-status");
+    status.textContent = `${samples.length} samples · Kafka ${latest.kafka} · last micro-batch #${latest.batch_id}`;
+  }
+
+  async function refresh() {
+    try {
+      const response = await fetch("/ops/samples", { headers: { Accept: "application/json" } });
+      if (response.ok) {
+        const samples = await response.json();
+        if (samples.length) draw(samples);
+      }
+    } finally {
+      setTimeout(refresh, sampleS * 1000);
+    }
+  }
+  refresh();
+})();

@@ -1,0 +1,440 @@
+"""The web UI: server-rendered pages (Jinja2) made live with htmx; the same services as the JSON API.
+
+Pages need a signed-in browser session; an unauthenticated visit is sent to the
+sign-in page. Every form and htmx request carries the session's CSRF token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from notifier.deliveries import enqueue_test_alert
+from subscriptions.alerts import AlertViews, HistoryFilter
+from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
+from subscriptions.language import ConditionError
+from subscriptions.models import User
+from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn
+from subscriptions.service import SubscriptionService
+from web.auth import check_password, sign_in, sign_out
+from web.conditions import describe, preview_matches
+from web.deps import (
+    AccountsDep,
+    CeleryDep,
+    DbDep,
+    KeysDep,
+    PrincipalDep,
+    RecordsDep,
+    RedisDep,
+    SettingsDep,
+)
+from web.ops import samples, subscription_load
+
+TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
+TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
+TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
+
+router = APIRouter(include_in_schema=False)
+
+
+def page_principal(principal: PrincipalDep):  # noqa: ANN201
+    if principal is None or principal.web_session is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "sign in")
+    return principal
+
+
+Page = Annotated[Any, Depends(page_principal)]
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Pages send the unauthenticated to the sign-in page and show other errors as a page; the API gets JSON."""
+    wants_page = not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", "")
+    if wants_page and exc.status_code == status.HTTP_401_UNAUTHORIZED:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={target}", status_code=status.HTTP_303_SEE_OTHER)
+    if wants_page and not request.headers.get("hx-request"):
+        return TEMPLATES.TemplateResponse(request, "error.html", {"error": exc.detail, "code": exc.status_code},
+                                          status_code=exc.status_code)
+    return await http_exception_handler(request, exc)
+
+
+def render(request: Request, template: str, principal: Any = None, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return TEMPLATES.TemplateResponse(request, template, {
+        "user": principal.user if principal else None,
+        "csrf": principal.web_session.csrf_token if principal else "",
+        **context,
+    }, status_code=status_code)
+
+
+def _service(session: DbDep, settings: SettingsDep, redis_client: RedisDep, user: User) -> SubscriptionService:
+    return SubscriptionService(session, settings, redis_client, user)
+
+
+def _errors(exc: ValidationError) -> dict[str, str]:
+    """pydantic's errors by top-level field (``policy.cooldown_s`` keeps its path)."""
+    found: dict[str, str] = {}
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "form"
+        found.setdefault(field, error["msg"].removeprefix("Value error, "))
+    return found
+
+
+def _safe_next(target: str | None) -> str:
+    return target if target and target.startswith("/") and not target.startswith("//") else "/"
+
+
+# -- signing in -------------------------------------------------------------------------------------
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str = "/") -> HTMLResponse:  # noqa: A002
+    return render(request, "login.html", next=_safe_next(next))
+
+
+@router.post("/login")
+def login(request: Request, accounts: AccountsDep, redis_client: RedisDep, settings: SettingsDep,
+          email: Annotated[str, Form()], password: Annotated[str, Form()],
+          next: Annotated[str, Form()] = "/") -> Response:  # noqa: A002
+    try:
+        user = check_password(accounts, redis_client, settings, email, password)
+    except HTTPException as exc:
+        return render(request, "login.html", error=exc.detail, email=email, next=_safe_next(next),
+                      status_code=exc.status_code)
+    response = RedirectResponse(_safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
+    sign_in(response, accounts, settings, user)
+    return response
+
+
+@router.get("/signup", response_class=HTMLResponse)
+def signup_page(request: Request, settings: SettingsDep) -> HTMLResponse:
+    return render(request, "signup.html", closed=not settings.signup_open, errors={})
+
+
+@router.post("/signup")
+def signup(request: Request, accounts: AccountsDep, settings: SettingsDep,
+           email: Annotated[str, Form()], password: Annotated[str, Form()]) -> Response:
+    if not settings.signup_open:
+        return render(request, "signup.html", closed=True, errors={}, status_code=403)
+    try:
+        data = SignUpIn(email=email, password=password)
+        user = accounts.sign_up(data.email, data.password)
+    except ValidationError as exc:
+        return render(request, "signup.html", errors=_errors(exc), email=email, status_code=422)
+    except Conflict as exc:
+        return render(request, "signup.html", errors={"email": str(exc)}, email=email, status_code=409)
+    response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
+    sign_in(response, accounts, settings, user)
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, accounts: AccountsDep, _principal: Page) -> Response:
+    response = RedirectResponse("/login", status_code=status.HTTP_303_SEE_OTHER)
+    sign_out(request, response, accounts)
+    return response
+
+
+# -- subscriptions -------------------------------------------------------------------------------------
+
+@router.get("/", response_class=HTMLResponse)
+def subscriptions_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+                       redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    rows = service.list()
+    pipe = redis_client.pipeline(transaction=False)
+    for s in rows:
+        pipe.hlen(keys.firing(s.id))
+    firing = dict(zip([s.id for s in rows], pipe.execute(), strict=True))
+    return render(request, "subscriptions.html", principal, subscriptions=rows, firing=firing,
+                  limit=settings.user_max_subscriptions)
+
+
+def _form_context(service: SubscriptionService, values: dict, errors: dict, subscription_id: int | None) -> dict:
+    return {"values": values, "errors": errors, "endpoints": service.list_endpoints(),
+            "subscription_id": subscription_id}
+
+
+def _subscription_values(s: Any) -> dict:
+    policy = s.policy or {}
+    return {"name": s.name, "condition": s.condition, "keys": " ".join(s.keys) if s.keys is not None else "",
+            "endpoint_ids": [e.id for e in s.endpoints], "active": s.active,
+            "cooldown_s": policy.get("cooldown_s", 0), "renotify_s": policy.get("renotify_s") or "",
+            "send_resolved": policy.get("send_resolved", True), "group": policy.get("group", True)}
+
+
+@router.get("/subscriptions/new", response_class=HTMLResponse)
+def new_subscription_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+                          redis_client: RedisDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    values = {"name": "", "condition": "", "keys": "", "endpoint_ids": [], "active": True, "cooldown_s": 0,
+              "renotify_s": "", "send_resolved": True, "group": True}
+    return render(request, "subscription_form.html", principal, **_form_context(service, values, {}, None))
+
+
+def _parse_form(form: Any) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
+    keys_text = str(form.get("keys", "")).replace(",", " ")
+    values = {
+        "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
+        "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in form.getlist("endpoint_ids") if str(e).isdigit()],
+        "active": form.get("active") == "on", "cooldown_s": form.get("cooldown_s") or 0,
+        "renotify_s": form.get("renotify_s") or "", "send_resolved": form.get("send_resolved") == "on",
+        "group": form.get("group") == "on",
+    }
+    try:
+        data = SubscriptionIn(
+            name=values["name"], condition=values["condition"],
+            keys=keys_text.split() or None, endpoint_ids=values["endpoint_ids"], active=values["active"],
+            policy={"cooldown_s": values["cooldown_s"], "renotify_s": values["renotify_s"] or None,
+                    "send_resolved": values["send_resolved"], "group": values["group"]},
+        )
+    except ValidationError as exc:
+        return values, None, _errors(exc)
+    return values, data, {}
+
+
+async def _save_subscription(request: Request, principal: Any, session: Any, settings: Any, redis_client: Any,
+                             subscription_id: int | None) -> Response:
+    form = await request.form()
+
+    def save() -> Response:
+        service = _service(session, settings, redis_client, principal.user)
+        values, data, errors = _parse_form(form)
+        if data is not None:
+            try:
+                saved = (service.update(subscription_id, data) if subscription_id is not None
+                         else service.create(data))
+                return RedirectResponse(f"/subscriptions/{saved.id}", status_code=status.HTTP_303_SEE_OTHER)
+            except FieldError as exc:
+                errors = {exc.field: str(exc)}
+            except (NotFound, Forbidden) as exc:
+                errors = {"form": str(exc)}
+        return render(request, "subscription_form.html", principal, status_code=422,
+                      **_form_context(service, values, errors, subscription_id))
+
+    return await run_in_threadpool(save)
+
+
+@router.post("/subscriptions/new")
+async def create_subscription(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+                              redis_client: RedisDep) -> Response:
+    return await _save_subscription(request, principal, session, settings, redis_client, None)
+
+
+@router.get("/subscriptions/{subscription_id}/edit", response_class=HTMLResponse)
+def edit_subscription_page(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                           settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    values = _subscription_values(service.get(subscription_id))
+    return render(request, "subscription_form.html", principal,
+                  **_form_context(service, values, {}, subscription_id))
+
+
+@router.post("/subscriptions/{subscription_id}/edit")
+async def update_subscription(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                              settings: SettingsDep, redis_client: RedisDep) -> Response:
+    return await _save_subscription(request, principal, session, settings, redis_client, subscription_id)
+
+
+@router.post("/subscriptions/{subscription_id}/{action}")
+def subscription_action(subscription_id: int, action: str, principal: Page, session: DbDep, settings: SettingsDep,
+                        redis_client: RedisDep) -> Response:
+    service = _service(session, settings, redis_client, principal.user)
+    if action == "pause":
+        service.set_active(subscription_id, False)
+    elif action == "resume":
+        service.set_active(subscription_id, True)
+    elif action == "delete":
+        service.delete(subscription_id)
+        return Response(headers={"HX-Redirect": "/"})
+    elif action == "unmute":
+        service.set_muted(subscription_id, None)
+    else:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no action {action!r}")
+    return Response(headers={"HX-Refresh": "true"})
+
+
+@router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
+def subscription_page(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                      settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    return render(request, "subscription.html", principal, s=service.get(subscription_id))
+
+
+@router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)
+def firing_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                    settings: SettingsDep, redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
+    _service(session, settings, redis_client, principal.user).get(subscription_id)
+    return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id))
+
+
+@router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)
+def history_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                     settings: SettingsDep, redis_client: RedisDep, keys: KeysDep,
+                     state: str = "", key: str = "", since: str = "", before: str = "") -> HTMLResponse:
+    _service(session, settings, redis_client, principal.user).get(subscription_id)
+    since_ms = int(time.time() * 1000) - int(since) * 60_000 if since.isdigit() else None
+    where = HistoryFilter(state=state if state in ("firing", "resolved") else None,
+                          key=key.strip() or None, since_ms=since_ms)
+    alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, before or None)
+    return render(request, "_history.html", principal, alerts=alerts, cursor=cursor, subscription_id=subscription_id,
+                  query={"state": state, "key": key, "since": since})
+
+
+@router.get("/subscriptions/{subscription_id}/deliveries", response_class=HTMLResponse)
+def deliveries_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
+                        settings: SettingsDep, redis_client: RedisDep, records: RecordsDep) -> HTMLResponse:
+    _service(session, settings, redis_client, principal.user).get(subscription_id)
+    return render(request, "_deliveries.html", principal, deliveries=records.log(subscription_id, 100))
+
+
+# -- conditions: live validation and preview ---------------------------------------------------------
+
+@router.post("/conditions/check", response_class=HTMLResponse)
+def check_condition_fragment(request: Request, principal: Page, settings: SettingsDep,
+                             condition: Annotated[str, Form()] = "") -> HTMLResponse:
+    try:
+        return render(request, "_condition.html", principal, described=describe(condition, settings), error=None)
+    except ConditionError as exc:
+        return render(request, "_condition.html", principal, described=None, error=str(exc))
+
+
+@router.post("/conditions/preview", response_class=HTMLResponse)
+async def preview_fragment(request: Request, principal: Page, settings: SettingsDep, redis_client: RedisDep,
+                           condition: Annotated[str, Form()] = "", keys: Annotated[str, Form()] = "") -> HTMLResponse:
+    try:
+        result = await preview_matches(condition, keys.replace(",", " ").split() or None, settings, redis_client)
+    except ConditionError as exc:
+        return render(request, "_preview.html", principal, result=None, error=str(exc))
+    return render(request, "_preview.html", principal, result=result, error=None)
+
+
+# -- endpoints and tokens ------------------------------------------------------------------------------
+
+@router.get("/endpoints", response_class=HTMLResponse)
+def endpoints_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+                   redis_client: RedisDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors={}, values={},
+                  secret=None)
+
+
+@router.post("/endpoints", response_class=HTMLResponse)
+def create_endpoint(request: Request, principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep,
+                    kind: Annotated[str, Form()] = "", target: Annotated[str, Form()] = "") -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    values, errors, secret = {"kind": kind, "target": target}, {}, None
+    try:
+        endpoint = service.create_endpoint(EndpointIn(kind=kind, target=target.strip()))
+        secret, values = (endpoint, endpoint.secret), {}
+    except ValidationError as exc:
+        errors = _errors(exc)
+    except Forbidden as exc:
+        errors = {"form": str(exc)}
+    return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors=errors,
+                  values=values, secret=secret, status_code=422 if errors else 201)
+
+
+@router.post("/endpoints/{endpoint_id}/rotate", response_class=HTMLResponse)
+def rotate_endpoint_secret(request: Request, endpoint_id: int, principal: Page, session: DbDep,
+                           settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
+    service = _service(session, settings, redis_client, principal.user)
+    endpoint = service.rotate_secret(endpoint_id)
+    return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors={}, values={},
+                  secret=(endpoint, endpoint.secret))
+
+
+@router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
+def test_endpoint(request: Request, endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
+                  redis_client: RedisDep, celery: CeleryDep) -> HTMLResponse:
+    endpoint = _service(session, settings, redis_client, principal.user).get_endpoint(endpoint_id)
+    queued = enqueue_test_alert(celery, endpoint.id)
+    return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
+                        '</span>')
+
+
+@router.post("/endpoints/{endpoint_id}/delete")
+def delete_endpoint(endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
+                    redis_client: RedisDep) -> Response:
+    _service(session, settings, redis_client, principal.user).delete_endpoint(endpoint_id)
+    return Response(headers={"HX-Redirect": "/endpoints"})
+
+
+@router.get("/endpoints/{endpoint_id}/deliveries", response_class=HTMLResponse)
+def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: Page, session: DbDep,
+                                 settings: SettingsDep, redis_client: RedisDep, records: RecordsDep) -> HTMLResponse:
+    _service(session, settings, redis_client, principal.user).get_endpoint(endpoint_id)
+    return render(request, "_deliveries.html", principal, deliveries=records.endpoint_log(endpoint_id, 20))
+
+
+@router.get("/account", response_class=HTMLResponse)
+def account_page(request: Request, principal: Page, accounts: AccountsDep) -> HTMLResponse:
+    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=None,
+                  errors={})
+
+
+@router.post("/account/tokens", response_class=HTMLResponse)
+def create_token(request: Request, principal: Page, accounts: AccountsDep,
+                 name: Annotated[str, Form()] = "") -> HTMLResponse:
+    errors, new_token = {}, None
+    if not name.strip() or len(name) > 200:
+        errors = {"name": "give the token a name (at most 200 characters)"}
+    else:
+        try:
+            new_token, _ = accounts.create_token(principal.user, name.strip())
+        except Forbidden as exc:
+            errors = {"name": str(exc)}
+    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=new_token,
+                  errors=errors, status_code=422 if errors else 200)
+
+
+@router.post("/account/tokens/{token_id}/revoke")
+def revoke_token(token_id: int, principal: Page, accounts: AccountsDep) -> Response:
+    accounts.revoke_token(principal.user, token_id)
+    return Response(headers={"HX-Redirect": "/account"})
+
+
+# -- operators ------------------------------------------------------------------------------------------
+
+def _operator(principal: Any) -> None:
+    if not principal.user.is_operator:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "operators only")
+
+
+@router.get("/ops", response_class=HTMLResponse)
+def ops_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep,
+             records: RecordsDep) -> HTMLResponse:
+    _operator(principal)
+    return render(request, "ops.html", principal, load=subscription_load(session),
+                  latest=(samples(redis_client, settings, 1) or [None])[0],
+                  dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s)
+
+
+@router.get("/ops/dead-letters", response_class=HTMLResponse)
+def dead_letters_fragment(request: Request, principal: Page, records: RecordsDep) -> HTMLResponse:
+    _operator(principal)
+    return render(request, "_dead_letters.html", principal, dead_letters=records.dead_letters(100))
+
+
+@router.post("/ops/dead-letters/replay", response_class=HTMLResponse)
+def replay_dead_letters(request: Request, principal: Page, records: RecordsDep, celery: CeleryDep,
+                        letter: Annotated[str, Form()] = "") -> HTMLResponse:
+    _operator(principal)
+    ids = [letter] if letter else [d["id"] for d in records.dead_letters(5_000)]
+    for letter_id in ids:
+        records.replay(letter_id, celery)
+    return render(request, "_dead_letters.html", principal, dead_letters=records.dead_letters(100))
+
+
+@router.get("/ops/samples")
+def ops_samples(principal: Page, settings: SettingsDep, redis_client: RedisDep) -> JSONResponse:
+    _operator(principal)
+    return JSONResponse(samples(redis_client, settings))
