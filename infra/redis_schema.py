@@ -16,7 +16,8 @@
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
-- ``login-failures:<address>``: failed logins, for the lock-out (see ``web.auth``).
+- ``login-failures:<address>``: failed logins, for the lock-out (see ``web.auth``);
+- ``flash:<session>``: a secret to show once on the next page (see ``web.ui``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class RedisKeys:
 
     def preview_answers(self, request_id: str) -> str:
         return self._k("preview", request_id)
+
+    def flash(self, web_session_id: str) -> str:
+        return self._k("flash", web_session_id)
 
     def login_failures(self, email: str) -> str:
         return self._k("login-failures", email)

@@ -89,6 +89,19 @@ def _errors(exc: ValidationError) -> dict[str, str]:
     return found
 
 
+FLASH_TTL_S = 300
+
+
+def _flash(redis_client: Any, keys: Any, principal: Any, **shown: Any) -> None:
+    """Keep something to show once on the next page: a page from a POST is never what a reload shows."""
+    redis_client.set(keys.flash(principal.web_session.id), json.dumps(shown), ex=FLASH_TTL_S)
+
+
+def _take_flash(redis_client: Any, keys: Any, principal: Any) -> dict:
+    raw = redis_client.getdel(keys.flash(principal.web_session.id))
+    return json.loads(raw) if raw else {}
+
+
 def _safe_next(target: str | None) -> str:
     return target if target and target.startswith("/") and not target.startswith("//") else "/"
 
@@ -321,35 +334,36 @@ async def preview_fragment(request: Request, principal: Page, settings: Settings
 
 @router.get("/endpoints", response_class=HTMLResponse)
 def endpoints_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
-                   redis_client: RedisDep) -> HTMLResponse:
+                   redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
     service = _service(session, settings, redis_client, principal.user)
     return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors={}, values={},
-                  secret=None)
+                  secret=_take_flash(redis_client, keys, principal).get("secret"))
 
 
-@router.post("/endpoints", response_class=HTMLResponse)
+@router.post("/endpoints")
 def create_endpoint(request: Request, principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep,
-                    kind: Annotated[str, Form()] = "", target: Annotated[str, Form()] = "") -> HTMLResponse:
+                    keys: KeysDep, kind: Annotated[str, Form()] = "", target: Annotated[str, Form()] = "") -> Response:
     service = _service(session, settings, redis_client, principal.user)
-    values, errors, secret = {"kind": kind, "target": target}, {}, None
     try:
         endpoint = service.create_endpoint(EndpointIn(kind=kind, target=target.strip()))
-        secret, values = (endpoint, endpoint.secret), {}
     except ValidationError as exc:
         errors = _errors(exc)
     except Forbidden as exc:
         errors = {"form": str(exc)}
+    else:
+        if endpoint.secret:
+            _flash(redis_client, keys, principal, secret={"target": endpoint.target, "value": endpoint.secret})
+        return RedirectResponse("/endpoints", status_code=status.HTTP_303_SEE_OTHER)
     return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors=errors,
-                  values=values, secret=secret, status_code=422 if errors else 201)
+                  values={"kind": kind, "target": target}, secret=None, status_code=422)
 
 
-@router.post("/endpoints/{endpoint_id}/rotate", response_class=HTMLResponse)
-def rotate_endpoint_secret(request: Request, endpoint_id: int, principal: Page, session: DbDep,
-                           settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
-    endpoint = service.rotate_secret(endpoint_id)
-    return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors={}, values={},
-                  secret=(endpoint, endpoint.secret))
+@router.post("/endpoints/{endpoint_id}/rotate")
+def rotate_endpoint_secret(endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
+                           redis_client: RedisDep, keys: KeysDep) -> Response:
+    endpoint = _service(session, settings, redis_client, principal.user).rotate_secret(endpoint_id)
+    _flash(redis_client, keys, principal, secret={"target": endpoint.target, "value": endpoint.secret})
+    return RedirectResponse("/endpoints", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
@@ -376,24 +390,27 @@ def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: 
 
 
 @router.get("/account", response_class=HTMLResponse)
-def account_page(request: Request, principal: Page, accounts: AccountsDep) -> HTMLResponse:
-    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=None,
-                  errors={})
+def account_page(request: Request, principal: Page, accounts: AccountsDep, redis_client: RedisDep,
+                 keys: KeysDep) -> HTMLResponse:
+    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), errors={},
+                  new_token=_take_flash(redis_client, keys, principal).get("token"))
 
 
-@router.post("/account/tokens", response_class=HTMLResponse)
-def create_token(request: Request, principal: Page, accounts: AccountsDep,
-                 name: Annotated[str, Form()] = "") -> HTMLResponse:
-    errors, new_token = {}, None
+@router.post("/account/tokens")
+def create_token(request: Request, principal: Page, accounts: AccountsDep, redis_client: RedisDep, keys: KeysDep,
+                 name: Annotated[str, Form()] = "") -> Response:
     if not name.strip() or len(name) > 200:
         errors = {"name": "give the token a name (at most 200 characters)"}
     else:
         try:
-            new_token, _ = accounts.create_token(principal.user, name.strip())
+            token, _ = accounts.create_token(principal.user, name.strip())
         except Forbidden as exc:
             errors = {"name": str(exc)}
-    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=new_token,
-                  errors=errors, status_code=422 if errors else 200)
+        else:
+            _flash(redis_client, keys, principal, token=token)
+            return RedirectResponse("/account", status_code=status.HTTP_303_SEE_OTHER)
+    return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=None,
+                  errors=errors, status_code=422)
 
 
 @router.post("/account/tokens/{token_id}/revoke")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -13,7 +11,7 @@ from sqlalchemy import create_engine, text
 
 from subscriptions.db import SchemaError, engine_for, migrate
 from subscriptions.models import Base
-from tests.web.conftest import POSTGRES_ADMIN
+from tests.databases import postgres_database
 
 
 def _differences(url: str) -> list:
@@ -28,16 +26,8 @@ def test_sqlite_schema_matches_the_models(tmp_path: Path) -> None:
 
 
 def test_postgresql_schema_matches_the_models() -> None:
-    name = f"tocsin_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        base = POSTGRES_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-        assert _differences(f"{base}/{name}") == []
-    finally:
-        engine_for.cache_clear()
-        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with postgres_database() as url:
+        assert _differences(url) == []
 
 
 def test_a_database_from_before_migrations_is_refused_with_a_clear_error(tmp_path: Path) -> None:

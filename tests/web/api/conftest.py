@@ -1,0 +1,19 @@
+"""The API is tested on both databases Tocsin supports: SQLite (the default) and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from infra.settings import Settings
+from tests.databases import postgres_database
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Settings]:
+    if request.param == "sqlite":
+        yield settings
+        return
+    with postgres_database() as url:
+        yield settings.model_copy(update={"database_url": url})

@@ -1,0 +1,130 @@
+"""The web UI in a real browser: Debian's headless Chromium driven by Playwright, against a real server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import uvicorn
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from infra.services import free_port
+from infra.settings import Settings
+from ingest.kafka import ensure_topics
+from tests.users import PASSWORD, new_user
+from web.app import create_app
+from web.ops import sample_once
+
+CHROMIUM = os.environ.get("TOCSIN_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the web app did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def page(browser: Browser, tmp_path: Path) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    yield page
+    page.screenshot(path=str(tmp_path / "last.png"), full_page=True)  # kept with the test's tmp dir
+    context.close()
+
+
+def test_sign_up_create_a_subscription_see_a_validation_error_and_the_listing(server: str, page: Page) -> None:
+    page.goto(server + "/")
+    expect(page).to_have_url(f"{server}/login?next=/")
+    page.get_by_role("link", name="Sign up").click()
+    page.get_by_label("E-mail").fill("grace@example.com")
+    page.get_by_label("Password").fill("short")  # the browser checks minlength first; the server checks too
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign up").click()
+    expect(page.get_by_text("No subscriptions yet")).to_be_visible()
+    expect(page.get_by_text("grace@example.com")).to_be_visible()
+
+    page.get_by_role("link", name="Create your first subscription").click()
+    page.get_by_label("Name").fill("Tech volume")
+    condition = page.locator("#condition")
+    condition.fill("SUM(vol) OVER 5m > 2e6")
+    live_error = page.locator('#condition-check [data-field="condition"]')
+    expect(live_error).to_contain_text("unknown attribute 'vol'")  # checked as typed, before submitting
+    expect(live_error).to_contain_text("column 5")
+
+    page.get_by_role("button", name="Create subscription").click()  # submitting anyway is refused with the reason
+    expect(page.locator('[data-field="condition"]').first).to_contain_text("unknown attribute 'vol'")
+    expect(page.get_by_label("Name")).to_have_value("Tech volume")
+
+    condition.fill("sum(volume) over 5m > 2e6")
+    expect(page.locator("#condition-check .condition-ok")).to_contain_text("SUM(volume) OVER 5m > 2000000")
+    page.locator("#keys").fill("AAPL, MSFT")
+    page.get_by_role("button", name="Create subscription").click()
+    expect(page.get_by_role("heading", name="Tech volume")).to_be_visible()
+    expect(page.get_by_text("No key is in the condition right now.")).to_be_visible()
+
+    page.get_by_role("link", name="Subscriptions").click()
+    row = page.locator("#subscriptions tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("Tech volume")
+    expect(row).to_contain_text("SUM(volume) OVER 5m > 2000000")
+    expect(row).to_contain_text("AAPL, MSFT")
+    expect(row).to_contain_text("active")
+
+    row.get_by_role("button", name="Pause").click()  # an htmx POST with the CSRF header
+    expect(page.locator("#subscriptions tbody tr")).to_contain_text("paused")
+
+
+def test_endpoint_secret_is_shown_once_and_the_operator_dashboard_charts_live(server: str, page: Page,
+                                                                              settings: Settings) -> None:
+    ensure_topics(settings)
+    operator, _ = new_user(settings, role="operator")
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    page.goto(server + "/login")
+    page.get_by_label("E-mail").fill(operator.email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+
+    page.get_by_role("link", name="Endpoints").click()
+    page.get_by_label("URL or address").fill("https://hooks.example.com/tocsin")
+    page.get_by_role("button", name="Add endpoint").click()
+    secret = page.locator("#new-secret").inner_text()
+    assert len(secret) >= 32
+    page.reload()
+    expect(page.locator("#new-secret")).to_have_count(0)  # shown once
+    page.get_by_role("button", name="Send test alert").click()
+    expect(page.get_by_text("Test alert queued")).to_be_visible()
+
+    for _ in range(2):  # the sampler's work, done here so the test need not wait for its period
+        sample_once(settings.model_copy(update={"dashboard_sample_s": 0.01}), client)
+        time.sleep(0.05)
+    page.get_by_role("link", name="Operations").click()
+    expect(page.locator("#charts .uplot")).to_have_count(6)
+    expect(page.locator('#tiles [data-metric="lag"]')).to_have_text("0")
+    expect(page.locator('#tiles [data-metric="queued"]')).not_to_have_text("–")
+    expect(page.locator("#sample-status")).to_contain_text("Kafka ok")
