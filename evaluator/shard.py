@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,9 +37,10 @@ from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.transition import Transition, alert_id
 from evaluator.panerows import PaneRows
-from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from evaluator.spec import Aggregate, Condition, Expr, SubscriptionSpec, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
+from evaluator.values import KeyValues
 
 _EMPTY_VALUE = {Aggregate.COUNT: 0.0, Aggregate.SUM: 0.0}  # the value of an empty window, where there is one
 
@@ -53,33 +54,45 @@ class ShardConfig:
     partitions: int  # source partitions whose progress makes the watermark
     p: int = 4  # CI-COUNT / CI-SUM stamps per level: ε = 2 / (p + 2)
     collective: bool = True
+    value_retention_ms: int = 0  # how long every event value is kept, for QUANTILE (the longest quantile window)
+
+
+_INDEXED = frozenset({Aggregate.COUNT, Aggregate.SUM, Aggregate.MAX, Aggregate.MIN})  # have a collective index
 
 
 @dataclass(frozen=True)
 class Group:
-    aggregate: Aggregate
-    attribute: str | None
-    window_ms: int
+    """Subscriptions asking for the same value per key: they differ only in their ranges."""
+
+    template: Condition  # a member's condition: what the value is
     specs: tuple[SubscriptionSpec, ...]
     loosest: Condition | None  # None: some member is unbounded on each side, every key is a candidate
 
+    @property
+    def aggregate(self) -> Aggregate:
+        return self.template.aggregate
+
+
+def _value_key(c: Condition) -> tuple:
+    return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of)
+
 
 def group_subscriptions(catalog: Catalog) -> list[Group]:
-    """Subscriptions by (aggregate, attribute, window), each group with its loosest bounds."""
+    """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each group with its loosest bounds."""
     by: dict[tuple, list[SubscriptionSpec]] = defaultdict(list)
     for spec in catalog.subscriptions:
-        c = spec.condition
-        by[(c.aggregate, c.attribute, c.window_ms)].append(spec)
+        by[_value_key(spec.condition)].append(spec)
     groups = []
-    for (aggregate, attribute, window), specs in sorted(by.items(), key=lambda kv: str(kv[0])):
+    for _, specs in sorted(by.items(), key=lambda kv: str(kv[0])):
         lows = [s.condition.low for s in specs]
         highs = [s.condition.high for s in specs]
         low = None if any(v is None for v in lows) else min(lows)
         high = None if any(v is None for v in highs) else max(highs)
+        template = specs[0].condition
         loosest = None
         if low is not None or high is not None:
-            loosest = Condition(aggregate, attribute, window, low, high, low_inclusive=True, high_inclusive=True)
-        groups.append(Group(aggregate, attribute, window, tuple(specs), loosest))
+            loosest = replace(template, low=low, high=high, low_inclusive=True, high_inclusive=True)
+        groups.append(Group(template, tuple(specs), loosest))
     return groups
 
 
@@ -128,6 +141,7 @@ class ShardEvaluator:
     def __init__(self, config: ShardConfig) -> None:
         self.config = config
         self.indexes = CollectiveIndexes(config.attributes, p=config.p, bucket_ms=config.pane_ms)
+        self.values = KeyValues(config.attributes, config.value_retention_ms)
         self.pending = PaneRows.empty(len(config.attributes))  # panes not complete yet
         self.firing: dict[int, set[str]] = {}
         self.progress: dict[int, int] = {}
@@ -173,6 +187,7 @@ class ShardEvaluator:
             return
         self.indexes.add_panes(rows.keys.tolist(), rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs,
                                late=late)
+        self.values.add(rows)
 
     def _apply_until(self, boundary: int) -> None:
         """Move the panes that start before ``boundary`` from pending into the indexes, in pane order."""
@@ -183,6 +198,7 @@ class ShardEvaluator:
                 self.pending = self.pending.select(~complete)
         self.applied_until = boundary
         self.indexes.expire(boundary - self.config.horizon_ms - 1)
+        self.values.expire(boundary, self.config.horizon_ms)
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -244,43 +260,87 @@ class ShardEvaluator:
         """Keys with a pane in the retention horizon."""
         return {key for key, sub in self.indexes.count.substreams.items() if sub.ts}
 
-    def value(self, aggregate: Aggregate, attribute: str | None, window_ms: int, key: str, now: int) -> float | None:
-        """The exact value of one key's window ``(now - T, now]``."""
+    def _term(self, term: Expr, window_ms: int, key: str, now: int) -> float | None:
+        """The exact value of one aggregate of one key's window ``(now - T, now]``."""
+        _, aggregate, attribute, q = term
         indexes = self.indexes
-        if aggregate is Aggregate.COUNT:
+        if aggregate == "COUNT":
             return indexes.count.value(key, window_ms, now)
-        if aggregate is Aggregate.SUM:
+        if aggregate == "SUM":
             return indexes.sums[attribute].value(key, window_ms, now)
-        if aggregate is Aggregate.AVG:
+        if aggregate == "AVG":
             count = indexes.count.value(key, window_ms, now)
             return indexes.sums[attribute].value(key, window_ms, now) / count if count else None
-        extreme = indexes.maxs[attribute] if aggregate is Aggregate.MAX else indexes.mins[attribute]
+        if aggregate == "QUANTILE":
+            return self.values.quantile(key, attribute, q, window_ms, now + 1)
+        if aggregate == "LAST":
+            return self.values.last(key, attribute, window_ms, now + 1)
+        extreme = indexes.maxs[attribute] if aggregate == "MAX" else indexes.mins[attribute]
         return extreme.value(key, window_ms, now)
+
+    def _expr(self, expr: Expr, window_ms: int, key: str, now: int) -> float | None:
+        if expr[0] == "num":
+            return expr[1]
+        if expr[0] == "agg":
+            return self._term(expr, window_ms, key, now)
+        left = self._expr(expr[1], window_ms, key, now)
+        right = self._expr(expr[2], window_ms, key, now) if left is not None else None
+        if left is None or right is None:
+            return None
+        return combine(expr[0], left, right)
+
+    def value(self, condition: Condition, key: str, now: int) -> float | None:
+        """The exact value ``condition`` compares for one key's window ``(now - T, now]``."""
+        if condition.aggregate is not Aggregate.EXPR:
+            return self._term(condition.terms[0], condition.window_ms, key, now)
+        value = self._expr(condition.expression, condition.window_ms, key, now)  # type: ignore[arg-type]
+        if value is None or condition.percent_of is None:
+            return value
+        last = self.values.last(key, condition.percent_of, condition.window_ms, now + 1)
+        return combine("/", 100.0 * value, last) if last is not None else None
 
     def _candidate_values(self, group: Group, now: int, known: set[str]) -> dict[str, float]:
         """Keys that may satisfy some member of ``group``, with their exact values.
 
-        Without an index (AVG, or no bound shared by the whole group) the candidates are
-        the keys watched: those with data in the horizon and those firing for a member.
+        Without an index (AVG, QUANTILE, LAST, expressions, or no bound shared by the
+        whole group) the candidates are the keys watched: those with data in the
+        horizon and those firing for a member.
         """
-        if group.loosest is not None and group.aggregate is not Aggregate.AVG:
+        if group.loosest is not None and group.aggregate in _INDEXED:
+            attribute = group.template.attribute
             index: CollectiveSum | CollectiveExtreme
             if group.aggregate is Aggregate.COUNT:
                 index = self.indexes.count
             elif group.aggregate is Aggregate.SUM:
-                index = self.indexes.sums[group.attribute]
+                index = self.indexes.sums[attribute]
             elif group.aggregate is Aggregate.MAX:
-                index = self.indexes.maxs[group.attribute]
+                index = self.indexes.maxs[attribute]
             else:
-                index = self.indexes.mins[group.attribute]
+                index = self.indexes.mins[attribute]
             return index.query(group.loosest, now)
         values = {}
         watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))
         for key in watched:
-            value = self.value(group.aggregate, group.attribute, group.window_ms, key, now)
+            value = self.value(group.template, key, now)
             if value is not None and (group.loosest is None or group.loosest.holds(value)):
                 values[key] = value
         return values
+
+    def preview(self, condition: Condition, keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float], int]:
+        """Keys whose window satisfies ``condition`` at the last evaluated boundary, by the same lookups as
+        subscriptions: ``(boundary, {key: value}, keys watched)``. Changes nothing."""
+        if self.evaluated_at is None:
+            return None, {}, 0
+        now = self.evaluated_at - 1
+        known = self._known()
+        [group] = group_subscriptions(Catalog(0, (SubscriptionSpec(0, condition, keys),)))
+        if self.config.collective:
+            values = self._candidate_values(group, now, known)
+        else:
+            values = {k: v for k in known if (v := self.value(condition, k, now)) is not None}
+        matched = {k: v for k, v in values.items() if k in known and condition.holds(v)
+                   and (keys is None or k in keys)}
+        return self.evaluated_at, matched, len(known if keys is None else known & keys)
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         now = boundary - 1  # panes starting in [b - T, b) are the elements stamped in (b - 1 - T, b - 1]
@@ -313,7 +373,7 @@ class ShardEvaluator:
                     eligible = known | was  # a key is watched while it has data or is firing
                     for key in eligible if spec.keys is None else eligible & spec.keys:
                         stats.candidates += 1
-                        if c.holds(self.value(c.aggregate, c.attribute, c.window_ms, key, now)):
+                        if c.holds(self.value(c, key, now)):
                             matched.add(key)
                     values = None
                 stats.matches += len(matched)
@@ -322,7 +382,7 @@ class ShardEvaluator:
                 for key, state in [*((k, "firing") for k in matched - was), *((k, "resolved") for k in was - matched)]:
                     value = values.get(key) if values is not None and state == "firing" else None
                     if value is None:
-                        value = self.value(c.aggregate, c.attribute, c.window_ms, key, now)
+                        value = self.value(c, key, now)
                     transitions.append(Transition(alert_id(spec.id, key, state, boundary), spec.id, key, state,
                                                   value, boundary - c.window_ms, boundary, boundary))
                     delta.changes.append((spec.id, key, state))
@@ -359,7 +419,7 @@ class ShardEvaluator:
             parts += [indexes.sums[a].to_bytes(), indexes.maxs[a].to_bytes(), indexes.mins[a].to_bytes()]
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}}
-        parts += [self.pending.to_bytes(), json.dumps(meta).encode()]
+        parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
         return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
 
     @classmethod
@@ -376,6 +436,7 @@ class ShardEvaluator:
             shard.indexes.sums[a] = CollectiveSum.from_bytes(parts[1 + 3 * i])
             shard.indexes.maxs[a] = CollectiveExtreme.from_bytes(parts[2 + 3 * i])
             shard.indexes.mins[a] = CollectiveExtreme.from_bytes(parts[3 + 3 * i])
+        shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms)
         shard.pending = PaneRows.from_bytes(parts[-2])
         meta = json.loads(parts[-1])
         shard.progress = {int(p): ts for p, ts in meta["progress"].items()}

@@ -20,6 +20,45 @@ class Aggregate(StrEnum):
     AVG = "AVG"
     MIN = "MIN"
     MAX = "MAX"
+    QUANTILE = "QUANTILE"  # the q-quantile: the smallest value with at least q of the window's values at or below it
+    LAST = "LAST"  # the value of the newest event in the window
+    EXPR = "EXPR"  # arithmetic over window aggregates (``Condition.expression``)
+
+
+#: What a subscription asks per key, as nested tuples (JSON arrays on the wire):
+#: ``("agg", aggregate, attribute | None, q | None)``, ``("num", value)``, or
+#: ``(op, left, right)`` with ``op`` one of ``+ - * /``.
+Expr = tuple
+
+OPERATORS = ("+", "-", "*", "/")
+
+
+def expr_terms(expr: Expr) -> list[Expr]:
+    """The aggregate terms of an expression, left to right."""
+    if expr[0] == "agg":
+        return [expr]
+    if expr[0] == "num":
+        return []
+    return expr_terms(expr[1]) + expr_terms(expr[2])
+
+
+def combine(op: str, left: float, right: float) -> float | None:
+    """``left op right``; None where it has no finite value (division by zero, overflow)."""
+    if op == "+":
+        value = left + right
+    elif op == "-":
+        value = left - right
+    elif op == "*":
+        value = left * right
+    else:
+        if right == 0:
+            return None
+        value = left / right
+    return value if math.isfinite(value) else None
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +67,8 @@ class Condition:
 
     Either bound may be absent (``None``); each may be inclusive. An aggregate
     with no value (AVG/MIN/MAX of an empty window) satisfies no condition.
+    ``QUANTILE`` takes its fraction ``q``; ``EXPR`` computes ``expression`` and, with
+    ``percent_of``, compares it as a percentage of that attribute's last value.
     """
 
     aggregate: Aggregate
@@ -37,14 +78,31 @@ class Condition:
     high: float | None = None
     low_inclusive: bool = False
     high_inclusive: bool = False
+    q: float | None = None
+    expression: Expr | None = None
+    percent_of: str | None = None
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0:
             raise ValueError("window must be positive")
         if self.low is None and self.high is None:
             raise ValueError("a condition needs at least one bound")
-        if self.aggregate is not Aggregate.COUNT and not self.attribute:
+        if self.aggregate is Aggregate.EXPR:
+            if not self.expression or not expr_terms(self.expression):
+                raise ValueError("an expression needs at least one aggregate")
+        elif self.aggregate is not Aggregate.COUNT and not self.attribute:
             raise ValueError(f"{self.aggregate} needs an attribute")
+        if (self.aggregate is Aggregate.QUANTILE) != (self.q is not None):
+            raise ValueError("QUANTILE, and only QUANTILE, takes a fraction q")
+        if self.q is not None and not 0 < self.q <= 1:
+            raise ValueError("a quantile's fraction is in (0, 1]")
+
+    @property
+    def terms(self) -> list[Expr]:
+        """The window aggregates this condition needs per key."""
+        if self.aggregate is Aggregate.EXPR:
+            return expr_terms(self.expression)  # type: ignore[arg-type]
+        return [("agg", self.aggregate.value, self.attribute, self.q)]
 
     def holds(self, value: float | None) -> bool:
         if value is None or math.isnan(value):
@@ -60,7 +118,8 @@ class Condition:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Condition:
-        return cls(**{**data, "aggregate": Aggregate(data["aggregate"])})
+        return cls(**{**data, "aggregate": Aggregate(data["aggregate"]),
+                      "expression": _tuples(data.get("expression"))})
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
     watermark_delay_ms: int = Field(2_000, ge=0, description="allowed event-time disorder")
     max_window_ms: int = Field(3 * 3600 * 1000, ge=1, description="longest window a condition may use")
+    quantile_max_window_ms: int = Field(
+        3_600_000, ge=0, description="longest QUANTILE window: shards keep every event value this long (0: off)"
+    )
     source_max_records_per_trigger: int | None = Field(None, ge=1)
     evaluator_mode: Literal["collective", "naive"] = Field(
         "collective", description="collective indexes, or every subscription on every key (the baseline)"

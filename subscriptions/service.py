@@ -104,7 +104,7 @@ class CatalogPublisher:
 def checked_condition(text: str, settings: Settings) -> Condition:
     """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
     condition = parse_condition(text)
-    check_window(condition, settings.pane_ms, settings.max_window_ms)
+    check_window(condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms)
     return condition
 
 

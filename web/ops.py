@@ -21,11 +21,11 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evaluator.spec import Condition
+from evaluator.spec import Aggregate, Condition
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from ingest.kafka import topic_end_offsets
-from subscriptions.language import format_duration
+from subscriptions.language import format_duration, format_expr
 from subscriptions.models import Subscription
 
 log = structlog.get_logger("ops")
@@ -120,16 +120,25 @@ async def run_sampler(settings: Settings, client: redis.Redis) -> None:
         await asyncio.sleep(settings.dashboard_sample_s)
 
 
+def _value_text(condition: Condition) -> str:
+    """What a group computes per key, as the condition language writes it."""
+    if condition.aggregate is Aggregate.EXPR:
+        text = format_expr(condition.expression)  # type: ignore[arg-type]
+        return f"{text} as % of LAST({condition.percent_of})" if condition.percent_of else text
+    return format_expr(condition.terms[0])
+
+
 def subscription_load(session: Session) -> list[dict]:
-    """Subscriptions of every user by (aggregate, attribute, window): the groups the evaluator shares work over."""
-    counts: Counter[tuple[str, str, int, bool]] = Counter()
+    """Subscriptions of every user by the value they need per key (aggregate, attribute, window, ...):
+    the groups the evaluator answers with one shared lookup each."""
+    counts: Counter[tuple[str, str, str, int, bool]] = Counter()
     for spec, active in session.execute(select(Subscription.condition_spec, Subscription.active)):
-        condition = Condition.from_dict(spec)
-        counts[(condition.aggregate.value, condition.attribute or "*", condition.window_ms, bool(active))] += 1
+        c = Condition.from_dict(spec)
+        counts[(c.aggregate.value, c.attribute or "*", _value_text(c), c.window_ms, bool(active))] += 1
     groups: dict[tuple[str, str, int], dict] = {}
-    for (aggregate, attribute, window, active), n in counts.items():
-        group = groups.setdefault((aggregate, attribute, window), {
-            "aggregate": aggregate, "attribute": attribute, "window_ms": window,
+    for (aggregate, attribute, value, window, active), n in counts.items():
+        group = groups.setdefault((value, window), {
+            "aggregate": aggregate, "attribute": attribute, "value": value, "window_ms": window,
             "window": format_duration(window), "active": 0, "paused": 0})
         group["active" if active else "paused"] += n
-    return sorted(groups.values(), key=lambda g: (-g["active"], g["aggregate"], g["attribute"], g["window_ms"]))
+    return sorted(groups.values(), key=lambda g: (-g["active"], g["value"], g["window_ms"]))

@@ -43,12 +43,17 @@ from ingest.kafka import new_consumer, partitions_of
 from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
 
 STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
+EVENT_FIELDS = ("event_ts", *(f"event_{a}" for a in ATTRIBUTES))  # the pane's events, for QUANTILE and LAST
 
 PANES_SCHEMA = (
     "shard long, key string, pane_start long, count long, "
     + ", ".join(f"{f} double" for f in STAT_FIELDS[1:])
+    + ", event_ts array<long>, "
+    + ", ".join(f"event_{a} array<double>" for a in ATTRIBUTES)
     + ", partition int, progress long"
 )
+PREVIEW_SHOWN = 50  # keys per shard in a preview answer, most extreme values first; the total counts all
+PREVIEW_ANSWER_TTL_S = 60
 TRANSITIONS_SCHEMA = (
     "alert_id string, subscription_id long, key string, state string, value double, "
     "window_start long, window_end long, evaluated_at long"
@@ -122,16 +127,27 @@ class PaneParser:
             yield self._frame(events, progress)
 
     def _frame(self, events: list[tuple], progress: dict[int, int]) -> pd.DataFrame:
-        columns = ["shard", "key", "pane_start", *STAT_FIELDS, "partition", "progress"]
+        columns = ["shard", "key", "pane_start", *STAT_FIELDS, *EVENT_FIELDS, "partition", "progress"]
         parts: list[pd.DataFrame] = []
         if events:
             pane_ms = self.settings.pane_ms
             df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
             df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
+            # by time within each (key, pane); among equal times in arrival order, so the last row is LAST's
+            df = df.sort_values(["key", "pane_start", "ts"], kind="stable", ignore_index=True)
             spec: dict[str, tuple[str, str]] = {"count": ("ts", "size")}
             for a in ATTRIBUTES:
                 spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
             panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
+            ends = np.cumsum(panes["count"].to_numpy())
+            if self.settings.quantile_max_window_ms:  # every event, for quantiles
+                cuts = ends[:-1]
+                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
+                    panes[field] = np.split(df[column].to_numpy(), cuts)
+            else:  # only the newest event of each pane, for LAST
+                newest = df.iloc[ends - 1]
+                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
+                    panes[field] = [np.array([v]) for v in newest[column].to_numpy()]
             panes["shard"] = [shard_of(k, self.shard_ids) for k in panes["key"]]
             panes["partition"] = NO_PARTITION
             panes["progress"] = 0
@@ -145,6 +161,7 @@ class PaneParser:
                 "pane_start": 0,
                 "count": 0,
                 **{f: 0.0 for f in STAT_FIELDS[1:]},
+                **{f: [np.empty(0)] * (n * len(partitions)) for f in EVENT_FIELDS},
                 "partition": np.tile(partitions, n),
                 "progress": np.tile(newest, n),
             }))
@@ -156,7 +173,12 @@ class PaneParser:
         return frame
 
 
+def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
+    return np.concatenate(lists.to_list()).astype(dtype) if len(lists) else np.empty(0, dtype=dtype)
+
+
 def pane_rows(frame: pd.DataFrame) -> PaneRows:
+    lengths = np.fromiter((len(v) for v in frame["event_ts"]), dtype=np.int64, count=len(frame))
     return PaneRows(
         frame["key"].to_numpy(dtype=object),
         frame["pane_start"].to_numpy(dtype=np.int64),
@@ -164,6 +186,9 @@ def pane_rows(frame: pd.DataFrame) -> PaneRows:
         np.vstack([frame[f"sum_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
         np.vstack([frame[f"min_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
         np.vstack([frame[f"max_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        _flat(frame["event_ts"], np.int64),
+        np.vstack([_flat(frame[f"event_{a}"], np.float64) for a in ATTRIBUTES]).reshape(len(ATTRIBUTES), -1),
     )
 
 
@@ -196,6 +221,7 @@ class ShardProcessor(StatefulProcessor):
             partitions=partitions,
             p=settings.evaluator_p,
             collective=settings.evaluator_mode == "collective",
+            value_retention_ms=settings.quantile_max_window_ms,
         )
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -263,11 +289,25 @@ class ShardProcessor(StatefulProcessor):
             pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
+        self._answer_previews(source, shard, evaluator)
         records = [t.to_dict() for t in transitions]
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append({"alert_id": "", "subscription_id": shard, "key": "", "state": CLOCK_STATE, "value": None,
                         "window_start": 0, "window_end": 0, "evaluated_at": evaluator.evaluated_at or 0})
         yield pd.DataFrame.from_records(records)
+
+    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator) -> None:
+        """Answer the web app's condition previews this shard has not answered yet (see ``web.conditions``)."""
+        keys = RedisKeys(self.settings)
+        for request_id, condition, watch in source.previews(shard):
+            at, matched, watched = evaluator.preview(condition, watch)
+            shown = sorted(matched.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:PREVIEW_SHOWN]
+            answer = {"shard": shard, "evaluated_at": at, "matches": shown, "total": len(matched),
+                      "watched": watched}
+            pipe = source.redis.pipeline()
+            pipe.rpush(keys.preview_answers(request_id), json.dumps(answer))
+            pipe.expire(keys.preview_answers(request_id), PREVIEW_ANSWER_TTL_S)
+            pipe.execute()
 
     def close(self) -> None:
         pass

@@ -4,21 +4,51 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+import math
+
+from evaluator.spec import Aggregate, Condition, Expr, SubscriptionSpec
 
 Event = tuple[str, int, float, float]  # key, ts, price, volume
 
 
-def value_of(c: Condition, window: list[Event]) -> float | None:
-    prices, volumes = [e[2] for e in window], [e[3] for e in window]
-    series = {"price": prices, "volume": volumes}.get(c.attribute or "", [])
-    if c.aggregate is Aggregate.COUNT:
+def term_of(term: Expr, window: list[Event]) -> float | None:
+    """One aggregate of a window of events, given in arrival order, by its definition."""
+    _, aggregate, attribute, q = term
+    series = [e[2] if attribute == "price" else e[3] for e in window]
+    if aggregate == "COUNT":
         return float(len(window))
-    if c.aggregate is Aggregate.SUM:
+    if aggregate == "SUM":
         return float(sum(series))
     if not series:
         return None
-    return {Aggregate.AVG: sum(series) / len(series), Aggregate.MIN: min(series), Aggregate.MAX: max(series)}[c.aggregate]
+    if aggregate == "QUANTILE":  # the smallest value with at least q of the values at or below it
+        ordered = sorted(series)
+        return next(v for v in ordered if sum(x <= v for x in ordered) >= round(q * len(ordered), 9))
+    if aggregate == "LAST":  # the newest event; among equal times, the last to arrive
+        return max(enumerate(window), key=lambda ie: (ie[1][1], ie[0]))[1][2 if attribute == "price" else 3]
+    return {"AVG": sum(series) / len(series), "MIN": min(series), "MAX": max(series)}[aggregate]
+
+
+def expr_of(expr: Expr, window: list[Event]) -> float | None:
+    if expr[0] == "num":
+        return expr[1]
+    if expr[0] == "agg":
+        return term_of(expr, window)
+    left, right = expr_of(expr[1], window), expr_of(expr[2], window)
+    if left is None or right is None or (expr[0] == "/" and right == 0):
+        return None
+    value = {"+": left + right, "-": left - right, "*": left * right}.get(expr[0]) if expr[0] != "/" else left / right
+    return value if math.isfinite(value) else None
+
+
+def value_of(c: Condition, window: list[Event]) -> float | None:
+    if c.aggregate is not Aggregate.EXPR:
+        return term_of(c.terms[0], window)
+    value = expr_of(c.expression, window)
+    if value is None or c.percent_of is None:
+        return value
+    last = term_of(("agg", "LAST", c.percent_of, None), window)
+    return 100.0 * value / last if last else None
 
 
 def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,7 @@ from tests.evaluator.oracle import oracle, value_of
 ATTRS = ("price", "volume")
 PANE, DELAY, HORIZON, PARTITIONS = 1_000, 2_000, 8_000, 2
 KEYS = ("A", "B", "C", "D")
-CONFIG = ShardConfig(ATTRS, PANE, HORIZON, DELAY, PARTITIONS)
+CONFIG = ShardConfig(ATTRS, PANE, HORIZON, DELAY, PARTITIONS, value_retention_ms=5_000)
 
 
 def partition_of(key: str) -> int:
@@ -30,16 +31,19 @@ def pane_rows(events: list[tuple[str, int, float, float]]) -> PaneRows:
     """What the Spark parser emits for a batch: one row per (key, pane)."""
     if not events:
         return PaneRows.empty(len(ATTRS))
-    panes: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    panes: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)
     for key, ts, price, volume in events:
-        panes[(key, ts // PANE * PANE)].append((price, volume))
+        panes[(key, ts // PANE * PANE)].append((ts, price, volume))
     keys, starts = zip(*panes)
-    values = [np.array(v).T for v in panes.values()]  # (attributes, events) per pane
+    values = [np.array(v, dtype=np.float64).T[1:] for v in panes.values()]  # (attributes, events) per pane
     return PaneRows(
         np.array(keys, dtype=object), np.array(starts, dtype=np.int64),
         np.array([v.shape[1] for v in values], dtype=np.int64),
         np.array([v.sum(axis=1) for v in values]).T, np.array([v.min(axis=1) for v in values]).T,
         np.array([v.max(axis=1) for v in values]).T,
+        np.cumsum([0] + [len(v) for v in panes.values()]).astype(np.int64),
+        np.array([e[0] for v in panes.values() for e in v], dtype=np.int64),
+        np.concatenate(values, axis=1),
     )
 
 
@@ -51,12 +55,30 @@ def progress_of(events: list[tuple[str, int, float, float]]) -> dict[int, int]:
     return progress
 
 
+SIMPLE = [a for a in Aggregate if a not in (Aggregate.EXPR, Aggregate.QUANTILE)]
+EXPRESSIONS = [  # (expression, percent_of)
+    (("-", ("agg", "MAX", "price", None), ("agg", "MIN", "price", None)), "price"),
+    (("-", ("agg", "MAX", "price", None), ("agg", "MIN", "price", None)), None),
+    (("/", ("agg", "SUM", "volume", None), ("agg", "COUNT", None, None)), None),
+    (("-", ("agg", "LAST", "price", None), ("agg", "QUANTILE", "price", 0.5)), None),
+    (("*", ("num", 2.0), ("agg", "AVG", "volume", None)), "volume"),
+]
+
+
+def _condition(kind, attr, window, a, b, shape, inc):  # noqa: ANN001, ANN202
+    bounds = {"low": None if shape == "below" else min(a, b), "high": None if shape == "above" else max(a, b),
+              "low_inclusive": inc, "high_inclusive": not inc}
+    if isinstance(kind, float):
+        return Condition(Aggregate.QUANTILE, attr, window, q=kind, **bounds)
+    if isinstance(kind, tuple):
+        return Condition(Aggregate.EXPR, None, window, expression=kind[0], percent_of=kind[1], **bounds)
+    return Condition(kind, None if kind is Aggregate.COUNT else attr, window, **bounds)
+
+
 conditions = st.builds(
-    lambda agg, attr, window, a, b, shape, inc: Condition(
-        agg, None if agg is Aggregate.COUNT else attr, window,
-        low=None if shape == "below" else min(a, b), high=None if shape == "above" else max(a, b),
-        low_inclusive=inc, high_inclusive=not inc),
-    st.sampled_from(list(Aggregate)), st.sampled_from(ATTRS), st.sampled_from([1_000, 2_000, 5_000]),
+    _condition,
+    st.one_of(st.sampled_from(SIMPLE), st.sampled_from([0.1, 0.5, 0.9, 1.0]), st.sampled_from(EXPRESSIONS)),
+    st.sampled_from(ATTRS), st.sampled_from([1_000, 2_000, 5_000]),
     st.integers(0, 40).map(float), st.integers(0, 40).map(float), st.sampled_from(["above", "below", "between"]),
     st.booleans(),
 )
@@ -97,7 +119,7 @@ def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: boo
     events, batches = stream
     end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
     flush = [("__progress__", end)]  # a final heartbeat on every partition
-    shard = ShardEvaluator(ShardConfig(ATTRS, PANE, HORIZON, DELAY, PARTITIONS, collective=collective))
+    shard = ShardEvaluator(replace(CONFIG, collective=collective))
     catalog = Catalog(1, tuple(specs))
     got, values, _ = run(shard, batches, catalog)
     shard.ingest(PaneRows.empty(len(ATTRS)), {p: flush[0][1] for p in range(PARTITIONS)})
@@ -166,3 +188,28 @@ def test_removed_subscription_is_forgotten_and_a_new_one_fires_at_once() -> None
     assert delta.dropped_subscriptions == [1] and 1 not in shard.firing
     assert {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in transitions} == {
         (2, "A", "firing", 3_000), (2, "B", "firing", 3_000)}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams(), condition=conditions, keys=st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS))),
+       collective=st.booleans())
+def test_preview_answers_what_the_condition_matches_at_the_last_boundary(stream, condition, keys,  # noqa: ANN001
+                                                                         collective: bool) -> None:
+    events, batches = stream
+    shard = ShardEvaluator(replace(CONFIG, collective=collective))
+    run(shard, batches, Catalog(1, ()))
+    at, matched, watched = shard.preview(condition, keys)
+    assert at == shard.evaluated_at
+    if at is None:
+        assert matched == {} and watched == 0
+        return
+    known = {k for k, ts, *_ in events if at - HORIZON <= ts // PANE * PANE < at}
+    expected = {}
+    for key in known if keys is None else known & keys:
+        window = [e for e in events if e[0] == key and at - condition.window_ms <= e[1] // PANE * PANE < at]
+        value = value_of(condition, window)
+        if condition.holds(value):
+            expected[key] = value
+    assert matched.keys() == expected.keys()
+    assert all(math.isclose(matched[k], v, rel_tol=1e-9, abs_tol=1e-9) for k, v in expected.items())
+    assert watched == len(known if keys is None else known & keys)

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import hypothesis
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluator.spec import Aggregate, Condition
+from evaluator.spec import Aggregate, Condition, expr_terms
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 
 
@@ -16,6 +17,17 @@ from subscriptions.language import ConditionError, check_window, format_conditio
         ("AVG(price) OVER 1h BETWEEN 10 AND 20", Condition(Aggregate.AVG, "price", 3_600_000, 10, 20, True, True)),
         ("MIN(price) OVER 1500ms <= 1_000.5", Condition(Aggregate.MIN, "price", 1_500, high=1000.5, high_inclusive=True)),
         ("  max( PRICE )   OVER 2d < -1 ", Condition(Aggregate.MAX, "price", 172_800_000, high=-1)),
+        ("QUANTILE(volume, 0.95) OVER 15m > 5000",
+         Condition(Aggregate.QUANTILE, "volume", 900_000, low=5000, q=0.95)),
+        ("median(price) over 1m < 3", Condition(Aggregate.QUANTILE, "price", 60_000, high=3, q=0.5)),
+        ("LAST(price) OVER 1m >= 10", Condition(Aggregate.LAST, "price", 60_000, low=10, low_inclusive=True)),
+        ("MAX(price) - MIN(price) OVER 30m > 3%",
+         Condition(Aggregate.EXPR, None, 1_800_000, low=3, percent_of="price",
+                   expression=("-", ("agg", "MAX", "price", None), ("agg", "MIN", "price", None)))),
+        ("SUM(volume) / (COUNT(*) + 1) OVER 5m BETWEEN 1 AND 2",
+         Condition(Aggregate.EXPR, None, 300_000, 1, 2, True, True,
+                   expression=("/", ("agg", "SUM", "volume", None),
+                               ("+", ("agg", "COUNT", None, None), ("num", 1.0))))),
     ],
 )
 def test_parses(text: str, expected: Condition) -> None:
@@ -35,6 +47,13 @@ def test_parses(text: str, expected: Condition) -> None:
         ("AVG(price) OVER 1m BETWEEN 5 AND 1", "empty range", 20),
         ("SUM() OVER 1m > 1", "expected an attribute", 5),
         ("SUM(volume) OVER 0s > 1", "not a positive", 18),
+        ("QUANTILE(price) OVER 1m > 1", "expected ',' and the quantile's fraction", 15),
+        ("QUANTILE(price, 1.5) OVER 1m > 1", "between 0 and 1", 17),
+        ("COUNT(*) OVER 1m > 3%", "exactly one attribute", 1),
+        ("SUM(volume) - AVG(price) OVER 1m > 3%", "exactly one attribute", 1),
+        ("MAX(price) OVER 1m BETWEEN 1% AND 3", "both ends of the range", 20),
+        ("2 * 3 OVER 1m > 1", "needs an aggregate", 1),
+        ("(MAX(price) - MIN(price) OVER 1m > 1", "expected ), found 'OVER'", 26),
     ],
 )
 def test_errors_say_what_and_where(text: str, message: str, column: int | None) -> None:
@@ -45,30 +64,54 @@ def test_errors_say_what_and_where(text: str, message: str, column: int | None) 
 
 
 def test_window_must_fit_panes_and_history() -> None:
-    check_window(parse_condition("SUM(volume) OVER 5m > 1"), 1_000, 3_600_000)
+    check_window(parse_condition("SUM(volume) OVER 5m > 1"), 1_000, 3_600_000, 3_600_000)
     with pytest.raises(ConditionError, match="multiple of 1s"):
-        check_window(parse_condition("SUM(volume) OVER 1500ms > 1"), 1_000, 3_600_000)
+        check_window(parse_condition("SUM(volume) OVER 1500ms > 1"), 1_000, 3_600_000, 3_600_000)
     with pytest.raises(ConditionError, match="at most 1h"):
-        check_window(parse_condition("SUM(volume) OVER 2h > 1"), 1_000, 3_600_000)
+        check_window(parse_condition("SUM(volume) OVER 2h > 1"), 1_000, 3_600_000, 3_600_000)
+    check_window(parse_condition("MAX(price) - MIN(price) OVER 3h > 1%"), 1_000, 3 * 3_600_000, 3_600_000)
+    with pytest.raises(ConditionError, match="quantile's window may be at most 1h"):
+        check_window(parse_condition("LAST(price) - MEDIAN(price) OVER 2h > 1"), 1_000, 3 * 3_600_000, 3_600_000)
+    with pytest.raises(ConditionError, match="quantiles are switched off"):
+        check_window(parse_condition("MEDIAN(price) OVER 1m > 1"), 1_000, 3_600_000, 0)
 
 
 numbers = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300)
-
-
-@given(
-    st.sampled_from(list(Aggregate)),
-    st.sampled_from(["price", "volume"]),
-    st.integers(1, 10**9),
-    numbers,
-    numbers,
-    st.sampled_from([">", ">=", "<", "<=", "between"]),
+attributes = st.sampled_from(["price", "volume"])
+simple_terms = st.one_of(
+    st.just(("agg", "COUNT", None, None)),
+    st.tuples(st.just("agg"), st.sampled_from(["SUM", "AVG", "MIN", "MAX", "LAST"]), attributes, st.none()),
+    st.tuples(st.just("agg"), st.just("QUANTILE"), attributes,
+              st.floats(min_value=1e-6, max_value=1.0, exclude_min=True)),
 )
-def test_format_round_trips(aggregate, attribute, window, a, b, op) -> None:  # noqa: ANN001
-    attr = None if aggregate is Aggregate.COUNT else attribute
-    if op == "between":
-        condition = Condition(aggregate, attr, window, min(a, b), max(a, b), True, True)
-    elif op.startswith(">"):
-        condition = Condition(aggregate, attr, window, low=a, low_inclusive=op == ">=")
-    else:
-        condition = Condition(aggregate, attr, window, high=a, high_inclusive=op == "<=")
+expressions = st.recursive(
+    st.one_of(simple_terms, st.tuples(st.just("num"), numbers)),
+    lambda inner: st.tuples(st.sampled_from(["+", "-", "*", "/"]), inner, inner),
+    max_leaves=6,
+)
+
+
+def _condition(expression, window, a, b, op, percent):  # noqa: ANN001, ANN202
+    bounds = ({"low": min(a, b), "high": max(a, b), "low_inclusive": True, "high_inclusive": True}
+              if op == "between" else {"low": a, "low_inclusive": op == ">="} if op.startswith(">")
+              else {"high": a, "high_inclusive": op == "<="})
+    if percent:
+        return Condition(Aggregate.EXPR, None, window, expression=expression, percent_of=percent, **bounds)
+    if expression[0] == "agg":
+        return Condition(Aggregate(expression[1]), expression[2], window, q=expression[3], **bounds)
+    return Condition(Aggregate.EXPR, None, window, expression=expression, **bounds)
+
+
+@given(expressions, st.integers(1, 10**9), numbers, numbers, st.sampled_from([">", ">=", "<", "<=", "between"]))
+def test_format_round_trips(expression, window, a, b, op) -> None:  # noqa: ANN001
+    hypothesis.assume(expr_terms(expression))
+    condition = _condition(expression, window, a, b, op, None)
+    assert parse_condition(format_condition(condition)) == condition
+
+
+@given(st.sampled_from([("agg", "MAX", "price", None), ("-", ("agg", "MAX", "volume", None), ("num", 1.0))]),
+       numbers, st.sampled_from([">", "<=", "between"]))
+def test_percentages_round_trip(expression, a, op) -> None:  # noqa: ANN001
+    attribute = expression[2] if expression[0] == "agg" else "volume"
+    condition = _condition(expression, 60_000, a, a + 1, op, attribute)
     assert parse_condition(format_condition(condition)) == condition

@@ -36,6 +36,10 @@ SPECS = [
     SubscriptionSpec(6, parse_condition("SUM(volume) OVER 20s BETWEEN 300 AND 900"), frozenset(KEYS[:7])),
     SubscriptionSpec(7, parse_condition("COUNT(*) OVER 20s < 25")),
     SubscriptionSpec(8, parse_condition("SUM(volume) OVER 10s > 400")),
+    SubscriptionSpec(9, parse_condition("QUANTILE(price, 0.9) OVER 5s > 104")),
+    SubscriptionSpec(10, parse_condition("MAX(price) - MIN(price) OVER 10s > 8%")),
+    SubscriptionSpec(11, parse_condition("LAST(price) - AVG(price) OVER 5s > 2")),
+    SubscriptionSpec(12, parse_condition("MEDIAN(volume) OVER 10s < 20"), frozenset(KEYS[5:])),
 ]
 
 

@@ -131,3 +131,49 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
     assert [g for g in got if g[0] == 1] == [got[0]], "a removed subscription is forgotten without a transition"
     fired_2 = next(g[3] for g in got if g[0] == 2)
     assert fired_2 <= base + 3_000 + settings.pane_ms, "the new subscription was evaluated at the next boundary"
+
+
+def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings) -> None:  # noqa: ANN001
+    import threading
+
+    from web.conditions import _ask_and_gather
+
+    ensure_topics(settings)
+    publish_catalog(settings)  # no subscriptions: a preview needs none
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    base = 1_800_000_000_000
+    query = build_query(spark, settings)
+    stop = threading.Event()
+
+    def heartbeats() -> None:  # a live feed's heartbeats: every shard runs every micro-batch
+        with EventPublisher(settings) as publisher:
+            while not stop.wait(0.3):
+                publisher.heartbeat(base + 4_000)
+
+    beating = threading.Thread(target=heartbeats, daemon=True)
+    try:
+        with EventPublisher(settings) as publisher:
+            for i in range(5):
+                publisher.publish(Event(key="A", ts=base + i * 200, price=10 + i, volume=100))
+            publisher.publish(Event(key="B", ts=base, price=50, volume=1))
+            publisher.heartbeat(base + 4_000)
+        shards = settings.spark_shuffle_partitions
+
+        def clocks() -> list[int]:  # a shard that never had a key of its own has no boundary yet
+            stats = client.hgetall(RedisKeys(settings).evaluator_stats)
+            return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+
+        wait(query, lambda: len(clocks()) == shards and max(clocks()) >= base + 2_000)
+        beating.start()
+        busy = _ask_and_gather(parse_condition("COUNT(*) OVER 5s >= 3"), None, settings, client)
+        assert busy["complete"] and busy["answered"] == shards == busy["shards"]
+        assert busy["evaluated_at"] == base + 2_000 and busy["watched"] == 2 and busy["total"] == 1
+        assert busy["matches"] == [{"key": "A", "value": 5.0}]
+        median = _ask_and_gather(parse_condition("MEDIAN(price) OVER 5s BETWEEN 12 AND 50"), ["A", "B", "C"],
+                                 settings, client)
+        assert {m["key"]: m["value"] for m in median["matches"]} == {"B": 50.0, "A": 12.0}
+        assert median["watched"] == 2
+        assert client.hlen(RedisKeys(settings).previews) == 0, "answered requests are removed"
+    finally:
+        stop.set()
+        query.stop()

@@ -1,0 +1,168 @@
+"""Each key's recent events, for the aggregates no pane summary can answer: QUANTILE and LAST.
+
+A quantile needs the window's values themselves, so a shard keeps every event
+(time and attribute values) of the last ``retention_ms`` per key, in event-time
+order in a growable buffer: appending a pane is amortised O(its events), a late
+event is merged in. Beyond the retention each key keeps only its newest event,
+which is what LAST needs over longer windows, until the key has had no event for
+the whole horizon.
+
+Windows are the evaluator's: at boundary ``b`` a window of ``T`` holds the events
+with ``b - T <= ts < b`` (panes are aligned and windows whole panes).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+
+from evaluator.panerows import PaneRows
+
+
+def quantile_rank(q: float, n: int) -> int:
+    """1-based rank of the q-quantile of n values: the smallest value with at least q·n values at or below it.
+
+    (``q·n`` is rounded to 9 decimals first, so that 0.1 · 30 is 3 and not 3.0000000000000004.)
+    """
+    return max(1, math.ceil(round(q * n, 9)))
+
+
+class _Events:
+    """One key's events: ``ts[head:end]`` in time order and their values ``vals[:, head:end]``."""
+
+    __slots__ = ("end", "head", "ts", "vals")
+
+    def __init__(self, n_attributes: int, capacity: int = 8) -> None:
+        self.ts = np.empty(capacity, dtype=np.int64)
+        self.vals = np.empty((n_attributes, capacity), dtype=np.float64)
+        self.head = self.end = 0
+
+    def __len__(self) -> int:
+        return self.end - self.head
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ts[self.head : self.end], self.vals[:, self.head : self.end]
+
+    def _reset(self, ts: np.ndarray, vals: np.ndarray) -> None:
+        capacity = max(8, 1 << int(len(ts) * 2 - 1).bit_length())
+        self.ts = np.empty(capacity, dtype=np.int64)
+        self.vals = np.empty((vals.shape[0], capacity), dtype=np.float64)
+        self.ts[: len(ts)], self.vals[:, : len(ts)] = ts, vals
+        self.head, self.end = 0, len(ts)
+
+    def add(self, ts: np.ndarray, vals: np.ndarray) -> None:
+        """Add events (any order); in order after the newest held, they are appended in amortised O(len)."""
+        order = np.argsort(ts, kind="stable")
+        ts, vals = ts[order], vals[:, order]
+        if len(self) and ts[0] < self.ts[self.end - 1]:  # late: merge, keeping arrival order among equal times
+            old_ts, old_vals = self.live()
+            all_ts = np.concatenate([old_ts, ts])
+            merged = np.argsort(all_ts, kind="stable")
+            self._reset(all_ts[merged], np.concatenate([old_vals, vals], axis=1)[:, merged])
+            return
+        n = len(ts)
+        if self.end + n > self.ts.size:
+            self._reset(*(np.concatenate([a, b], axis=-1) for a, b in zip(self.live(), (ts, vals), strict=True)))
+            return
+        self.ts[self.end : self.end + n], self.vals[:, self.end : self.end + n] = ts, vals
+        self.end += n
+
+    def expire(self, before: int) -> None:
+        """Drop events older than ``before``, but keep the newest."""
+        ts, _ = self.live()
+        cut = min(int(np.searchsorted(ts, before, side="left")), len(ts) - 1)
+        self.head += max(cut, 0)
+        if self.head > self.ts.size // 2 and self.head > 64:
+            self._reset(*self.live())
+
+    def window(self, start: int, end: int) -> tuple[int, int]:
+        ts, _ = self.live()
+        return (self.head + int(np.searchsorted(ts, start, side="left")),
+                self.head + int(np.searchsorted(ts, end, side="left")))
+
+
+class KeyValues:
+    def __init__(self, attributes: tuple[str, ...], retention_ms: int) -> None:
+        self.attributes = attributes
+        self.index = {a: i for i, a in enumerate(attributes)}
+        self.retention_ms = retention_ms
+        self.keys: dict[str, _Events] = {}
+
+    def add(self, rows: PaneRows) -> None:
+        """Add the events of pane rows (in or out of order)."""
+        if not len(rows) or not rows.event_offsets[-1]:
+            return
+        order = np.argsort(rows.keys.astype(str), kind="stable")
+        keys = rows.keys[order]
+        bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
+        for first, last in zip(bounds[:-1], bounds[1:], strict=True):
+            _, index = rows.events_of(order[first:last])
+            if index.size:
+                events = self.keys.get(keys[first])
+                if events is None:
+                    events = self.keys[keys[first]] = _Events(len(self.attributes))
+                events.add(rows.event_ts[index], rows.event_values[:, index])
+
+    def expire(self, boundary: int, horizon_ms: int) -> None:
+        """At ``boundary``: keep ``retention_ms`` of events, and keys with an event within the horizon."""
+        for key in [k for k, events in self.keys.items() if events.ts[events.end - 1] < boundary - horizon_ms]:
+            del self.keys[key]
+        for events in self.keys.values():
+            events.expire(boundary - self.retention_ms)
+
+    def quantile(self, key: str, attribute: str, q: float, window_ms: int, boundary: int) -> float | None:
+        events = self.keys.get(key)
+        if events is None:
+            return None
+        lo, hi = events.window(boundary - window_ms, boundary)
+        if hi <= lo:
+            return None
+        values = events.vals[self.index[attribute], lo:hi]
+        k = quantile_rank(q, hi - lo) - 1
+        return float(np.partition(values, k)[k])
+
+    def last(self, key: str, attribute: str, window_ms: int, boundary: int) -> float | None:
+        events = self.keys.get(key)
+        if events is None:
+            return None
+        lo, hi = events.window(boundary - window_ms, boundary)
+        return float(events.vals[self.index[attribute], hi - 1]) if hi > lo else None
+
+    # -- persistence ---------------------------------------------------------------------------------
+
+    def _items(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        for key, events in sorted(self.keys.items()):
+            yield key, *events.live()
+
+    def to_bytes(self) -> bytes:
+        items = list(self._items())
+        names = "\x00".join(k for k, _, _ in items).encode()
+        lengths = np.array([len(ts) for _, ts, _ in items], dtype=np.int64)
+        ts = np.concatenate([t for _, t, _ in items]) if items else np.empty(0, dtype=np.int64)
+        vals = (np.concatenate([v for _, _, v in items], axis=1) if items
+                else np.empty((len(self.attributes), 0), dtype=np.float64))
+        return b"".join([struct.pack("<III", len(items), len(self.attributes), len(names)), names,
+                         lengths.tobytes(), ts.astype(np.int64).tobytes(), vals.astype(np.float64).tobytes()])
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, attributes: tuple[str, ...], retention_ms: int) -> KeyValues:
+        store = cls(attributes, retention_ms)
+        n, a, name_bytes = struct.unpack_from("<III", blob)
+        offset = 12
+        names = blob[offset : offset + name_bytes].decode().split("\x00") if n else []
+        offset += name_bytes
+        lengths = np.frombuffer(blob, dtype=np.int64, count=n, offset=offset)
+        offset += lengths.nbytes
+        total = int(lengths.sum())
+        ts = np.frombuffer(blob, dtype=np.int64, count=total, offset=offset)
+        offset += ts.nbytes
+        vals = np.frombuffer(blob, dtype=np.float64, count=a * total, offset=offset).reshape(a, total)
+        start = 0
+        for key, length in zip(names, lengths.tolist(), strict=True):
+            events = store.keys[key] = _Events(a)
+            events._reset(ts[start : start + length].copy(), vals[:, start : start + length].copy())
+            start += length
+        return store
