@@ -22,6 +22,7 @@ from infra.logs import configure_logging
 from infra.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
 from infra.settings import Settings, get_settings
 from ingest.kafka import ensure_topics
+from subscriptions.admin import LOCAL_OPERATOR, first_operator
 
 log = structlog.get_logger("runner")
 
@@ -87,6 +88,10 @@ class Runner:
     def watch(self) -> int:
         url = f"http://{self.settings.web_host}:{self.settings.web_port}/"
         print(f"\n  Tocsin is running: {url}\n  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
+        password = first_operator(self.settings)
+        if password is not None:  # a new database: someone must be able to see the operator dashboard
+            print(f"  Operator account: {LOCAL_OPERATOR} / {password}  (shown once; anyone may sign up as a user)\n",
+                  flush=True)
         while not self.stopping:
             for child in self.children:
                 code = child.process.poll()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import redis
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import Histogram
 
 from infra.settings import Settings, get_settings
 from notifier.app import make_celery
@@ -22,6 +24,8 @@ from web.api import auth, dead_letters, endpoints, health, ops, preview, subscri
 from web.ops import run_sampler
 
 STATIC = Path(__file__).parent / "static"
+REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
+                            ["method", "route", "status"])
 
 
 def _field_error(field: str, message: str) -> JSONResponse:
@@ -57,6 +61,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    ops.router, health.router, ui.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):  # noqa: ANN001, ANN202
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        REQUEST_SECONDS.labels(request.method, getattr(route, "path", "unmatched"), str(response.status_code)
+                               ).observe(time.perf_counter() - started)
+        return response
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound) -> JSONResponse:

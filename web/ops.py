@@ -18,6 +18,7 @@ from typing import Any
 import redis
 import structlog
 from fastapi.concurrency import run_in_threadpool
+from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -29,6 +30,14 @@ from subscriptions.language import format_duration, format_expr
 from subscriptions.models import Subscription
 
 log = structlog.get_logger("ops")
+
+#: The newest sample as Prometheus gauges, in the web process that takes samples.
+SAMPLED = {name: Gauge(f"tocsin_{name}", text) for name, text in {
+    "kafka_lag_records": "Event records in Kafka the evaluator has not read",
+    "celery_queued_deliveries": "Deliveries waiting in the Celery queue",
+    "celery_unacked_deliveries": "Deliveries held by workers (running or waiting to retry)",
+    "dead_letters": "Deliveries that failed for good, waiting for an operator",
+}.items()}
 
 
 def celery_queue_keys(settings: Settings) -> tuple[str, str]:
@@ -104,6 +113,10 @@ def sample_once(settings: Settings, client: redis.Redis) -> dict | None:
         return None
     last = client.lindex(keys.ops_samples, -1)
     sample = collect_sample(settings, client, json.loads(last) if last else None)
+    for gauge, field in (("kafka_lag_records", "lag"), ("celery_queued_deliveries", "queued"),
+                         ("celery_unacked_deliveries", "unacked"), ("dead_letters", "dead_letters")):
+        if sample.get(field) is not None:
+            SAMPLED[gauge].set(sample[field])
     pipe = client.pipeline()
     pipe.rpush(keys.ops_samples, json.dumps(sample, separators=(",", ":")))
     pipe.ltrim(keys.ops_samples, -settings.dashboard_history, -1)

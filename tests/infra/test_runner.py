@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import pytest
 from infra.services import free_port
 from infra.settings import Settings
 from ingest.kafka import topic_end_offsets
+from subscriptions.accounts import AccountService
+from subscriptions.db import session_factory
 
 pytestmark = pytest.mark.e2e
 
@@ -90,6 +93,11 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         output = runner.communicate(timeout=60)[0]
     assert runner.returncode == 0, output
     assert f"Tocsin is running: {url}/" in output
+    match = re.search(r"Operator account: (\S+) / (\S+)", output)
+    assert match, "a new database gets an operator account, announced once"
+    with session_factory(settings.database_url)() as session:
+        operator = AccountService(session, settings).authenticate(match[1], match[2])
+        assert operator is not None and operator.role == "operator"
     time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphans left behind: {[c.cmdline() for c in alive]}"

@@ -91,7 +91,9 @@ def test_health_and_metrics(api: TestClient, settings: Settings) -> None:
     ensure_topics(settings)
     ready = api.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok", "stream": "ok"}
-    assert "python_info" in api.get("/metrics").text
+    metrics = api.get("/metrics").text
+    assert "python_info" in metrics
+    assert 'tocsin_http_request_seconds_count{method="GET",route="/readyz",status="200"}' in metrics
 
 
 def test_catalog_publication_never_goes_backwards(api: TestClient, settings: Settings) -> None:
