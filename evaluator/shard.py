@@ -78,7 +78,7 @@ def _value_key(c: Condition) -> tuple:
 
 
 def group_subscriptions(catalog: Catalog) -> list[Group]:
-    """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each group with its loosest bounds."""
+    """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each with its loosest bounds."""
     by: dict[tuple, list[SubscriptionSpec]] = defaultdict(list)
     for spec in catalog.subscriptions:
         by[_value_key(spec.condition)].append(spec)
@@ -326,7 +326,8 @@ class ShardEvaluator:
                 values[key] = value
         return values
 
-    def preview(self, condition: Condition, keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float], int]:
+    def preview(self, condition: Condition,
+                keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float], int]:
         """Keys whose window satisfies ``condition`` at the last evaluated boundary, by the same lookups as
         subscriptions: ``(boundary, {key: value}, keys watched)``. Changes nothing."""
         if self.evaluated_at is None:

@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 import structlog
 

@@ -85,11 +85,11 @@ def log_end_offsets(
     return {tp: max(consumer.highwater(tp), lower[tp]) for tp in tps}
 
 
-def topic_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """``{partition: log end offset}`` for every partition of ``topic``."""
     consumer = new_consumer(settings)
     try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic)]
-        return {tp.partition: end for tp, end in log_end_offsets(consumer, tps).items()}
+        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic, timeout_s)]
+        return {tp.partition: end for tp, end in log_end_offsets(consumer, tps, timeout_s).items()}
     finally:
         consumer.close()

@@ -93,9 +93,14 @@ def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):  # noqa: ANN201
 
 
 @pytest.fixture
-def owner(settings: Settings):  # noqa: ANN201
-    """The user that owns what a test creates through the services directly."""
-    return new_user(settings)[0]
+def owner_account(settings: Settings):  # noqa: ANN201
+    """``(user, API token)`` of the user that owns what a test creates through the services directly."""
+    return new_user(settings)
+
+
+@pytest.fixture
+def owner(owner_account):  # noqa: ANN001, ANN201
+    return owner_account[0]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ answers for up to ``preview_timeout_s``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid

@@ -77,7 +77,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     sample["read"] = sum(int(v) for v in read.values())
     try:
         ends = topic_end_offsets(settings.model_copy(update={"kafka_request_timeout_ms": 2_000}),
-                                 settings.events_topic)
+                                 settings.events_topic, timeout_s=2.0)
         sample["log_end"] = sum(ends.values())
         sample["lag"] = sum(max(end - int(read.get(str(p), 0)), 0) for p, end in ends.items())
         sample["kafka"] = "ok"

@@ -7,6 +7,7 @@ sign-in page. Every form and htmx request carries the session's CSRF token.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,6 @@ from notifier.deliveries import enqueue_test_alert
 from subscriptions.alerts import AlertViews, HistoryFilter
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
-from subscriptions.models import User
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 from web.auth import check_password, sign_in, sign_out
@@ -68,7 +68,8 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return await http_exception_handler(request, exc)
 
 
-def render(request: Request, template: str, principal: Any = None, status_code: int = 200, **context: Any) -> HTMLResponse:
+def render(request: Request, template: str, principal: Any = None, status_code: int = 200,
+           **context: Any) -> HTMLResponse:
     return TEMPLATES.TemplateResponse(request, template, {
         "user": principal.user if principal else None,
         "csrf": principal.web_session.csrf_token if principal else "",
@@ -76,8 +77,12 @@ def render(request: Request, template: str, principal: Any = None, status_code: 
     }, status_code=status_code)
 
 
-def _service(session: DbDep, settings: SettingsDep, redis_client: RedisDep, user: User) -> SubscriptionService:
-    return SubscriptionService(session, settings, redis_client, user)
+def page_service(principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep) -> SubscriptionService:
+    """The signed-in user's subscriptions and endpoints."""
+    return SubscriptionService(session, settings, redis_client, principal.user)
+
+
+PageService = Annotated[SubscriptionService, Depends(page_service)]
 
 
 def _errors(exc: ValidationError) -> dict[str, str]:
@@ -159,9 +164,8 @@ def logout(request: Request, accounts: AccountsDep, _principal: Page) -> Respons
 # -- subscriptions -------------------------------------------------------------------------------------
 
 @router.get("/", response_class=HTMLResponse)
-def subscriptions_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+def subscriptions_page(request: Request, principal: Page, service: PageService, settings: SettingsDep,
                        redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
     rows = service.list()
     pipe = redis_client.pipeline(transaction=False)
     for s in rows:
@@ -185,9 +189,7 @@ def _subscription_values(s: Any) -> dict:
 
 
 @router.get("/subscriptions/new", response_class=HTMLResponse)
-def new_subscription_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
-                          redis_client: RedisDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
+def new_subscription_page(request: Request, principal: Page, service: PageService) -> HTMLResponse:
     values = {"name": "", "condition": "", "keys": "", "endpoint_ids": [], "active": True, "cooldown_s": 0,
               "renotify_s": "", "send_resolved": True, "group": True}
     return render(request, "subscription_form.html", principal, **_form_context(service, values, {}, None))
@@ -214,12 +216,11 @@ def _parse_form(form: Any) -> tuple[dict, SubscriptionIn | None, dict[str, str]]
     return values, data, {}
 
 
-async def _save_subscription(request: Request, principal: Any, session: Any, settings: Any, redis_client: Any,
+async def _save_subscription(request: Request, principal: Any, service: SubscriptionService,
                              subscription_id: int | None) -> Response:
     form = await request.form()
 
     def save() -> Response:
-        service = _service(session, settings, redis_client, principal.user)
         values, data, errors = _parse_form(form)
         if data is not None:
             try:
@@ -237,30 +238,26 @@ async def _save_subscription(request: Request, principal: Any, session: Any, set
 
 
 @router.post("/subscriptions/new")
-async def create_subscription(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
-                              redis_client: RedisDep) -> Response:
-    return await _save_subscription(request, principal, session, settings, redis_client, None)
+async def create_subscription(request: Request, principal: Page, service: PageService) -> Response:
+    return await _save_subscription(request, principal, service, None)
 
 
 @router.get("/subscriptions/{subscription_id}/edit", response_class=HTMLResponse)
-def edit_subscription_page(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                           settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
+def edit_subscription_page(request: Request, subscription_id: int, principal: Page,
+                           service: PageService) -> HTMLResponse:
     values = _subscription_values(service.get(subscription_id))
     return render(request, "subscription_form.html", principal,
                   **_form_context(service, values, {}, subscription_id))
 
 
 @router.post("/subscriptions/{subscription_id}/edit")
-async def update_subscription(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                              settings: SettingsDep, redis_client: RedisDep) -> Response:
-    return await _save_subscription(request, principal, session, settings, redis_client, subscription_id)
+async def update_subscription(request: Request, subscription_id: int, principal: Page,
+                              service: PageService) -> Response:
+    return await _save_subscription(request, principal, service, subscription_id)
 
 
 @router.post("/subscriptions/{subscription_id}/{action}")
-def subscription_action(subscription_id: int, action: str, principal: Page, session: DbDep, settings: SettingsDep,
-                        redis_client: RedisDep) -> Response:
-    service = _service(session, settings, redis_client, principal.user)
+def subscription_action(subscription_id: int, action: str, principal: Page, service: PageService) -> Response:
     if action == "pause":
         service.set_active(subscription_id, False)
     elif action == "resume":
@@ -276,36 +273,35 @@ def subscription_action(subscription_id: int, action: str, principal: Page, sess
 
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
-def subscription_page(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                      settings: SettingsDep, redis_client: RedisDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
+def subscription_page(request: Request, subscription_id: int, principal: Page, service: PageService) -> HTMLResponse:
     return render(request, "subscription.html", principal, s=service.get(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)
-def firing_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                    settings: SettingsDep, redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
-    _service(session, settings, redis_client, principal.user).get(subscription_id)
+def firing_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+                    redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
+    service.get(subscription_id)
     return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)
-def history_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                     settings: SettingsDep, redis_client: RedisDep, keys: KeysDep,
+def history_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+                     redis_client: RedisDep, keys: KeysDep,
                      state: str = "", key: str = "", since: str = "", before: str = "") -> HTMLResponse:
-    _service(session, settings, redis_client, principal.user).get(subscription_id)
+    service.get(subscription_id)
     since_ms = int(time.time() * 1000) - int(since) * 60_000 if since.isdigit() else None
     where = HistoryFilter(state=state if state in ("firing", "resolved") else None,
                           key=key.strip() or None, since_ms=since_ms)
-    alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, before or None)
+    cursor_given = before if re.fullmatch(r"\d+-\d+", before) else None
+    alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, cursor_given)
     return render(request, "_history.html", principal, alerts=alerts, cursor=cursor, subscription_id=subscription_id,
                   query={"state": state, "key": key, "since": since})
 
 
 @router.get("/subscriptions/{subscription_id}/deliveries", response_class=HTMLResponse)
-def deliveries_fragment(request: Request, subscription_id: int, principal: Page, session: DbDep,
-                        settings: SettingsDep, redis_client: RedisDep, records: RecordsDep) -> HTMLResponse:
-    _service(session, settings, redis_client, principal.user).get(subscription_id)
+def deliveries_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+                        records: RecordsDep) -> HTMLResponse:
+    service.get(subscription_id)
     return render(request, "_deliveries.html", principal, deliveries=records.log(subscription_id, 100))
 
 
@@ -333,17 +329,15 @@ async def preview_fragment(request: Request, principal: Page, settings: Settings
 # -- endpoints and tokens ------------------------------------------------------------------------------
 
 @router.get("/endpoints", response_class=HTMLResponse)
-def endpoints_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep,
+def endpoints_page(request: Request, principal: Page, service: PageService,
                    redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
-    service = _service(session, settings, redis_client, principal.user)
     return render(request, "endpoints.html", principal, endpoints=service.list_endpoints(), errors={}, values={},
                   secret=_take_flash(redis_client, keys, principal).get("secret"))
 
 
 @router.post("/endpoints")
-def create_endpoint(request: Request, principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep,
+def create_endpoint(request: Request, principal: Page, service: PageService, redis_client: RedisDep,
                     keys: KeysDep, kind: Annotated[str, Form()] = "", target: Annotated[str, Form()] = "") -> Response:
-    service = _service(session, settings, redis_client, principal.user)
     try:
         endpoint = service.create_endpoint(EndpointIn(kind=kind, target=target.strip()))
     except ValidationError as exc:
@@ -359,33 +353,32 @@ def create_endpoint(request: Request, principal: Page, session: DbDep, settings:
 
 
 @router.post("/endpoints/{endpoint_id}/rotate")
-def rotate_endpoint_secret(endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
+def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageService,
                            redis_client: RedisDep, keys: KeysDep) -> Response:
-    endpoint = _service(session, settings, redis_client, principal.user).rotate_secret(endpoint_id)
+    endpoint = service.rotate_secret(endpoint_id)
     _flash(redis_client, keys, principal, secret={"target": endpoint.target, "value": endpoint.secret})
     return RedirectResponse("/endpoints", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
-def test_endpoint(request: Request, endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
-                  redis_client: RedisDep, celery: CeleryDep) -> HTMLResponse:
-    endpoint = _service(session, settings, redis_client, principal.user).get_endpoint(endpoint_id)
+def test_endpoint(request: Request, endpoint_id: int, principal: Page, service: PageService,
+                  celery: CeleryDep) -> HTMLResponse:
+    endpoint = service.get_endpoint(endpoint_id)
     queued = enqueue_test_alert(celery, endpoint.id)
     return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
                         '</span>')
 
 
 @router.post("/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: int, principal: Page, session: DbDep, settings: SettingsDep,
-                    redis_client: RedisDep) -> Response:
-    _service(session, settings, redis_client, principal.user).delete_endpoint(endpoint_id)
+def delete_endpoint(endpoint_id: int, principal: Page, service: PageService) -> Response:
+    service.delete_endpoint(endpoint_id)
     return Response(headers={"HX-Redirect": "/endpoints"})
 
 
 @router.get("/endpoints/{endpoint_id}/deliveries", response_class=HTMLResponse)
-def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: Page, session: DbDep,
-                                 settings: SettingsDep, redis_client: RedisDep, records: RecordsDep) -> HTMLResponse:
-    _service(session, settings, redis_client, principal.user).get_endpoint(endpoint_id)
+def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: Page, service: PageService,
+                                 records: RecordsDep) -> HTMLResponse:
+    service.get_endpoint(endpoint_id)
     return render(request, "_deliveries.html", principal, deliveries=records.endpoint_log(endpoint_id, 20))
 
 

@@ -118,8 +118,8 @@ def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, servi
     assert got.json["notification_id"] == _notification(subscription_id)["notification_id"]
 
 
-def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(settings, service, redis_client,
-                                                                         tmp_path) -> None:  # noqa: ANN001
+def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(settings, service, redis_client,  # noqa: ANN001
+                                                                         owner_account, tmp_path) -> None:
     receiver = WebhookReceiver(fail_first=1, fail_status=410)  # a 4xx: final, no retries
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])
@@ -137,8 +137,9 @@ def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(setting
             assert api.post(f"/api/dead-letters/{letter['id']}/replay").json() == {"replayed": [letter["id"]]}
             receiver.wait_for(lambda r: True)
             assert api.get("/api/dead-letters").json() == []
-            log = _eventually(lambda: [e for e in api.get(f"/api/subscriptions/{subscription_id}/deliveries")
-                                       .json()["deliveries"] if e["outcome"] == "delivered"])
+            with api_client(settings, owner_account[1]) as subscriber:  # the delivery log is the owner's
+                log = _eventually(lambda: [e for e in subscriber.get(f"/api/subscriptions/{subscription_id}/deliveries")
+                                           .json()["deliveries"] if e["outcome"] == "delivered"])
             assert log[0]["status_code"] == 204 and log[0]["keys"] == ["AAPL"]
     finally:
         receiver.close()
@@ -202,3 +203,22 @@ def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, red
     assert reasons == {("AAPL", "firing"): "cool-down", ("X", "resolved"): "send-resolved is off",
                        ("Z", "firing"): "muted"}
     assert redis_client.xpending(RedisKeys(settings).alerts_stream, "notifier")["pending"] == 0
+
+
+def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> None:  # noqa: ANN001
+    from notifier.webhook import SIGNATURE_HEADER, verify
+
+    receiver = WebhookReceiver()
+    user, token = new_user(settings)
+    try:
+        with worker(settings, tmp_path / "logs"), api_client(settings, token) as api:
+            endpoint = api.post("/api/endpoints", json={"kind": "webhook", "target": receiver.url}).json()
+            queued = api.post(f"/api/endpoints/{endpoint['id']}/test").json()
+            [got] = receiver.wait_for(lambda r: True)
+            log = _eventually(lambda: api.get(f"/api/endpoints/{endpoint['id']}/deliveries").json()["deliveries"])
+    finally:
+        receiver.close()
+    assert got.json["test"] is True and got.json["notification_id"] == queued["notification_id"]
+    assert [a["key"] for a in got.json["alerts"]] == ["TEST"] and got.json["subscription_id"] is None
+    assert verify(endpoint["secret"], got.headers[SIGNATURE_HEADER], got.body)
+    assert log[0]["outcome"] == "delivered" and log[0]["notification_id"] == queued["notification_id"]
