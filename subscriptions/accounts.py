@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from infra.settings import Settings
@@ -51,7 +52,11 @@ class AccountService:
         user = User(email=email, password_hash=_hasher.hash(password),
                     role=role or ("operator" if email in operators else "user"))
         self.session.add(user)
-        self.session.commit()
+        try:
+            self.session.commit()
+        except IntegrityError:  # the same address signed up concurrently
+            self.session.rollback()
+            raise Conflict(f"{email} already has an account") from None
         return user
 
     def authenticate(self, email: str, password: str) -> User | None:

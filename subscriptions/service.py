@@ -21,8 +21,8 @@ from evaluator.spec import Condition, SubscriptionSpec
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.policy import AlertPolicy
-from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.errors import FieldError, Forbidden, NotFound
+from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 
@@ -42,9 +42,6 @@ def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> b
     script = client.register_script(_PUBLISH_IF_NEWER)
     payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
     return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, payload]))
-
-
-__all__ = ["CatalogPublisher", "NotFound", "SubscriptionService", "publish_catalog"]
 
 
 class CatalogPublisher:

@@ -1,8 +1,9 @@
 """Signing in and out, shared by the JSON API and the HTML pages.
 
 Failed logins are counted per address in Redis; past ``login_max_failures``
-within ``login_lockout_s`` the address is locked out for that long (429), which
-makes guessing passwords slow without letting anyone lock the API out for others.
+within ``login_lockout_s`` password logins to that address wait that long (429),
+which makes guessing passwords slow. A locked-out account keeps its browser
+sessions and API tokens: a stranger's failed guesses cannot cut it off.
 """
 
 from __future__ import annotations

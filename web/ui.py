@@ -12,17 +12,22 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import redis
 from fastapi import APIRouter, Depends, Form, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
+from starlette.datastructures import FormData
 
+from infra.redis_schema import RedisKeys
 from notifier.deliveries import enqueue_test_alert
+from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
+from subscriptions.models import Subscription
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 from web.auth import check_password, sign_in, sign_out
@@ -32,6 +37,7 @@ from web.deps import (
     CeleryDep,
     DbDep,
     KeysDep,
+    Principal,
     PrincipalDep,
     RecordsDep,
     RedisDep,
@@ -40,20 +46,20 @@ from web.deps import (
 from web.ops import samples, subscription_load
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
-TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
 TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
 
 router = APIRouter(include_in_schema=False)
 
 
-def page_principal(principal: PrincipalDep):  # noqa: ANN201
+def page_principal(principal: PrincipalDep) -> Principal:
+    """Pages are for browser sessions (an API token is no sign-in to the UI)."""
     if principal is None or principal.web_session is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "sign in")
     return principal
 
 
-Page = Annotated[Any, Depends(page_principal)]
+Page = Annotated[Principal, Depends(page_principal)]
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -68,7 +74,7 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return await http_exception_handler(request, exc)
 
 
-def render(request: Request, template: str, principal: Any = None, status_code: int = 200,
+def render(request: Request, template: str, principal: Principal | None = None, status_code: int = 200,
            **context: Any) -> HTMLResponse:
     return TEMPLATES.TemplateResponse(request, template, {
         "user": principal.user if principal else None,
@@ -97,12 +103,12 @@ def _errors(exc: ValidationError) -> dict[str, str]:
 FLASH_TTL_S = 300
 
 
-def _flash(redis_client: Any, keys: Any, principal: Any, **shown: Any) -> None:
+def _flash(redis_client: redis.Redis, keys: RedisKeys, principal: Principal, **shown: Any) -> None:
     """Keep something to show once on the next page: a page from a POST is never what a reload shows."""
     redis_client.set(keys.flash(principal.web_session.id), json.dumps(shown), ex=FLASH_TTL_S)
 
 
-def _take_flash(redis_client: Any, keys: Any, principal: Any) -> dict:
+def _take_flash(redis_client: redis.Redis, keys: RedisKeys, principal: Principal) -> dict:
     raw = redis_client.getdel(keys.flash(principal.web_session.id))
     return json.loads(raw) if raw else {}
 
@@ -180,22 +186,23 @@ def _form_context(service: SubscriptionService, values: dict, errors: dict, subs
             "subscription_id": subscription_id}
 
 
-def _subscription_values(s: Any) -> dict:
-    policy = s.policy or {}
-    return {"name": s.name, "condition": s.condition, "keys": " ".join(s.keys) if s.keys is not None else "",
-            "endpoint_ids": [e.id for e in s.endpoints], "active": s.active,
-            "cooldown_s": policy.get("cooldown_s", 0), "renotify_s": policy.get("renotify_s") or "",
-            "send_resolved": policy.get("send_resolved", True), "group": policy.get("group", True)}
+def _form_values(s: Subscription | None) -> dict:
+    """What the subscription form shows: a subscription's, or a new one's defaults."""
+    policy = AlertPolicy.model_validate(s.policy or {}) if s else AlertPolicy()
+    return {"name": s.name if s else "", "condition": s.condition if s else "",
+            "keys": " ".join(s.keys) if s and s.keys is not None else "",
+            "endpoint_ids": [e.id for e in s.endpoints] if s else [], "active": s.active if s else True,
+            "cooldown_s": policy.cooldown_s, "renotify_s": policy.renotify_s or "",
+            "send_resolved": policy.send_resolved, "group": policy.group}
 
 
 @router.get("/subscriptions/new", response_class=HTMLResponse)
 def new_subscription_page(request: Request, principal: Page, service: PageService) -> HTMLResponse:
-    values = {"name": "", "condition": "", "keys": "", "endpoint_ids": [], "active": True, "cooldown_s": 0,
-              "renotify_s": "", "send_resolved": True, "group": True}
-    return render(request, "subscription_form.html", principal, **_form_context(service, values, {}, None))
+    return render(request, "subscription_form.html", principal,
+                  **_form_context(service, _form_values(None), {}, None))
 
 
-def _parse_form(form: Any) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
+def _parse_form(form: FormData) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
     keys_text = str(form.get("keys", "")).replace(",", " ")
     values = {
         "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
@@ -216,7 +223,7 @@ def _parse_form(form: Any) -> tuple[dict, SubscriptionIn | None, dict[str, str]]
     return values, data, {}
 
 
-async def _save_subscription(request: Request, principal: Any, service: SubscriptionService,
+async def _save_subscription(request: Request, principal: Principal, service: SubscriptionService,
                              subscription_id: int | None) -> Response:
     form = await request.form()
 
@@ -245,7 +252,7 @@ async def create_subscription(request: Request, principal: Page, service: PageSe
 @router.get("/subscriptions/{subscription_id}/edit", response_class=HTMLResponse)
 def edit_subscription_page(request: Request, subscription_id: int, principal: Page,
                            service: PageService) -> HTMLResponse:
-    values = _subscription_values(service.get(subscription_id))
+    values = _form_values(service.get(subscription_id))
     return render(request, "subscription_form.html", principal,
                   **_form_context(service, values, {}, subscription_id))
 
@@ -414,7 +421,7 @@ def revoke_token(token_id: int, principal: Page, accounts: AccountsDep) -> Respo
 
 # -- operators ------------------------------------------------------------------------------------------
 
-def _operator(principal: Any) -> None:
+def _operator(principal: Principal) -> None:
     if not principal.user.is_operator:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "operators only")
 

@@ -84,6 +84,8 @@ def test_sign_up_create_a_subscription_see_a_validation_error_and_the_listing(se
     condition.fill("sum(volume) over 5m > 2e6")
     expect(page.locator("#condition-check .condition-ok")).to_contain_text("SUM(volume) OVER 5m > 2000000")
     page.locator("#keys").fill("AAPL, MSFT")
+    page.get_by_role("button", name="Preview matches now").click()  # no evaluator runs in this test
+    expect(page.locator("#preview")).to_contain_text("The evaluator is not running yet")
     page.get_by_role("button", name="Create subscription").click()
     expect(page.get_by_role("heading", name="Tech volume")).to_be_visible()
     expect(page.get_by_text("No key is in the condition right now.")).to_be_visible()
