@@ -26,6 +26,17 @@ from infra.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
+PREVIEW_SHOWN = 50  # keys a preview lists (per shard, then in all), most extreme values first; totals count all
+
+
+def shard_clock_field(shard: int) -> str:
+    """The field of ``stats:evaluator`` holding a shard's last evaluated boundary (written by the sink)."""
+    return f"shard_{shard}_evaluated_at"
+
+
+def shard_clocks(stats: dict[str, str]) -> list[int]:
+    """Every shard's last evaluated boundary, from the ``stats:evaluator`` hash."""
+    return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
 
 
 class RedisKeys:

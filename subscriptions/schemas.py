@@ -6,24 +6,35 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ingest.model import Key
 from notifier.policy import AlertPolicy
 from subscriptions.language import parse_condition
 
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;]+@[^@\s<>,;]+\.[A-Za-z0-9-]{2,}$")
+def _printable(text: str) -> str:
+    """Text users type has no control characters (PostgreSQL refuses NUL; logs and e-mails want none)."""
+    if _CONTROL.search(text):
+        raise ValueError("must not contain control characters")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_printable)]
+Name = Annotated[Text, Field(min_length=1, max_length=200)]
+
+
+EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\.[A-Za-z0-9-]{2,}$")
 
 
 class EndpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["webhook", "email"]
-    target: str = Field(min_length=3, max_length=2048, description="webhook URL, or e-mail address")
-    secret: str | None = Field(None, min_length=16, max_length=128,
+    target: Text = Field(min_length=3, max_length=2048, description="webhook URL, or e-mail address")
+    secret: Text | None = Field(None, min_length=16, max_length=128,
                                description="webhook signing secret; generated when omitted")
 
     @field_validator("target")

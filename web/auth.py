@@ -15,13 +15,17 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from subscriptions.accounts import AccountService
 from subscriptions.models import User, WebSession
+from subscriptions.schemas import EMAIL_ADDRESS
 from web.deps import SESSION_COOKIE
 
 
 def check_password(accounts: AccountService, redis_client: redis.Redis, settings: Settings,
                    email: str, password: str) -> User:
     """The user with these credentials; 401 if wrong, 429 while the address is locked out."""
-    key = RedisKeys(settings).login_failures(email.strip().lower())
+    email = email.strip().lower()
+    if not EMAIL_ADDRESS.match(email):  # no account has such an address (and PostgreSQL refuses NUL in a query)
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong e-mail address or password")
+    key = RedisKeys(settings).login_failures(email)
     failures = int(redis_client.get(key) or 0)
     if failures >= settings.login_max_failures:
         retry = max(int(redis_client.ttl(key)), 1)

@@ -18,13 +18,10 @@ import redis
 from fastapi.concurrency import run_in_threadpool
 
 from evaluator.spec import Condition
-from infra.redis_schema import RedisKeys
+from infra.redis_schema import PREVIEW_SHOWN, RedisKeys, shard_clocks
 from infra.settings import Settings
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
-
-PREVIEW_SHOWN = 50  # keys listed in a preview; the count covers all
-
 
 def describe(text: str, settings: Settings) -> dict[str, Any]:
     """The canonical text and a plain-words reading of a condition; ConditionError if it is not valid."""
@@ -32,15 +29,10 @@ def describe(text: str, settings: Settings) -> dict[str, Any]:
     return {"canonical": format_condition(condition), "explanation": explain(condition)}
 
 
-def _shards(client: redis.Redis, keys: RedisKeys) -> int:
-    stats = client.hkeys(keys.evaluator_stats)
-    return sum(1 for name in stats if name.startswith("shard_") and name.endswith("_evaluated_at"))
-
-
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
-    shards = _shards(client, keys)
+    shards = len(shard_clocks(client.hgetall(keys.evaluator_stats)))
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)
     client.hset(keys.previews, request_id, json.dumps(

@@ -28,7 +28,7 @@ from subscriptions.alerts import AlertViews, HistoryFilter
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.models import Subscription
-from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn
+from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
 from subscriptions.service import SubscriptionService
 from web.auth import check_password, sign_in, sign_out
 from web.conditions import describe, preview_matches
@@ -399,16 +399,15 @@ def account_page(request: Request, principal: Page, accounts: AccountsDep, redis
 @router.post("/account/tokens")
 def create_token(request: Request, principal: Page, accounts: AccountsDep, redis_client: RedisDep, keys: KeysDep,
                  name: Annotated[str, Form()] = "") -> Response:
-    if not name.strip() or len(name) > 200:
-        errors = {"name": "give the token a name (at most 200 characters)"}
+    try:
+        token, _ = accounts.create_token(principal.user, TokenIn(name=name.strip()).name)
+    except ValidationError as exc:
+        errors = {"name": f"the token's name {next(iter(_errors(exc).values()))}"}
+    except Forbidden as exc:
+        errors = {"name": str(exc)}
     else:
-        try:
-            token, _ = accounts.create_token(principal.user, name.strip())
-        except Forbidden as exc:
-            errors = {"name": str(exc)}
-        else:
-            _flash(redis_client, keys, principal, token=token)
-            return RedirectResponse("/account", status_code=status.HTTP_303_SEE_OTHER)
+        _flash(redis_client, keys, principal, token=token)
+        return RedirectResponse("/account", status_code=status.HTTP_303_SEE_OTHER)
     return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), new_token=None,
                   errors=errors, status_code=422)
 

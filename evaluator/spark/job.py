@@ -37,7 +37,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
-from infra.redis_schema import HISTORY_LENGTH, RedisKeys
+from infra.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
 from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
@@ -52,7 +52,6 @@ PANES_SCHEMA = (
     + ", ".join(f"event_{a} array<double>" for a in ATTRIBUTES)
     + ", partition int, progress long"
 )
-PREVIEW_SHOWN = 50  # keys per shard in a preview answer, most extreme values first; the total counts all
 PREVIEW_ANSWER_TTL_S = 60
 TRANSITIONS_SCHEMA = (
     "alert_id string, subscription_id long, key string, state string, value double, "
@@ -315,7 +314,7 @@ class ShardProcessor(StatefulProcessor):
 
 def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
     """The last boundary every shard has evaluated and stored, from the clocks the sink writes."""
-    clocks = [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+    clocks = shard_clocks(stats)
     return min(clocks) if len(clocks) == shards else None
 
 
@@ -376,7 +375,7 @@ class RedisAlertSink:
         started = time.perf_counter()
         frame = batch.toPandas()
         is_clock = frame["state"] == CLOCK_STATE
-        clocks = {f"shard_{sid}_evaluated_at": int(at) for sid, at in
+        clocks = {shard_clock_field(sid): int(at) for sid, at in
                   zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"])}
         rows = frame[~is_clock].astype(object).where(frame[~is_clock].notna(), None).to_dict("records")
         for row in rows:

@@ -12,7 +12,7 @@ from kafka import KafkaProducer
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
 from evaluator.spec import SubscriptionSpec
-from infra.redis_schema import RedisKeys
+from infra.redis_schema import RedisKeys, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event
@@ -161,7 +161,7 @@ def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings)
 
         def clocks() -> list[int]:  # a shard that never had a key of its own has no boundary yet
             stats = client.hgetall(RedisKeys(settings).evaluator_stats)
-            return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+            return shard_clocks(stats)
 
         wait(query, lambda: len(clocks()) == shards and max(clocks()) >= base + 2_000)
         beating.start()

@@ -228,3 +228,26 @@ def test_endpoint_secrets_rotate_and_test_alerts_are_queued(api: TestClient, set
     assert client.llen(queue) == before + 1
     assert api.delete(f"/api/endpoints/{endpoint['id']}").status_code == 204
     assert api.get(f"/api/endpoints/{endpoint['id']}").status_code == 404
+
+
+def test_control_characters_are_refused_not_a_server_error(settings: Settings) -> None:
+    """PostgreSQL refuses NUL in text: every free-text input says so as a 4xx, on both databases."""
+    user, token = new_user(settings)
+    with api_client(settings, token) as api:
+        for path, body, field in [
+            ("/api/auth/signup", {"email": "a\x00b@example.com", "password": PASSWORD}, "email"),
+            ("/api/auth/login", {"email": "a\x00b@example.com", "password": PASSWORD}, "email"),
+            ("/api/subscriptions", {"name": "a\x00b", "condition": CONDITION}, "name"),
+            ("/api/subscriptions", {"name": "ok", "condition": "COUNT(*)\x00 OVER 1m > 1"}, "condition"),
+            ("/api/tokens", {"name": "tab\x07"}, "name"),
+            ("/api/endpoints", {"kind": "email", "target": "a\x00b@example.com"}, "target"),
+        ]:
+            response = api.post(path, json=body)
+            assert response.status_code == 422, (path, response.text)
+            assert response.json()["detail"][0]["loc"][:2] == ["body", field], (path, response.text)
+    with api_client(settings) as browser:
+        page = browser.post("/login", data={"email": "a\x00b@example.com", "password": PASSWORD})
+        assert page.status_code == 401 and "wrong e-mail address or password" in page.text
+        sign_in(browser, user.email)
+        refused = browser.post("/account/tokens", data={"name": "a\x00b"})
+        assert refused.status_code == 422 and "control characters" in refused.text
