@@ -22,8 +22,8 @@ def _printable(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(_printable)]
-Name = Annotated[Text, Field(min_length=1, max_length=200)]
+Printable = AfterValidator(_printable)
+Name = Annotated[str, Field(min_length=1, max_length=200), Printable]
 
 
 EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\.[A-Za-z0-9-]{2,}$")
@@ -33,8 +33,9 @@ class EndpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["webhook", "email"]
-    target: Text = Field(min_length=3, max_length=2048, description="webhook URL, or e-mail address")
-    secret: Text | None = Field(None, min_length=16, max_length=128,
+    target: Annotated[str, Field(min_length=3, max_length=2048, description="webhook URL, or e-mail address"),
+                      Printable]
+    secret: Annotated[str, Printable] | None = Field(None, min_length=16, max_length=128,
                                description="webhook signing secret; generated when omitted")
 
     @field_validator("target")
