@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData
 
 from infra.redis_schema import RedisKeys
+from infra.settings import Settings
 from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter
@@ -29,7 +30,7 @@ from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.models import Subscription
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
-from subscriptions.service import SubscriptionService
+from subscriptions.service import SubscriptionService, checked_condition
 from web.auth import check_password, sign_in, sign_out
 from web.conditions import describe, preview_matches
 from web.deps import (
@@ -202,7 +203,8 @@ def new_subscription_page(request: Request, principal: Page, service: PageServic
                   **_form_context(service, _form_values(None), {}, None))
 
 
-def _parse_form(form: FormData) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
+def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
+    """The form's values as typed, and the subscription or every error at once (the window checks included)."""
     keys_text = str(form.get("keys", "")).replace(",", " ")
     values = {
         "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
@@ -219,8 +221,15 @@ def _parse_form(form: FormData) -> tuple[dict, SubscriptionIn | None, dict[str, 
                     "send_resolved": values["send_resolved"], "group": values["group"]},
         )
     except ValidationError as exc:
-        return values, None, _errors(exc)
-    return values, data, {}
+        errors, data = _errors(exc), None
+    else:
+        errors = {}
+    if "condition" not in errors:
+        try:
+            checked_condition(values["condition"], settings)
+        except ConditionError as exc:
+            errors["condition"] = str(exc)
+    return values, data if not errors else None, errors
 
 
 async def _save_subscription(request: Request, principal: Principal, service: SubscriptionService,
@@ -228,7 +237,7 @@ async def _save_subscription(request: Request, principal: Principal, service: Su
     form = await request.form()
 
     def save() -> Response:
-        values, data, errors = _parse_form(form)
+        values, data, errors = _parse_form(form, service.settings)
         if data is not None:
             try:
                 saved = (service.update(subscription_id, data) if subscription_id is not None

@@ -1,0 +1,87 @@
+"""The HTML pages through HTTP with a browser session: forms, fragments, redirects, ownership."""
+
+from __future__ import annotations
+
+import re
+
+from evaluator.spark.job import RedisAlertSink
+from evaluator.transition import alert_id
+from infra.settings import Settings
+from tests.users import api_client, new_user, sign_in
+
+HTML = {"accept": "text/html"}
+FORM = {"name": "Volume", "condition": "SUM(volume) OVER 5m > 2e6", "keys": "AAPL, MSFT", "cooldown_s": "60",
+        "renotify_s": "", "send_resolved": "on", "group": "on", "active": "on"}
+
+
+def test_subscription_form_edit_fragments_and_delete(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as browser:
+        assert browser.get("/", headers=HTML, follow_redirects=False).headers["location"] == "/login?next=/"
+        sign_in(browser, user.email)
+        created = browser.post("/subscriptions/new", data=FORM, follow_redirects=False)
+        assert created.status_code == 303
+        sid = int(created.headers["location"].rsplit("/", 1)[1])
+
+        bad = browser.post(f"/subscriptions/{sid}/edit", data={**FORM, "condition": "SUM(volume) OVER 1500ms > 1",
+                                                               "cooldown_s": "-1"})
+        assert bad.status_code == 422
+        assert "multiple of 1s" in bad.text and "policy.cooldown_s" in bad.text
+        edited = browser.post(f"/subscriptions/{sid}/edit", data={**FORM, "name": "Renamed", "keys": ""},
+                              follow_redirects=False)
+        assert edited.status_code == 303
+        form = browser.get(f"/subscriptions/{sid}/edit", headers=HTML).text
+        assert 'value="Renamed"' in form and 'value="60"' in form
+
+        at = 1_800_000_000_000
+        RedisAlertSink(settings).write([
+            {"alert_id": alert_id(sid, "AAPL", "firing", at), "subscription_id": sid, "key": "AAPL",
+             "state": "firing", "value": 2.5e6, "window_start": at - 300_000, "window_end": at, "evaluated_at": at}])
+        assert "AAPL" in browser.get(f"/subscriptions/{sid}/firing").text
+        assert "AAPL" in browser.get(f"/subscriptions/{sid}/history", params={"state": "firing"}).text
+        assert "No alerts match" in browser.get(f"/subscriptions/{sid}/history", params={"state": "resolved"}).text
+        assert browser.get(f"/subscriptions/{sid}/history", params={"before": "junk"}).status_code == 200
+        assert "1 firing" in browser.get("/", headers=HTML).text
+
+        assert browser.post(f"/subscriptions/{sid}/pause").headers["hx-refresh"] == "true"
+        assert browser.post(f"/subscriptions/{sid}/explode").status_code == 404
+        assert browser.post(f"/subscriptions/{sid}/delete").headers["hx-redirect"] == "/"
+        assert browser.get(f"/subscriptions/{sid}", headers=HTML).status_code == 404
+
+
+def test_pages_of_another_user_are_not_found(settings: Settings) -> None:
+    owner, owner_token = new_user(settings)
+    other, _ = new_user(settings)
+    with api_client(settings, owner_token) as api:
+        sid = api.post("/api/subscriptions", json={"name": "x", "condition": "COUNT(*) OVER 1m > 1"}).json()["id"]
+        eid = api.post("/api/endpoints", json={"kind": "email", "target": "a@example.com"}).json()["id"]
+    with api_client(settings) as browser:
+        sign_in(browser, other.email)
+        for method, path in [("get", f"/subscriptions/{sid}"), ("get", f"/subscriptions/{sid}/edit"),
+                             ("get", f"/subscriptions/{sid}/firing"), ("get", f"/subscriptions/{sid}/history"),
+                             ("post", f"/subscriptions/{sid}/pause"), ("post", f"/subscriptions/{sid}/delete"),
+                             ("post", f"/endpoints/{eid}/test"), ("post", f"/endpoints/{eid}/rotate"),
+                             ("post", f"/endpoints/{eid}/delete"), ("get", f"/endpoints/{eid}/deliveries")]:
+            assert browser.request(method.upper(), path, headers=HTML).status_code == 404, path
+        assert "No subscriptions yet" in browser.get("/", headers=HTML).text
+
+
+def test_tokens_and_secrets_are_shown_once(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as browser:
+        sign_in(browser, user.email)
+        made = browser.post("/account/tokens", data={"name": "deploy"})
+        token = re.search(r'id="new-token">(tcs_[^<]+)<', made.text)[1]
+        assert token not in browser.get("/account", headers=HTML).text
+        browser.headers["Authorization"] = f"Bearer {token}"
+        assert browser.get("/api/auth/me").json()["email"] == user.email
+        del browser.headers["Authorization"]
+
+        page = browser.post("/endpoints", data={"kind": "webhook", "target": "https://hooks.example.com/x"})
+        first = re.search(r'id="new-secret">([^<]+)<', page.text)[1]
+        eid = int(re.search(r'data-endpoint="(\d+)"', page.text)[1])
+        rotated = browser.post(f"/endpoints/{eid}/rotate")
+        second = re.search(r'id="new-secret">([^<]+)<', rotated.text)[1]
+        assert second != first and 'id="new-secret"' not in browser.get("/endpoints", headers=HTML).text
+        refused = browser.post("/endpoints", data={"kind": "webhook", "target": "ftp://x"})
+        assert refused.status_code == 422 and "http(s) URL" in refused.text
