@@ -14,7 +14,7 @@ Grammar (case-insensitive words)::
     factor     := number | '-' factor | aggregate | '(' expr ')'
     aggregate  := COUNT '(' ['*'] ')' | (SUM | AVG | MIN | MAX | LAST | MEDIAN) '(' attribute ')'
                 | QUANTILE '(' attribute ',' fraction ')'
-    threshold  := ['-'] number ['%']
+    threshold  := ['-' | '+'] number ['%']
 
 A percentage compares the expression with that share of the last value of the
 one attribute it uses ("high minus low above 3% of the last price").
@@ -172,7 +172,7 @@ class _Parser:
 
     def threshold(self) -> tuple[float, bool]:
         negative = self.at("-")
-        if negative:
+        if negative or self.at("+"):
             self.i += 1
         value = self.number()
         percent = self.at("%")

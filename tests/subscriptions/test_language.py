@@ -20,6 +20,7 @@ from subscriptions.language import ConditionError, check_window, format_conditio
         ("QUANTILE(volume, 0.95) OVER 15m > 5000",
          Condition(Aggregate.QUANTILE, "volume", 900_000, low=5000, q=0.95)),
         ("median(price) over 1m < 3", Condition(Aggregate.QUANTILE, "price", 60_000, high=3, q=0.5)),
+        ("SUM(volume) OVER 1m > +5", Condition(Aggregate.SUM, "volume", 60_000, low=5)),
         ("LAST(price) OVER 1m >= 10", Condition(Aggregate.LAST, "price", 60_000, low=10, low_inclusive=True)),
         ("MAX(price) - MIN(price) OVER 30m > 3%",
          Condition(Aggregate.EXPR, None, 1_800_000, low=3, percent_of="price",
