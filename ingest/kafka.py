@@ -86,8 +86,9 @@ def log_end_offsets(
 
 
 def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
-    """``{partition: log end offset}`` for every partition of ``topic``."""
-    consumer = new_consumer(settings)
+    """``{partition: log end offset}`` for every partition of ``topic``, or an error within about ``timeout_s``."""
+    bounded = min(settings.kafka_request_timeout_ms, int(timeout_s * 1000))
+    consumer = new_consumer(settings.model_copy(update={"kafka_request_timeout_ms": bounded}))
     try:
         tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic, timeout_s)]
         return {tp.partition: end for tp, end in log_end_offsets(consumer, tps, timeout_s).items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -43,18 +43,21 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
 
 
+@contextmanager
+def _file_lock(database: str | None) -> Iterator[None]:
+    """An exclusive lock beside a SQLite file (an in-memory database has one process: no lock)."""
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest revision, one process at a time."""
-    if engine.dialect.name == "sqlite":
-        database = engine.url.database
-        lock_path = Path(f"{database}.migrate.lock") if database and database != ":memory:" else None
-        with open(lock_path, "w") if lock_path else open("/dev/null") as lock:  # noqa: SIM115
-            if lock_path:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            with engine.begin() as connection:
-                _upgrade(connection)
-        return
-    with engine.begin() as connection:
+    sqlite = engine.dialect.name == "sqlite"
+    with _file_lock(engine.url.database) if sqlite else nullcontext(), engine.begin() as connection:
         if engine.dialect.name == "postgresql":
             connection.execute(text("select pg_advisory_xact_lock(:id)"), {"id": _PG_MIGRATION_LOCK})
         _upgrade(connection)

@@ -31,6 +31,8 @@ from subscriptions.models import Subscription
 
 log = structlog.get_logger("ops")
 
+STREAM_PROBE_TIMEOUT_S = 2.0  # how long asking the broker for log ends may take (dashboards, readiness)
+
 #: The newest sample as Prometheus gauges, in the web process that takes samples.
 SAMPLED = {name: Gauge(f"tocsin_{name}", text) for name, text in {
     "kafka_lag_records": "Event records in Kafka the evaluator has not read",
@@ -76,8 +78,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     read = json.loads(evaluator.get("source_offsets") or "{}")
     sample["read"] = sum(int(v) for v in read.values())
     try:
-        ends = topic_end_offsets(settings.model_copy(update={"kafka_request_timeout_ms": 2_000}),
-                                 settings.events_topic, timeout_s=2.0)
+        ends = topic_end_offsets(settings, settings.events_topic, timeout_s=STREAM_PROBE_TIMEOUT_S)
         sample["log_end"] = sum(ends.values())
         sample["lag"] = sum(max(end - int(read.get(str(p), 0)), 0) for p, end in ends.items())
         sample["kafka"] = "ok"

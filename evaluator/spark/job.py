@@ -276,7 +276,7 @@ class ShardProcessor(StatefulProcessor):
             del _SHARDS[next(iter(_SHARDS))]
         persisted = time.perf_counter()
 
-        keys = RedisKeys(self.settings)
+        keys = source.keys
         pipe = source.redis.pipeline(transaction=False)
         for name, value in (("late_events_applied", stats.late_events), ("late_events_dropped", stats.dropped_events),
                             ("boundaries", stats.boundaries), ("candidates", stats.candidates),
@@ -297,7 +297,7 @@ class ShardProcessor(StatefulProcessor):
 
     def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator) -> None:
         """Answer the web app's condition previews this shard has not answered yet (see ``web.conditions``)."""
-        keys = RedisKeys(self.settings)
+        keys = source.keys
         for request_id, condition, watch in source.previews(shard):
             at, matched, watched = evaluator.preview(condition, watch)
             shown = sorted(matched.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:PREVIEW_SHOWN]

@@ -11,9 +11,9 @@ from infra.settings import Settings
 from ingest.kafka import topic_end_offsets
 from subscriptions.db import engine_for
 from web.deps import RedisDep, SettingsDep
+from web.ops import STREAM_PROBE_TIMEOUT_S
 
 router = APIRouter(tags=["operations"])
-STREAM_CHECK_TIMEOUT_S = 2.0
 
 
 @router.get("/healthz")
@@ -29,8 +29,7 @@ def _check_database(settings: Settings) -> None:
 
 def _check_stream(settings: Settings) -> None:
     """The broker answers and the event topic exists."""
-    topic_end_offsets(settings.model_copy(update={"kafka_request_timeout_ms": 2_000}), settings.events_topic,
-                      timeout_s=STREAM_CHECK_TIMEOUT_S)
+    topic_end_offsets(settings, settings.events_topic, timeout_s=STREAM_PROBE_TIMEOUT_S)
 
 
 @router.get("/readyz")
