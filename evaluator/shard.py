@@ -274,8 +274,8 @@ class ShardEvaluator:
         watermark = self.watermark
         if watermark is not None:
             last = (watermark // self.config.pane_ms) * self.config.pane_ms
-            if self.evaluated_at is None and not len(self.pending):
-                self._apply_until(last)  # nothing yet: the clock starts at the watermark
+            if self.evaluated_at is None and (not len(self.pending) or int(self.pending.starts.min()) >= last):
+                self._apply_until(last)  # nothing to evaluate yet: the clock starts at the watermark
                 self.evaluated_at = last
             boundary = self._next_boundary()
             while boundary is not None and boundary <= last:

@@ -110,3 +110,20 @@ def test_rows_with_non_finite_values_never_reach_an_index() -> None:
     transitions, _ = shard.step(poisoned, {0: 5_000}, Catalog(1, (spec(1, "COUNT(*) OVER 5s >= 1"),)), stats)
     assert stats.invalid_events == 2 and transitions == []
     assert not shard.indexes.count.substreams or not any(s.ts for s in shard.indexes.count.substreams.values())
+
+
+def test_the_clock_starts_at_the_watermark_even_when_the_first_data_is_ahead_of_it() -> None:
+    """Partition 0 is ahead (B at 30.5 s), partition 1 holds the watermark at 20 s; then A's event of 15.5 s is
+    late. Whether or not another key (C) gave the shard something to evaluate before, A is treated the same."""
+    catalog = Catalog(1, (spec(1, "COUNT(*) OVER 10s >= 1", {"A"}),))
+    runs = {}
+    for busy in (False, True):
+        shard = ShardEvaluator(ShardConfig(ATTRS, PANE, 10_000, 0, 2))
+        early = [("C", 10_500, 1.0, 1.0)] if busy else []
+        stats, got = BatchStats(), set()
+        for rows, progress in [(early + [("B", 30_500, 1.0, 1.0)], {0: 30_500, 1: 20_000}),
+                               ([("A", 15_500, 1.0, 1.0)], {1: 21_000}), ([], {0: 40_000, 1: 40_000})]:
+            transitions, _ = shard.step(pane_rows(rows), progress, catalog, stats)
+            got |= {(t.key, t.state, t.evaluated_at) for t in transitions}
+        runs[busy] = (got, stats.late_events)
+    assert runs[False] == runs[True] == ({("A", "firing", 21_000), ("A", "resolved", 26_000)}, 1)
