@@ -4,9 +4,12 @@ reach an index."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
@@ -14,7 +17,7 @@ from evaluator.shard import BatchStats, ShardConfig, ShardEvaluator
 from evaluator.spec import SubscriptionSpec
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle
-from tests.evaluator.test_shard import ATTRS, PANE, pane_rows
+from tests.evaluator.test_shard import ATTRS, CONFIG, KEYS, PANE, PARTITIONS, pane_rows, progress_of, subscriptions
 
 DAY = 86_400_000
 
@@ -127,3 +130,43 @@ def test_the_clock_starts_at_the_watermark_even_when_the_first_data_is_ahead_of_
             got |= {(t.key, t.state, t.evaluated_at) for t in transitions}
         runs[busy] = (got, stats.late_events)
     assert runs[False] == runs[True] == ({("A", "firing", 21_000), ("A", "resolved", 26_000)}, 1)
+
+
+class EveryBoundary(ShardEvaluator):
+    """The reference: evaluates every boundary, skipping none."""
+
+    def _next_boundary(self) -> int | None:
+        first = super()._next_boundary()
+        return first if self.evaluated_at is None else self.evaluated_at + self.config.pane_ms
+
+
+@st.composite
+def disordered(draw):  # noqa: ANN001, ANN201
+    """Events with idle gaps and disorder well beyond the allowed delay and the horizon, in batches."""
+    events, clock = [], 10_000
+    for _ in range(draw(st.integers(1, 40))):
+        clock += draw(st.one_of(st.integers(0, 700), st.integers(5_000, 40_000)))
+        events.append((draw(st.sampled_from(KEYS)), max(clock - draw(st.integers(0, 15_000)), 0),
+                       float(draw(st.integers(1, 20))), float(draw(st.integers(0, 10)))))
+    cuts = sorted(draw(st.lists(st.integers(0, len(events)), max_size=8)))
+    return [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)]) if b > a]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=disordered(), specs=subscriptions, other=subscriptions, switch=st.integers(0, 8),
+       collective=st.booleans())
+def test_skipping_boundaries_changes_nothing(batches, specs, other, switch: int, collective: bool) -> None:  # noqa: ANN001
+    """Against evaluating every boundary: the same transitions, late and dropped counts, with late events, idle
+    gaps and a catalog change."""
+    config = replace(CONFIG, collective=collective)
+    results = []
+    for cls in (ShardEvaluator, EveryBoundary):
+        shard, stats, got = cls(config), BatchStats(), []
+        for i, batch in enumerate([*batches, []]):
+            catalog = Catalog(1, tuple(specs)) if i < switch else Catalog(2, tuple(other))
+            progress = progress_of(batch) if batch else {p: max(ts for b in batches for _, ts, *_ in b) + 20_000
+                                                          for p in range(PARTITIONS)}
+            transitions, _ = shard.step(pane_rows(batch), progress, catalog, stats)
+            got += [(t.subscription_id, t.key, t.state, t.evaluated_at, t.value) for t in transitions]
+        results.append((got, stats.late_events, stats.dropped_events, shard.evaluated_at, shard.firing))
+    assert results[0] == results[1]
