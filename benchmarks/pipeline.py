@@ -277,7 +277,7 @@ def main() -> None:
         data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
     )
     keys = key_names(args.keys)
-    start_ms = 1_800_000_000_000
+    start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
     events = list(stream(keys, args.rate, args.seconds, start_ms))
     event_times = sorted(ts for _, ts, *_ in events)
     ensure_topics(base)

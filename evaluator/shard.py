@@ -10,11 +10,26 @@ minus the allowed delay; every pane boundary ``b`` at or below it is evaluated,
 in order, over windows ``[b - T, b)``. Evaluation instants depend only on the
 data, so a replayed or restarted run produces the same transitions and ids.
 
+Idle time costs O(1). Between two boundaries at which no pane enters or leaves
+any window (nor the horizon), every window holds the same panes, so every
+condition has the same value and no transition can happen: such boundaries are
+skipped, and the shard's clock (``evaluated_at``) moves to the watermark's boundary
+whatever it is watching, in one step. The boundaries evaluated are the "change
+points": a pane entering (``s + pane`` for a pending pane at ``s``), a pane leaving a
+window of length ``T`` or the horizon (``s + T + pane``), and the next boundary after
+a catalog change or a late pane (``stale``). So a day with nothing to do costs one
+step, not 86,400, whatever is firing; and the clock never depends on what other
+keys of the shard are doing.
+
 Panes. A pane joins the collective indexes once complete (its boundary passed),
 in pane order, as the indexes require. A pane row arriving after that (a late
 event) is inserted out of order by the indexes' correction path and counts in
-every later window that covers it (WID's generous semantics); one older than
-every window still to come is dropped and counted.
+every later window that covers it (WID's generous semantics); one that no window
+still to come covers (it starts at or before ``evaluated_at - horizon``) is dropped
+and counted. Because the clock follows the watermark even while the shard is
+idle, the same event is late, or too late, whether or not other keys keep the
+shard busy. Rows with a non-finite value never reach an index (the parser
+refuses them; the shard drops and counts any that get through).
 
 Evaluation. Subscriptions are grouped by (aggregate, attribute, window). Per
 group and boundary, one index lookup with the group's loosest bounds returns the
@@ -106,11 +121,12 @@ class Delta:
     applied_until: int | None
     changes: list[tuple[int, str, str]] = field(default_factory=list)  # (subscription, key, state), in order
     dropped_subscriptions: list[int] = field(default_factory=list)
+    stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
 
     def to_bytes(self) -> bytes:
         meta = json.dumps({
             "progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
-            "changes": self.changes, "dropped": self.dropped_subscriptions,
+            "changes": self.changes, "dropped": self.dropped_subscriptions, "stale": self.stale,
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -125,6 +141,7 @@ class Delta:
             meta["applied_until"],
             [tuple(x) for x in meta["changes"]],
             meta["dropped"],
+            meta.get("stale", True),
         )
 
 
@@ -133,6 +150,7 @@ class BatchStats:
     late_events: int = 0  # arrived after their pane joined the indexes, applied by correction
     dropped_events: int = 0  # older than every window still to be evaluated
     boundaries: int = 0
+    invalid_events: int = 0  # in rows with a non-finite value: dropped before any index sees them
     candidates: int = 0  # values computed by index lookups (collective) or per (key, subscription) (naive)
     matches: int = 0
 
@@ -147,6 +165,11 @@ class ShardEvaluator:
         self.progress: dict[int, int] = {}
         self.evaluated_at: int | None = None  # the last boundary evaluated
         self.applied_until: int | None = None  # panes starting before this are in the indexes
+        self.starts = np.empty(0, dtype=np.int64)  # sorted distinct starts of the panes in the indexes
+        # The next boundary must be evaluated: the indexes or the catalog changed since the last evaluation
+        # in a way the change points do not show (a late pane, new subscriptions). Evaluating a boundary where
+        # nothing changed yields no transition, so True is always safe; it is kept in deltas and snapshots.
+        self.stale = True
         self.epoch = 0  # the adapter's batch number this state corresponds to
         self._groups: list[Group] = []
         self._groups_version: int | None = None
@@ -167,11 +190,13 @@ class ShardEvaluator:
         stats = stats or BatchStats()
         for partition, ts in progress.items():
             self.progress[partition] = max(self.progress.get(partition, ts), ts)
+        rows = self._finite(rows, stats)
         if not len(rows) or self.applied_until is None:
             self.pending = PaneRows.concat([self.pending, rows], len(self.config.attributes))
             return rows
         assert self.evaluated_at is not None
-        too_old = rows.starts < self.evaluated_at - self.config.horizon_ms
+        # The windows still to come end at b >= evaluated_at + pane and start at b - T >= b - horizon.
+        too_old = rows.starts < self.evaluated_at + self.config.pane_ms - self.config.horizon_ms
         if too_old.any():
             stats.dropped_events += int(rows.counts[too_old].sum())
             rows = rows.select(~too_old)
@@ -179,12 +204,34 @@ class ShardEvaluator:
         if late.any():
             stats.late_events += int(rows.counts[late].sum())
             self._apply(rows.select(late).combined(), late=True)
+            self.stale = True
         self.pending = PaneRows.concat([self.pending, rows.select(~late)], len(self.config.attributes))
         return rows
+
+    @staticmethod
+    def _finite(rows: PaneRows, stats: BatchStats) -> PaneRows:
+        """``rows`` without those holding a non-finite value (which would poison every index they reach)."""
+        if not len(rows):
+            return rows
+        ok = (np.isfinite(rows.sums).all(axis=0) & np.isfinite(rows.mins).all(axis=0)
+              & np.isfinite(rows.maxs).all(axis=0) & (rows.counts > 0))
+        if rows.event_values.size and not np.isfinite(rows.event_values).all():
+            bad_event = ~np.isfinite(rows.event_values).all(axis=0)
+            row_of_event = np.repeat(np.arange(len(rows)), np.diff(rows.event_offsets))
+            ok &= np.bincount(row_of_event[bad_event], minlength=len(rows)) == 0
+        if ok.all():
+            return rows
+        stats.invalid_events += int(np.maximum(rows.counts[~ok], 1).sum())
+        return rows.select(ok)
 
     def _apply(self, rows: PaneRows, late: bool = False) -> None:
         if not len(rows):
             return
+        starts = np.unique(rows.starts)
+        if not self.starts.size or starts[0] > self.starts[-1]:
+            self.starts = np.concatenate([self.starts, starts])
+        else:
+            self.starts = np.union1d(self.starts, starts)
         self.indexes.add_panes(rows.keys.tolist(), rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs,
                                late=late)
         self.values.add(rows)
@@ -197,6 +244,7 @@ class ShardEvaluator:
                 self._apply(self.pending.select(complete).combined())
                 self.pending = self.pending.select(~complete)
         self.applied_until = boundary
+        self.starts = self.starts[np.searchsorted(self.starts, boundary - self.config.horizon_ms):]
         self.indexes.expire(boundary - self.config.horizon_ms - 1)
         self.values.expire(boundary, self.config.horizon_ms)
 
@@ -213,7 +261,12 @@ class ShardEvaluator:
         return transitions, delta
 
     def advance(self, catalog: Catalog, stats: BatchStats | None = None) -> tuple[list[Transition], Delta]:
-        """Evaluate every boundary the watermark passed; returns the transitions and this batch's delta."""
+        """Evaluate every boundary the watermark passed; returns the transitions and this batch's delta.
+
+        Only boundaries where something can change are evaluated (see the module docstring); the
+        clock then moves to the watermark's boundary, so what is late afterwards is the same
+        whether this shard was busy or idle.
+        """
         stats = stats or BatchStats()
         delta = Delta(PaneRows.empty(len(self.config.attributes)), dict(self.progress), None, None)
         transitions: list[Transition] = []
@@ -221,34 +274,45 @@ class ShardEvaluator:
         watermark = self.watermark
         if watermark is not None:
             last = (watermark // self.config.pane_ms) * self.config.pane_ms
+            if self.evaluated_at is None and (not len(self.pending) or int(self.pending.starts.min()) >= last):
+                self._apply_until(last)  # nothing to evaluate yet: the clock starts at the watermark
+                self.evaluated_at = last
             boundary = self._next_boundary()
             while boundary is not None and boundary <= last:
                 self._apply_until(boundary)
                 transitions += self._evaluate(boundary, stats, delta)
                 self.evaluated_at = boundary
+                self.stale = False
                 stats.boundaries += 1
                 boundary = self._next_boundary()
-        delta.evaluated_at, delta.applied_until = self.evaluated_at, self.applied_until
+            if self.evaluated_at is not None and self.evaluated_at < last:  # nothing can change up to last
+                self._apply_until(last)
+                self.evaluated_at = last
+        delta.evaluated_at, delta.applied_until, delta.stale = self.evaluated_at, self.applied_until, self.stale
         return transitions, delta
 
     def _next_boundary(self) -> int | None:
+        """The first boundary after ``evaluated_at`` at which a transition can happen (None: none known yet)."""
         pane = self.config.pane_ms
         first_pending = int(self.pending.starts.min()) + pane if len(self.pending) else None
         if self.evaluated_at is None:
             return first_pending  # start with the first pane that holds data
-        boundary = self.evaluated_at + pane
-        if first_pending is not None and first_pending > boundary and not self._anything_to_watch():
-            return first_pending  # nothing in any window and nothing firing: skip the idle stretch
-        if first_pending is None and not self._anything_to_watch():
-            return None
-        return boundary
-
-    def _anything_to_watch(self) -> bool:
-        return any(self.firing.values()) or any(sub.ts for sub in self.indexes.count.substreams.values())
+        after = self.evaluated_at + pane
+        if self.stale or first_pending == after:
+            return after
+        candidates = [] if first_pending is None else [first_pending]
+        if self.starts.size:  # a pane at s leaves a window of length T at s + T + pane
+            windows = {g.template.window_ms for g in self._groups} | {self.config.horizon_ms}
+            for window in windows:
+                i = int(np.searchsorted(self.starts, self.evaluated_at - window - pane, side="right"))
+                if i < self.starts.size:
+                    candidates.append(int(self.starts[i]) + window + pane)
+        return max(min(candidates), after) if candidates else None
 
     def _refresh(self, catalog: Catalog, delta: Delta) -> None:
         if catalog.version == self._groups_version:
             return
+        self.stale = True  # new or edited subscriptions are evaluated at the next boundary
         self._groups = group_subscriptions(catalog)
         self._groups_version = catalog.version
         active = {s.id for s in catalog.subscriptions}
@@ -401,6 +465,7 @@ class ShardEvaluator:
         if delta.applied_until is not None and delta.applied_until != self.applied_until:
             self._apply_until(delta.applied_until)
         self.evaluated_at = delta.evaluated_at
+        self.stale = delta.stale
         for sid in delta.dropped_subscriptions:
             self.firing.pop(sid, None)
         for sid, key, state in delta.changes:
@@ -419,7 +484,7 @@ class ShardEvaluator:
         for a in self.config.attributes:
             parts += [indexes.sums[a].to_bytes(), indexes.maxs[a].to_bytes(), indexes.mins[a].to_bytes()]
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
-                "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}}
+                "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
         return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
 
@@ -443,4 +508,7 @@ class ShardEvaluator:
         shard.progress = {int(p): ts for p, ts in meta["progress"].items()}
         shard.evaluated_at, shard.applied_until = meta["evaluated_at"], meta["applied_until"]
         shard.firing = {int(sid): set(keys) for sid, keys in meta["firing"].items()}
+        shard.stale = meta.get("stale", True)
+        held = [sub.ts for sub in shard.indexes.count.substreams.values() if sub.ts]
+        shard.starts = np.unique(np.concatenate(held)).astype(np.int64) if held else shard.starts
         return shard

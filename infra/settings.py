@@ -56,6 +56,34 @@ class Settings(BaseSettings):
     evaluator_p: int = Field(4, ge=1, description="CI-COUNT/CI-SUM stamps per level: error ε = 2/(p+2)")
     evaluator_snapshot_every: int = Field(100, ge=2, description="batches between shard state snapshots")
 
+    # --- what a record may be (ingest.model.RecordLimits) ---------------------------
+    max_record_bytes: int = Field(
+        65_536, ge=256, description="larger records are dead-lettered unread (an event is ~80 bytes)"
+    )
+    max_json_depth: int = Field(
+        32, ge=2, description="deeper JSON nesting is dead-lettered before it is parsed (an event is flat)"
+    )
+    max_event_value: float = Field(
+        1e15,
+        gt=0,
+        description=(
+            "largest price/volume accepted. Below 2^53 every whole value is exact in a double, and even a "
+            "billion events per second for the longest window sum to ~1e28, nowhere near the float64 range "
+            "(1.8e308): no window aggregate can overflow to inf or lose its whole units"
+        ),
+    )
+    dead_letter_raw_bytes: int = Field(
+        4_096, ge=64, description="dead letters keep this much of the raw record, with its length and sha256"
+    )
+    max_future_skew_ms: int = Field(
+        300_000,
+        ge=0,
+        description=(
+            "how far event time may run ahead of the processing clock: later events are dead-lettered and "
+            "later heartbeats refused, so neither moves the watermark"
+        ),
+    )
+
     # --- ingest ----------------------------------------------------------------
     heartbeat_interval_ms: int = Field(1_000, ge=1)
     feed_rate: float = Field(300.0, gt=0, description="synthetic feed events per second (mean over the day)")

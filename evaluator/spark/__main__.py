@@ -29,6 +29,10 @@ TOTALS = {
     for name, help_text in {
         "late_events_applied": "Events that arrived after their pane was evaluated and were applied by correction",
         "late_events_dropped": "Events older than every window still to be evaluated, dropped",
+        "future_events_refused": "Events dated beyond the processing clock + TOCSIN_MAX_FUTURE_SKEW_MS, dead-lettered",
+        "future_heartbeats_refused": "Heartbeats dated beyond the processing clock + TOCSIN_MAX_FUTURE_SKEW_MS, refused",
+        "dead_lettered": "Records the evaluator sent to the dead-letter topic",
+        "invalid_events_dropped": "Events with a non-finite value that reached a shard, dropped (should stay 0)",
         "boundaries": "Pane boundaries evaluated, summed over shards",
         "candidates": "Values computed to answer subscriptions (index candidates, or (key, subscription) pairs)",
         "matches": "(subscription, key) pairs in their condition, summed over evaluations",

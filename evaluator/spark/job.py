@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import redis
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQuery
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
@@ -40,7 +41,7 @@ from evaluator.spark.catalog_source import CatalogSource
 from infra.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
-from ingest.model import ATTRIBUTES, DeadLetter, Heartbeat, parse_event
+from ingest.model import ATTRIBUTES, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
 STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
 EVENT_FIELDS = ("event_ts", *(f"event_{a}" for a in ATTRIBUTES))  # the pane's events, for QUANTILE and LAST
@@ -87,8 +88,23 @@ def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
 class PaneParser:
     """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
 
-    Rejects go to the dead-letter topic, at least once: a retried task may send one
-    twice, never zero times.
+    Every record becomes an event, a heartbeat or a dead letter: :func:`ingest.model.parse_record`
+    never raises, and anything unexpected in the per-record work here becomes a dead letter with
+    an ``internal: ...`` reason, so a poison record costs that record only and a retried or
+    restarted batch cannot crash on it again. Rejects go to the dead-letter topic, at least
+    once: a retried task may send one twice, never zero times (and counts it twice).
+
+    Time the outside cannot hijack. An event whose time is more than ``max_future_skew_ms``
+    ahead of the processing clock is dead-lettered, and such a heartbeat refused (and
+    dead-lettered); neither counts as progress, so a partition's progress, hence the
+    watermark, never passes processing time + skew. The processing clock is the
+    micro-batch's timestamp (``current_timestamp()``, which Structured Streaming fixes when
+    it plans a batch and records in the offset log), not the wall clock: a batch re-run
+    after a failure or a restart sees the same clock, refuses the same records and so
+    yields the same pane rows, progress and transitions, with the same alert ids. (With the
+    wall clock, an event refused by the first attempt could be accepted by the replay, and
+    the replay's alerts would differ from those already written.) A backlog read late is
+    judged against the time it is read, never refused for being old.
     """
 
     def __init__(self, settings: Settings, shard_ids: tuple[int, ...]) -> None:
@@ -96,33 +112,53 @@ class PaneParser:
         self.shard_ids = shard_ids
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        limits = RecordLimits.of(self.settings)
+        skew = self.settings.max_future_skew_ms
         for raw in frames:
             events: list[tuple] = []
             progress: dict[int, int] = {}
             dead: list[DeadLetter] = []
-            for topic, partition, offset, value in zip(raw["topic"], raw["partition"], raw["offset"], raw["value"]):
+            refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
+            now = int(raw["now"].iat[0]) if len(raw) else 0  # one batch timestamp for every row
+            for topic, partition, offset, value, size, digest in zip(
+                raw["topic"], raw["partition"], raw["offset"], raw["value"], raw["value_bytes"], raw["value_sha256"]
+            ):
                 source = f"{topic}[{partition}]@{offset}"
-                if value is None:
-                    dead.append(DeadLetter(reason="record: empty value", raw="", source=source))
-                    continue
-                if b'"heartbeat"' in value:
-                    try:
-                        ts = Heartbeat.model_validate_json(value).ts
-                        progress[int(partition)] = max(progress.get(int(partition), ts), ts)
+                try:
+                    if digest is not None:  # the source kept only the start of an oversized record
+                        dead.append(DeadLetter.of(
+                            f"record: {int(size)} bytes, more than the {limits.max_record_bytes} allowed",
+                            value, source, limits, size=int(size), digest=digest))
                         continue
-                    except ValueError:
-                        pass  # not a heartbeat after all: validate it as an event
-                parsed = parse_event(value, source=source)
-                if isinstance(parsed, DeadLetter):
-                    dead.append(parsed)
-                else:
-                    events.append((parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
-                    progress[int(partition)] = max(progress.get(int(partition), parsed.ts), parsed.ts)
+                    parsed = parse_record(value, source, limits)
+                    if isinstance(parsed, DeadLetter):
+                        dead.append(parsed)
+                        continue
+                    if parsed.ts - now > skew:
+                        what = "heartbeat" if isinstance(parsed, Heartbeat) else "event"
+                        refused[f"future_{what}s_refused"] += 1
+                        dead.append(DeadLetter.of(
+                            f"ts: {what} time {parsed.ts} is {parsed.ts - now} ms ahead of the processing clock "
+                            f"({now}); at most {skew} allowed (TOCSIN_MAX_FUTURE_SKEW_MS)", value, source, limits))
+                        continue
+                    if isinstance(parsed, Event):
+                        events.append((parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
+                    p = int(partition)
+                    progress[p] = max(progress.get(p, parsed.ts), parsed.ts)
+                except Exception as exc:  # noqa: BLE001 - a record must never fail the batch
+                    dead.append(DeadLetter.of(f"internal: {type(exc).__name__}: {exc}", value, source, limits))
             if dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
                 for letter in dead:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
+                counts = {"dead_lettered": len(dead), **refused}
+                source_ = _catalog_source(self.settings)
+                pipe = source_.redis.pipeline(transaction=False)
+                for name, n in counts.items():
+                    if n:
+                        pipe.hincrby(source_.keys.evaluator_stats, name, n)
+                pipe.execute()
             yield self._frame(events, progress)
 
     def _frame(self, events: list[tuple], progress: dict[int, int]) -> pd.DataFrame:
@@ -279,6 +315,7 @@ class ShardProcessor(StatefulProcessor):
         keys = source.keys
         pipe = source.redis.pipeline(transaction=False)
         for name, value in (("late_events_applied", stats.late_events), ("late_events_dropped", stats.dropped_events),
+                            ("invalid_events_dropped", stats.invalid_events),
                             ("boundaries", stats.boundaries), ("candidates", stats.candidates),
                             ("matches", stats.matches), (f"shard_restore_{how}", 1)):
             if value:
@@ -402,12 +439,15 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .option("bootstrap", settings.kafka_bootstrap)
         .option("topic", settings.events_topic)
         .option("requestTimeoutMs", str(settings.kafka_request_timeout_ms))
+        .option("maxRecordBytes", str(settings.max_record_bytes))
+        .option("keepBytes", str(settings.dead_letter_raw_bytes))
     )
     if settings.source_max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(settings.source_max_records_per_trigger))
     panes = (
         reader.load()
-        .select("topic", "partition", "offset", "value")
+        .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256",
+                F.unix_millis(F.current_timestamp()).alias("now"))  # the batch's clock: the same on replay
         .mapInPandas(PaneParser(settings, shard_ids), PANES_SCHEMA)
     )
     transitions = panes.groupBy("shard").transformWithStateInPandas(

@@ -10,11 +10,15 @@ source is written against ``pyspark.sql.datasource``:
 - ``partitions(start, end)`` makes one input partition per Kafka partition with
   new data, and ``read`` assigns + seeks and yields exactly the offsets in
   ``[start, end)``, so a micro-batch is a deterministic function of its offset
-  range and replays after a failure read the same records.
+  range and replays after a failure read the same records;
+- a record larger than ``maxRecordBytes`` does not enter Spark whole: ``read``
+  yields only its first ``keepBytes`` with its length and sha256 (``value_bytes``,
+  ``value_sha256``), which is all its dead letter needs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +36,9 @@ RAW_SCHEMA = StructType(
         StructField("offset", LongType(), False),
         StructField("timestamp", LongType(), True),  # broker/producer time, epoch ms
         StructField("key", BinaryType(), True),
-        StructField("value", BinaryType(), True),
+        StructField("value", BinaryType(), True),  # only the start of a record over the size limit
+        StructField("value_bytes", LongType(), True),  # the record's whole length
+        StructField("value_sha256", StringType(), True),  # set only for a record cut to its start
     ]
 )
 
@@ -82,6 +88,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records = int(options["maxrecordspertrigger"]) if options.get("maxrecordspertrigger") else None
         self.request_timeout_ms = int(options.get("requesttimeoutms", "10000"))
         self.read_timeout_s = float(options.get("readtimeoutseconds", "60"))
+        self.max_record_bytes = int(options["maxrecordbytes"]) if options.get("maxrecordbytes") else None
+        self.keep_bytes = int(options.get("keepbytes", "4096"))
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
 
@@ -170,13 +178,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )
                 for record in batch:
                     if partition.start <= record.offset < partition.end:
+                        value, size, digest = record.value, None, None
+                        if value is not None:
+                            size = len(value)
+                            if self.max_record_bytes is not None and size > self.max_record_bytes:
+                                value, digest = value[: self.keep_bytes], hashlib.sha256(value).hexdigest()
                         yield (
                             record.topic,
                             record.partition,
                             record.offset,
                             record.timestamp,
                             record.key,
-                            record.value,
+                            value,
+                            size,
+                            digest,
                         )
         finally:
             consumer.close()

@@ -20,12 +20,12 @@ from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle, value_of
-from tests.evaluator.spark.test_job import publish_catalog, transitions
+from tests.evaluator.spark.test_job import publish_catalog, recent_base, transitions
 
 pytestmark = pytest.mark.spark
 
 KEYS = [f"K{i:02d}" for i in range(20)]
-BASE = 1_800_000_000_000
+BASE = recent_base()
 HORIZON = 20_000
 SPECS = [
     SubscriptionSpec(1, parse_condition("COUNT(*) OVER 5s > 8")),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -112,3 +114,18 @@ def test_latest_starting_offsets_skip_history(settings: Settings) -> None:
     assert src.initialOffset() == {"0": 3, "1": 2, "2": 1}
     capped = src.latestOffset(src.initialOffset(), ReadMaxRows(10))
     assert capped == {"0": 3, "1": 2, "2": 1}
+
+
+def test_oversized_records_enter_spark_as_their_start_length_and_digest(settings: Settings) -> None:
+    ensure_topics(settings)
+    big, small = b"\x00junk\xff" * 20_000, b'{"key": "A"}'
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    for value in (big, small, None):
+        producer.send(settings.events_topic, key=b"k", value=value, partition=0)
+    producer.flush()
+    producer.close()
+    src = reader(settings, maxRecordBytes="1000", keepBytes="64")
+    start = src.initialOffset()
+    rows = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in src.read(part)]
+    assert [row[5:] for row in rows] == [
+        (big[:64], len(big), hashlib.sha256(big).hexdigest()), (small, len(small), None), (None, None, None)]
