@@ -39,7 +39,7 @@ from infra.settings import Settings  # noqa: E402
 from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
 from notifier.email import render, send_email  # noqa: E402
 from notifier.notification import build_notification, notification_id  # noqa: E402
-from notifier.webhook import post_webhook  # noqa: E402
+from notifier.webhook import WebhookLimits, post_webhook  # noqa: E402
 from subscriptions.accounts import AccountService  # noqa: E402
 from subscriptions.db import session_factory  # noqa: E402
 from subscriptions.models import Endpoint  # noqa: E402
@@ -108,7 +108,7 @@ def naive_webhooks(url: str, arrivals: Arrivals, n: int, tag: str) -> tuple[floa
     payloads = [notification(i, tag) for i in range(n)]
     started = time.time()
     for p in tqdm(payloads, desc=tag, unit="delivery", leave=False):
-        post_webhook(url, p, SECRET, p["notification_id"], 3, 10)
+        post_webhook(url, p, SECRET, p["notification_id"], WebhookLimits(allow_hosts=("127.0.0.1",)))
     finished = time.time()
     return n / (finished - started), [arrivals.at[p["notification_id"]] - started for p in payloads]
 

@@ -27,7 +27,7 @@ from notifier.app import DELIVER_TASK, app
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords
 from notifier.email import render, send_email
-from notifier.webhook import DestinationRefused, check_destination, post_webhook
+from notifier.webhook import WebhookLimits, post_webhook
 from subscriptions.db import session_scope
 from subscriptions.models import Endpoint
 
@@ -67,7 +67,7 @@ def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
     """The endpoint's channel, address and secret, cached briefly: a lookup costs more than a local POST."""
     key = (settings.database_url, endpoint_id)
     cached = _targets.get(key)
-    if cached and time.monotonic() - cached[0] < settings.delivery_endpoint_cache_s:
+    if cached and time.monotonic() - cached[0] < 5:
         return cached[1]
     with session_scope(settings.database_url) as session:
         endpoint = session.get(Endpoint, endpoint_id)
@@ -80,23 +80,14 @@ def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Setti
     """One attempt over the endpoint's channel."""
     if endpoint.kind == "email":
         return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
-    try:
-        check_destination(endpoint.target, settings.webhook_allow_hosts)
-    except DestinationRefused as exc:
-        return Attempt(ok=False, retryable=False, latency_ms=0.0, error=str(exc))
-    return post_webhook(
-        endpoint.target,
-        notification,
-        endpoint.secret,
-        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
-        connect_timeout_s=settings.webhook_connect_timeout_s,
-        read_timeout_s=settings.webhook_read_timeout_s,
-    )
+    return post_webhook(endpoint.target, notification, endpoint.secret,
+                        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
+                        limits=WebhookLimits.from_settings(settings))
 
 
 def claim_ttl_s(settings: Settings) -> float:
     """Longer than any one attempt can take, so a claim outlives the attempt that holds it."""
-    return max(settings.webhook_connect_timeout_s + settings.webhook_read_timeout_s, 2 * settings.smtp_timeout_s) + 5
+    return max(settings.webhook_total_timeout_s, 2 * settings.smtp_timeout_s) + 5
 
 
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
