@@ -37,6 +37,7 @@ class Received:
 class WebhookReceiver:
     fail_first: int = 0
     fail_status: int = 503
+    retry_after: str | None = None  # the Retry-After header of a failing answer, verbatim
     slow_first: int = 0  # the first so many requests wait ``slow_s`` before answering
     slow_s: float = 0.0
     latency_s: float = 0.0  # every request takes at least this long, like a real remote service
@@ -69,6 +70,8 @@ class WebhookReceiver:
                     time.sleep(receiver.latency_s)
                 if number <= receiver.fail_first:
                     self.send_response(receiver.fail_status)
+                    if receiver.retry_after is not None:
+                        self.send_header("Retry-After", receiver.retry_after)
                     self.end_headers()
                     return
                 got = Received(dict(self.headers), body, time.time())
