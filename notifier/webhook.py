@@ -302,9 +302,8 @@ def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: s
             # The status is the receiver's answer; a body is only read (capped) to close an error cleanly.
             cut = None if response.is_success else _drain(response, limits.max_response_bytes)
     except httpx.HTTPError as exc:
-        if deadline.remaining() <= 0:
-            return failed(True, f"no complete response within the {limits.total_timeout_s:g} s deadline "
-                                f"({type(exc).__name__})")
+        if deadline.remaining() <= 0:  # however the cut surfaced (timeout, or the watchdog's shutdown)
+            return failed(True, f"no complete response within the {limits.total_timeout_s:g} s deadline")
         return failed(True, f"{type(exc).__name__}: {exc}")
     finally:
         watchdog.cancel()
