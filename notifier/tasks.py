@@ -52,7 +52,8 @@ DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred becaus
 
 @worker_ready.connect
 def _serve_metrics(**_: object) -> None:
-    serve_metrics(get_settings().metrics_port_worker)
+    """The worker's metrics; a worker of the test-alert lane alone serves none (the port is the alert lane's)."""
+    serve_metrics(app.conf.get("tocsin_metrics_port", get_settings().metrics_port_worker))
 
 
 @lru_cache(maxsize=4)

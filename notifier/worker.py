@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     args, celery_args = parser.parse_known_args(argv)
     lanes = LANES if args.lane == "all" else (args.lane,)
     queues = ",".join(lane_queue(get_settings(), lane) for lane in lanes)
+    if args.lane == "tests":
+        app.conf.tocsin_metrics_port = 0
     app.worker_main(["worker", "-Q", queues, *celery_args])
 
 
