@@ -148,6 +148,8 @@ def main() -> None:
     settings = Settings(
         redis_url=f"redis://127.0.0.1:{redis_port}/0", redis_prefix="bench", database_url=f"sqlite:///{work}/db.sqlite",
         webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
+        # One tenant, one endpoint per receiver: lift the isolation caps to measure the workers themselves.
+        delivery_endpoint_concurrency=64, delivery_owner_concurrency=64,
     )
     with session_factory(settings.database_url)() as session:
         owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")

@@ -14,7 +14,8 @@ its reason. A delivery whose endpoint was deleted, changed hands or changed
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
 a delivery that finds either full gives its worker thread back at once and looks
-again after about ``delivery_busy_delay_s`` (not counted as an attempt).
+again after about ``delivery_busy_delay_s``, doubling up to 8x while it keeps
+finding them full (not counted as an attempt).
 """
 
 from __future__ import annotations
@@ -124,11 +125,11 @@ def claim_ttl_s(settings: Settings) -> float:
 
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
 def deliver(self: Task, notification: dict, endpoint_id: int, owner_id: int | None = None,
-            generation: str | None = None, attempt: int = 1) -> str:
+            generation: str | None = None, attempt: int = 1, deferrals: int = 0) -> str:
     settings = get_settings()
     records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
     delivery = _Delivery(self, settings, records, notification, endpoint_id,
-                         {"owner_id": owner_id, "generation": generation}, attempt)
+                         {"owner_id": owner_id, "generation": generation}, attempt, deferrals)
     nid = notification["notification_id"]
     claimed, delivered = records.claim(nid, endpoint_id, claim_ttl_s(settings))
     if delivered:
@@ -151,14 +152,20 @@ class _Delivery:
     """One run of the task, with the ways it can end."""
 
     def __init__(self, task: Task, settings: Settings, records: DeliveryRecords, notification: dict,
-                 endpoint_id: int, bound: dict, attempt: int) -> None:
+                 endpoint_id: int, bound: dict, attempt: int, deferrals: int) -> None:
         self.task, self.settings, self.records = task, settings, records
         self.notification, self.endpoint_id, self.bound, self.number = notification, endpoint_id, bound, attempt
+        self.deferrals = deferrals
 
-    def again(self, countdown: float, attempt: int) -> Retry:
+    def again(self, countdown: float, attempt: int, deferrals: int = 0) -> Retry:
         """Send this delivery again later, in its lane, as attempt number ``attempt``."""
-        return self.task.retry(args=(self.notification, self.endpoint_id), kwargs={**self.bound, "attempt": attempt},
+        return self.task.retry(args=(self.notification, self.endpoint_id),
+                               kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
                                countdown=countdown, queue=queue_for(self.task.app, self.notification))
+
+    def busy_delay_s(self) -> float:
+        """Longer each time the same delivery finds its caps full (up to 8x), so a backlog does not spin."""
+        return self.settings.delivery_busy_delay_s * 2 ** min(self.deferrals, 3) * random.uniform(0.5, 1.5)
 
     def run(self) -> str:
         endpoint = endpoint_target(self.settings, self.endpoint_id)
@@ -174,7 +181,7 @@ class _Delivery:
                                       self.settings.delivery_endpoint_concurrency,
                                       self.settings.delivery_owner_concurrency, claim_ttl_s(self.settings)):
             DEFERRED.inc()
-            raise self.again(self.settings.delivery_busy_delay_s * random.uniform(0.5, 1.5), self.number)
+            raise self.again(self.busy_delay_s(), self.number, self.deferrals + 1)
         try:
             attempt = send(endpoint, self.notification, self.endpoint_id, self.settings)
         finally:
