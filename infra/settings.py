@@ -109,7 +109,7 @@ class Settings(BaseSettings):
         600.0, gt=0, description="broker visibility timeout beyond the whole retry schedule"
     )
     delivery_endpoint_concurrency: int = Field(2, ge=1, description="attempts in flight at once per endpoint")
-    delivery_owner_concurrency: int = Field(4, ge=1, description="attempts in flight at once per endpoint owner")
+    delivery_owner_concurrency: int = Field(3, ge=1, description="attempts in flight at once per endpoint owner")
     delivery_busy_delay_s: float = Field(
         2.0, gt=0, description="a delivery whose endpoint or owner is at its cap looks again after about this long"
     )
