@@ -64,7 +64,11 @@ def endpoint_generation(kind: str, target: str, stored_secret: str | None) -> st
 
 
 def binding(endpoint: Endpoint) -> dict:
-    """The task arguments that bind a delivery to this endpoint as it is now."""
+    """The task arguments that bind a delivery to this endpoint as it is now.
+
+    The one place a generation is taken from an endpoint row (enqueueing and the
+    worker's check both come here), over the secret as stored.
+    """
     return {"owner_id": endpoint.owner_id,
             "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret)}
 

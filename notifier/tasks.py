@@ -38,7 +38,7 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
-from notifier.deliveries import DeliveryRecords, endpoint_generation
+from notifier.deliveries import DeliveryRecords, binding
 from notifier.email import render, send_email
 from notifier.webhook import WebhookLimits, post_webhook
 from subscriptions.db import session_scope
@@ -92,7 +92,7 @@ def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
         if endpoint is None:
             return None
         return Target(endpoint.kind, endpoint.target, endpoint.secret, endpoint.owner_id,
-                      endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret))
+                      binding(endpoint)["generation"])
 
 
 def stale_reason(endpoint: Target | None, owner_id: int | None, generation: str | None) -> str | None:
