@@ -39,7 +39,7 @@ from infra.settings import Settings  # noqa: E402
 from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
 from notifier.email import render, send_email  # noqa: E402
 from notifier.notification import build_notification, notification_id  # noqa: E402
-from notifier.webhook import post_webhook  # noqa: E402
+from notifier.webhook import WebhookLimits, post_webhook  # noqa: E402
 from subscriptions.accounts import AccountService  # noqa: E402
 from subscriptions.db import session_factory  # noqa: E402
 from subscriptions.models import Endpoint  # noqa: E402
@@ -108,7 +108,7 @@ def naive_webhooks(url: str, arrivals: Arrivals, n: int, tag: str) -> tuple[floa
     payloads = [notification(i, tag) for i in range(n)]
     started = time.time()
     for p in tqdm(payloads, desc=tag, unit="delivery", leave=False):
-        post_webhook(url, p, SECRET, p["notification_id"], 3, 10)
+        post_webhook(url, p, SECRET, p["notification_id"], WebhookLimits(allow_hosts=("127.0.0.1",)))
     finished = time.time()
     return n / (finished - started), [arrivals.at[p["notification_id"]] - started for p in payloads]
 
@@ -148,6 +148,8 @@ def main() -> None:
     settings = Settings(
         redis_url=f"redis://127.0.0.1:{redis_port}/0", redis_prefix="bench", database_url=f"sqlite:///{work}/db.sqlite",
         webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
+        # One tenant, one endpoint per receiver: lift the isolation caps to measure the workers themselves.
+        delivery_endpoint_concurrency=64, delivery_owner_concurrency=64,
     )
     with session_factory(settings.database_url)() as session:
         owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")

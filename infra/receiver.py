@@ -1,7 +1,9 @@
 """A real HTTP server that receives webhooks: for tests, the benchmark and the local demo.
 
-It can be told to fail its first N requests, or to be slow on them, and it
-records every request it accepted with its arrival time. Run as a module it
+It can be told to fail its first N requests, or to be slow on them, to behave
+like a hostile receiver (answer one byte per second, forever, or stream an
+endless body), or to serve HTTPS; it records every request it accepted with its
+arrival time (and the TLS server names clients asked for). Run as a module it
 prints each verified notification:
 ``python -m infra.receiver --port 8099 --secret <endpoint secret>``.
 """
@@ -9,11 +11,14 @@ prints each verified notification:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -32,14 +37,19 @@ class Received:
 class WebhookReceiver:
     fail_first: int = 0
     fail_status: int = 503
+    retry_after: str | None = None  # the Retry-After header of a failing answer, verbatim
     slow_first: int = 0  # the first so many requests wait ``slow_s`` before answering
     slow_s: float = 0.0
     latency_s: float = 0.0  # every request takes at least this long, like a real remote service
     host: str = "127.0.0.1"
     port: int = 0
     on_receive: Callable[[Received], None] | None = None
+    trickle_bytes_per_s: float = 0.0  # hostile: answer this many bytes a second, never finishing
+    endless_status: int | None = None  # hostile: answer this status with a body that never ends
+    certificate: tuple[Path, Path] | None = None  # (cert chain, key): serve HTTPS
     received: list[Received] = field(default_factory=list)
     attempts: int = 0
+    server_names: list[str | None] = field(default_factory=list)  # SNI of each TLS handshake
 
     def __post_init__(self) -> None:
         receiver = self
@@ -51,12 +61,17 @@ class WebhookReceiver:
                 with lock:
                     receiver.attempts += 1
                     number = receiver.attempts
+                if receiver.trickle_bytes_per_s or receiver.endless_status:
+                    self.hostile()
+                    return
                 if number <= receiver.slow_first:
                     time.sleep(receiver.slow_s)
                 if receiver.latency_s:
                     time.sleep(receiver.latency_s)
                 if number <= receiver.fail_first:
                     self.send_response(receiver.fail_status)
+                    if receiver.retry_after is not None:
+                        self.send_header("Retry-After", receiver.retry_after)
                     self.end_headers()
                     return
                 got = Received(dict(self.headers), body, time.time())
@@ -67,17 +82,39 @@ class WebhookReceiver:
                 self.send_response(204)
                 self.end_headers()
 
+            def hostile(self) -> None:
+                """Hold the client as long as it stays: a byte at a time, or body chunks without end."""
+                try:
+                    if receiver.endless_status:
+                        self.wfile.write(f"HTTP/1.1 {receiver.endless_status} Busy\r\nConnection: close\r\n\r\n"
+                                         .encode())
+                        chunk = b"x" * 65_536
+                        while True:
+                            self.wfile.write(chunk)
+                    for byte in itertools.cycle(b"HTTP/1.1 200 OK\r\nX-Slow: "):
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(1 / receiver.trickle_bytes_per_s)
+                except OSError:  # the client gave up
+                    self.close_connection = True
+
             def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer((self.host, self.port), Handler)
         self.server.daemon_threads = True
+        if self.certificate:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*map(str, self.certificate))
+            context.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.server.server_address[1]}/hook"
+        scheme = "https" if self.certificate else "http"
+        return f"{scheme}://{self.host}:{self.server.server_address[1]}/hook"
 
     def accepted(self) -> dict[str, Received]:
         """Accepted requests by ``Idempotency-Key``, as a receiver that de-duplicates would keep them."""

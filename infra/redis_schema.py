@@ -12,7 +12,7 @@
 - ``policy:<subscription>``: per key, what the subscriber was last told, and
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
-- ``deliveries:*`` and ``delivered:*``: see ``notifier.deliveries``;
+- ``deliveries:*``, ``delivered:*``, ``sending:*`` and ``inflight:*``: see ``notifier.deliveries``;
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
@@ -76,6 +76,12 @@ class RedisKeys:
 
     def sending(self, notification_id: str, endpoint_id: int) -> str:
         return self._k("sending", notification_id, endpoint_id)
+
+    def inflight_endpoint(self, endpoint_id: int) -> str:
+        return self._k("inflight", "endpoint", endpoint_id)
+
+    def inflight_owner(self, owner_id: int) -> str:
+        return self._k("inflight", "owner", owner_id)
 
     def key_states(self, subscription_id: int) -> str:
         return self._k("policy", subscription_id)

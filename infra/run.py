@@ -39,8 +39,10 @@ def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
     """The platform's own processes; docker-compose.yml runs the same modules."""
     return [
         ("web", python_module("uvicorn", "web.main:app", "--host", settings.web_host, "--port", str(settings.web_port))),
-        ("worker", python_module("celery", "-A", "notifier.app", "worker", "--pool", "threads", "--concurrency", "8",
+        ("worker", python_module("notifier.worker", "--lane", "alerts", "--pool", "threads", "--concurrency", "8",
                                  "--loglevel", "INFO", "--without-gossip", "--without-mingle")),
+        ("worker-tests", python_module("notifier.worker", "--lane", "tests", "--pool", "threads", "--concurrency", "2",
+                                       "--loglevel", "INFO", "--without-gossip", "--without-mingle")),
         ("dispatcher", python_module("notifier.dispatcher")),
         ("evaluator", python_module("evaluator.spark")),
         ("feed", python_module("ingest", "feed")),

@@ -110,8 +110,13 @@ class Settings(BaseSettings):
     preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
 
     # --- notifier ----------------------------------------------------------------
-    webhook_connect_timeout_s: float = 3.0
-    webhook_read_timeout_s: float = 10.0
+    webhook_connect_timeout_s: float = Field(3.0, gt=0)
+    webhook_read_timeout_s: float = Field(10.0, gt=0, description="longest silence between two reads of a response")
+    webhook_total_timeout_s: float = Field(
+        10.0, gt=0, description="deadline of one webhook attempt: resolving, connecting, TLS, sending, the response"
+    )
+    webhook_max_response_bytes: int = Field(64 * 1024, ge=0, description="most of a response body a worker reads")
+    webhook_ca_file: Path | None = Field(None, description="CA bundle to verify HTTPS receivers; default: certifi's")
     webhook_allow_hosts: list[str] = Field(
         default_factory=list,
         description="hosts/IPs exempt from the SSRF guard (e.g. 127.0.0.1 for local testing)",
@@ -131,8 +136,10 @@ class Settings(BaseSettings):
     delivery_visibility_margin_s: float = Field(
         600.0, gt=0, description="broker visibility timeout beyond the whole retry schedule"
     )
-    delivery_endpoint_cache_s: float = Field(
-        5.0, ge=0, description="workers cache an endpoint's address and secret this long (rotation delay)"
+    delivery_endpoint_concurrency: int = Field(2, ge=1, description="attempts in flight at once per endpoint")
+    delivery_owner_concurrency: int = Field(3, ge=1, description="attempts in flight at once per endpoint owner")
+    delivery_busy_delay_s: float = Field(
+        2.0, gt=0, description="a delivery whose endpoint or owner is at its cap looks again after about this long"
     )
     delivery_restore_interval_s: int = Field(
         30, ge=1, description="how often workers look for deliveries a dead worker left unacknowledged"

@@ -4,19 +4,41 @@ Retries are re-sent with a countdown and held by a worker until due; the Redis
 transport hands an unacknowledged message to another worker after the
 visibility timeout, so that timeout must outlast the whole retry schedule, or a
 slow retry would run twice.
+
+Deliveries travel in two lanes, each a queue of its own: ``alerts`` (what the
+dispatcher sends) and ``tests`` (the "send test alert" button), so test alerts,
+however many are clicked, are served by their own workers and never take an
+alert's worker thread. A worker started without ``-Q`` (or with
+``python -m notifier.worker --lane all``) serves both.
 """
 
 from __future__ import annotations
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 from infra.settings import Settings, get_settings
 
 DELIVER_TASK = "tocsin.deliver"
+LANES = ("alerts", "tests")
+
+
+def lane_queue(settings: Settings, lane: str) -> str:
+    """The broker queue of a lane."""
+    if lane not in LANES:
+        raise ValueError(f"unknown delivery lane {lane!r}; lanes: {', '.join(LANES)}")
+    base = settings.redis_key("deliveries")
+    return base if lane == "alerts" else f"{base}:{lane}"
+
+
+def queue_for(celery: Celery, notification: dict) -> str:
+    """The queue a notification's deliveries (and their retries) go to."""
+    return celery.conf.tocsin_lanes["tests" if notification.get("test") else "alerts"]
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
+    lanes = {lane: lane_queue(settings, lane) for lane in LANES}
     app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks"])
     app.conf.update(
         task_acks_late=True,
@@ -25,7 +47,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        task_default_queue=settings.redis_key("deliveries"),
+        task_default_queue=lanes["alerts"],
+        task_queues=[Queue(q, Exchange(q), routing_key=q) for q in lanes.values()],
+        tocsin_lanes=lanes,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": int(settings.delivery_retry_schedule_s + settings.delivery_visibility_margin_s),

@@ -7,11 +7,20 @@
   redelivered task never sends twice, and ``sending:<notification>:<endpoint>``,
   held while one copy of a task is sending, so two copies never send at once;
 - ``deliveries:dead``: a hash of deliveries that failed for good, by
-  ``<notification>:<endpoint>``, kept until an operator replays or discards them.
+  ``<notification>:<endpoint>``, kept until an operator replays or discards them;
+- ``inflight:endpoint:<id>`` and ``inflight:owner:<user>``: sorted sets of the
+  attempts in flight (scored by when their hold expires), the per-endpoint and
+  per-owner caps that keep one slow receiver from taking every worker thread.
+
+A delivery task is bound to its endpoint as it was when the delivery was queued:
+its id, its owner and its *generation* (a fingerprint of its channel, address and
+stored secret). The worker drops a delivery whose endpoint is gone, belongs to
+someone else or changed since (a rotated secret), and records why.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -19,22 +28,61 @@ import redis
 from celery import Celery
 
 from infra.redis_schema import RedisKeys
-from notifier.app import DELIVER_TASK
+from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import test_notification
+from subscriptions.models import Endpoint
 
 ATTEMPT_LOG_LENGTH = 1_000
 DELIVERED_MARK_TTL_S = 30 * 24 * 3600
+
+
+_TAKE_SLOT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[4])
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) >= tonumber(ARGV[i + 1]) then return 0 end
+end
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + ttl, ARGV[1])
+  redis.call('PEXPIRE', key, ttl)
+end
+return 1
+"""
 
 
 def _json(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def enqueue_test_alert(celery: Celery, endpoint_id: int) -> str:
+def endpoint_generation(kind: str, target: str, stored_secret: str | None) -> str:
+    """Changes whenever what a delivery is bound to changes: the channel, the address, the stored secret."""
+    material = json.dumps([kind, target, stored_secret])
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def binding(endpoint: Endpoint) -> dict:
+    """The task arguments that bind a delivery to this endpoint as it is now.
+
+    The one place a generation is taken from an endpoint row (enqueueing and the
+    worker's check both come here), over the secret as stored.
+    """
+    return {"owner_id": endpoint.owner_id,
+            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret)}
+
+
+def enqueue(celery: Celery, notification: dict, endpoint_id: int, bound: dict) -> None:
+    """Queue one delivery, in the lane of its kind (test alerts have their own)."""
+    celery.send_task(DELIVER_TASK, args=(notification, endpoint_id), kwargs=bound,
+                     queue=queue_for(celery, notification))
+
+
+def enqueue_test_alert(celery: Celery, endpoint: Endpoint) -> str:
     """Queue a made-up alert to one endpoint through the real delivery task; returns its notification id."""
-    notification = test_notification(endpoint_id, int(time.time() * 1000))
-    celery.send_task(DELIVER_TASK, args=(notification, endpoint_id))
+    notification = test_notification(endpoint.id, int(time.time() * 1000))
+    enqueue(celery, notification, endpoint.id, binding(endpoint))
     return notification["notification_id"]
 
 
@@ -49,10 +97,11 @@ class DeliveryRecords:
 
     # -- writing (worker, dispatcher) ------------------------------------------------------
 
-    def _log(self, pipe: redis.client.Pipeline, subscription_id: int | None, entry: dict) -> None:
+    def _log(self, pipe: redis.client.Pipeline, subscription_id: int | None, entry: dict,
+             endpoint_log: bool = True) -> None:
         line = _json({**entry, "at": time.time()})
         logs = [self.keys.delivery_log(subscription_id)] if subscription_id is not None else []
-        if entry.get("endpoint_id") is not None:
+        if endpoint_log and entry.get("endpoint_id") is not None:
             logs.append(self.keys.endpoint_log(entry["endpoint_id"]))
         for log_key in logs:
             pipe.lpush(log_key, line)
@@ -88,13 +137,26 @@ class DeliveryRecords:
                   self._entry(notification, endpoint_id, kind, attempt, number, "delivered"))
         pipe.execute()
 
-    def dead(self, notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int) -> None:
+    def dead(self, notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int,
+             bound: dict | None = None) -> None:
         entry = self._entry(notification, endpoint_id, kind, attempt, number, "dead")
         letter = {"id": dead_letter_id(notification["notification_id"], endpoint_id), "notification": notification,
-                  **entry, "dead_at": time.time()}
+                  **entry, "binding": bound or {}, "dead_at": time.time()}
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.dead_letters, letter["id"], _json(letter))
         self._log(pipe, notification["subscription_id"], entry)
+        pipe.execute()
+
+    def dropped(self, notification: dict, endpoint_id: int, reason: str, number: int) -> None:
+        """Log that a delivery was dropped because its endpoint is gone or changed.
+
+        Only in the subscription's log: the endpoint's log (by id) is not the old
+        delivery's to write to any more.
+        """
+        entry = {**self._entry(notification, endpoint_id, None, Attempt(False, False, 0.0, error=reason), number,
+                               "dropped"), "reason": reason}
+        pipe = self.redis.pipeline()
+        self._log(pipe, notification["subscription_id"], entry, endpoint_log=False)
         pipe.execute()
 
     def suppressed(self, subscription_id: int, alert: dict, reason: str, pipe: redis.client.Pipeline) -> None:
@@ -118,6 +180,22 @@ class DeliveryRecords:
 
     def release(self, notification_id: str, endpoint_id: int) -> None:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
+
+    def take_slot(self, endpoint_id: int, owner_id: int, token: str, endpoint_cap: int, owner_cap: int,
+                  ttl_s: float) -> bool:
+        """Hold one in-flight slot of the endpoint and of its owner, or neither if either is full.
+
+        A holder that dies frees its slot when its hold expires (``ttl_s``, longer
+        than any attempt); expiry uses the Redis server's clock, shared by all workers.
+        """
+        keys = [self.keys.inflight_endpoint(endpoint_id), self.keys.inflight_owner(owner_id)]
+        return bool(self.redis.eval(_TAKE_SLOT, 2, *keys, token, endpoint_cap, owner_cap, int(ttl_s * 1000)))
+
+    def free_slot(self, endpoint_id: int, owner_id: int, token: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.zrem(self.keys.inflight_endpoint(endpoint_id), token)
+        pipe.zrem(self.keys.inflight_owner(owner_id), token)
+        pipe.execute()
 
     # -- reading and operating (web) -----------------------------------------------------------
 
@@ -144,7 +222,7 @@ class DeliveryRecords:
         letter = self.dead_letter(letter_id)
         if letter is None:
             return False
-        celery.send_task(DELIVER_TASK, args=(letter["notification"], letter["endpoint_id"]))
+        enqueue(celery, letter["notification"], letter["endpoint_id"], letter.get("binding") or {})
         self.redis.hdel(self.keys.dead_letters, letter_id)
         return True
 

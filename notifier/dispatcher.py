@@ -33,8 +33,8 @@ from infra.logs import configure_logging
 from infra.metrics import serve_metrics
 from infra.redis_schema import NOTIFIER_GROUP, RedisKeys
 from infra.settings import Settings, get_settings
-from notifier.app import DELIVER_TASK, make_celery
-from notifier.deliveries import DeliveryRecords
+from notifier.app import make_celery
+from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.notification import build_notification, notification_id
 from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
 from subscriptions.db import session_factory
@@ -169,7 +169,7 @@ class Dispatcher:
 
     def enqueue(self, notification: dict, subscription: Subscription) -> None:
         for endpoint in subscription.endpoints:
-            self.celery.send_task(DELIVER_TASK, args=(notification, endpoint.id))
+            enqueue(self.celery, notification, endpoint.id, binding(endpoint))
         NOTIFICATIONS.labels("reminder" if notification["reminder"] else notification["state"]).inc()
 
     def remind(self, session: Session) -> int:

@@ -6,6 +6,7 @@ network trouble are transient and retried, 5xx are permanent.
 
 from __future__ import annotations
 
+import re
 import smtplib
 import ssl
 import time
@@ -22,6 +23,7 @@ from notifier.attempt import Attempt
 from notifier.notification import summary
 
 SUBJECT_PREFIX = "[Tocsin]"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _ms_time(ms: int | None) -> str:
@@ -46,10 +48,19 @@ def _templates() -> Environment:
     return env
 
 
+def header_text(value: str) -> str:
+    """A header value from free text: control characters (CR/LF above all) become spaces.
+
+    ``email`` refuses header values with line breaks (they would inject headers),
+    and a name or key is data, not headers: it is shown, flattened.
+    """
+    return " ".join(_CONTROL.sub(" ", value).split())
+
+
 def render(notification: dict, sender: str, recipient: str, endpoint_id: int) -> EmailMessage:
     title = summary(notification)
     message = EmailMessage()
-    message["Subject"] = f"{SUBJECT_PREFIX} {title}"
+    message["Subject"] = header_text(f"{SUBJECT_PREFIX} {title}")
     message["From"] = sender
     message["To"] = recipient
     message["Date"] = formatdate(localtime=False)

@@ -5,29 +5,42 @@ dispatcher re-handling what it had not acknowledged), so a delivery is marked
 done per ``notification id + endpoint`` and a marked delivery is never sent
 again. A delivery that exhausts its retries, or is refused for good, goes to the
 dead-letter set, from which operators replay it.
+
+Never silence: whatever goes wrong in a task - a receiver's odd reply, a
+template or header error, a bug - ends as a recorded retry or a dead letter with
+its reason. A delivery whose endpoint was deleted, changed hands or changed
+(a rotated secret) since it was queued is dropped, and the drop is recorded.
+
+Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
+endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
+a delivery that finds either full gives its worker thread back at once and looks
+again after about ``delivery_busy_delay_s``, doubling up to 8x while it keeps
+finding them full (not counted as an attempt).
 """
 
 from __future__ import annotations
 
+import math
 import random
-import time
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 
 import redis
 import structlog
 from celery import Task
+from celery.exceptions import Retry
 from celery.signals import worker_ready
 from prometheus_client import Counter, Histogram
 
 from infra.metrics import serve_metrics
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings, get_settings
-from notifier.app import DELIVER_TASK, app
+from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
-from notifier.deliveries import DeliveryRecords
+from notifier.deliveries import DeliveryRecords, binding
 from notifier.email import render, send_email
-from notifier.webhook import DestinationRefused, check_destination, post_webhook
+from notifier.webhook import WebhookLimits, post_webhook
 from subscriptions.db import session_scope
 from subscriptions.models import Endpoint
 
@@ -35,11 +48,13 @@ log = structlog.get_logger(__name__)
 
 ATTEMPTS = Counter("tocsin_delivery_attempts_total", "Delivery attempts", ["kind", "outcome"])
 LATENCY = Histogram("tocsin_delivery_latency_seconds", "Latency of delivery attempts", ["kind"])
+DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred because their endpoint or owner was busy")
 
 
 @worker_ready.connect
 def _serve_metrics(**_: object) -> None:
-    serve_metrics(get_settings().metrics_port_worker)
+    """The worker's metrics; a worker of the test-alert lane alone serves none (the port is the alert lane's)."""
+    serve_metrics(app.conf.get("tocsin_metrics_port", get_settings().metrics_port_worker))
 
 
 @lru_cache(maxsize=4)
@@ -53,93 +68,138 @@ def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
     return random.uniform(0, min(cap_s, base_s * 2**retries))
 
 
+def retry_delay_s(attempt: Attempt, retries: int, settings: Settings) -> float:
+    """The receiver's ``Retry-After`` if it gave a usable one, else backoff; always finite and capped."""
+    delay = attempt.retry_after_s
+    if delay is None or not math.isfinite(delay):
+        delay = backoff_s(retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
+    return min(max(delay, 0.0), settings.delivery_backoff_max_s)
+
+
 @dataclass(frozen=True)
 class Target:
     kind: str
     target: str
     secret: str | None
-
-
-_targets: dict[tuple[str, int], tuple[float, Target | None]] = {}
+    owner_id: int
+    generation: str
 
 
 def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
-    """The endpoint's channel, address and secret, cached briefly: a lookup costs more than a local POST."""
-    key = (settings.database_url, endpoint_id)
-    cached = _targets.get(key)
-    if cached and time.monotonic() - cached[0] < settings.delivery_endpoint_cache_s:
-        return cached[1]
+    """The endpoint as it is now (the one place the worker reads an endpoint and its secret)."""
     with session_scope(settings.database_url) as session:
         endpoint = session.get(Endpoint, endpoint_id)
-        target = Target(endpoint.kind, endpoint.target, endpoint.secret) if endpoint else None
-    _targets[key] = (time.monotonic(), target)
-    return target
+        if endpoint is None:
+            return None
+        return Target(endpoint.kind, endpoint.target, endpoint.secret, endpoint.owner_id,
+                      binding(endpoint)["generation"])
+
+
+def stale_reason(endpoint: Target | None, owner_id: int | None, generation: str | None) -> str | None:
+    """Why a delivery queued for (owner, generation) must not go to this endpoint any more, if it must not.
+
+    Deliveries queued before they carried an owner (``None``) are checked for existence only.
+    """
+    if endpoint is None:
+        return "endpoint deleted"
+    if owner_id is not None and endpoint.owner_id != owner_id:
+        return "endpoint owner changed"
+    if generation is not None and endpoint.generation != generation:
+        return "endpoint changed since enqueue (secret rotated)"
+    return None
 
 
 def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Settings) -> Attempt:
     """One attempt over the endpoint's channel."""
     if endpoint.kind == "email":
         return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
-    try:
-        check_destination(endpoint.target, settings.webhook_allow_hosts)
-    except DestinationRefused as exc:
-        return Attempt(ok=False, retryable=False, latency_ms=0.0, error=str(exc))
-    return post_webhook(
-        endpoint.target,
-        notification,
-        endpoint.secret,
-        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
-        connect_timeout_s=settings.webhook_connect_timeout_s,
-        read_timeout_s=settings.webhook_read_timeout_s,
-    )
+    return post_webhook(endpoint.target, notification, endpoint.secret,
+                        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
+                        limits=WebhookLimits.from_settings(settings))
 
 
 def claim_ttl_s(settings: Settings) -> float:
     """Longer than any one attempt can take, so a claim outlives the attempt that holds it."""
-    return max(settings.webhook_connect_timeout_s + settings.webhook_read_timeout_s, 2 * settings.smtp_timeout_s) + 5
+    return max(settings.webhook_total_timeout_s, 2 * settings.smtp_timeout_s) + 5
 
 
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
-def deliver(self: Task, notification: dict, endpoint_id: int) -> str:
+def deliver(self: Task, notification: dict, endpoint_id: int, owner_id: int | None = None,
+            generation: str | None = None, attempt: int = 1, deferrals: int = 0) -> str:
     settings = get_settings()
     records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
+    delivery = _Delivery(self, settings, records, notification, endpoint_id,
+                         {"owner_id": owner_id, "generation": generation}, attempt, deferrals)
     nid = notification["notification_id"]
     claimed, delivered = records.claim(nid, endpoint_id, claim_ttl_s(settings))
     if delivered:
         return "duplicate"
     if not claimed:
         # Another copy is sending right now (or died doing so): look again once it must be done.
-        raise self.retry(countdown=claim_ttl_s(settings))
+        raise delivery.again(claim_ttl_s(settings), attempt)
     try:
-        return _attempt(self, settings, records, notification, endpoint_id)
+        return delivery.run()
+    except Retry:
+        raise
+    except Exception as exc:  # noqa: BLE001 - never silence: record it, then retry or dead-letter
+        log.exception("delivery_failed_unexpectedly", notification=nid, endpoint_id=endpoint_id)
+        return delivery.failed(None, Attempt(False, True, 0.0, error=f"internal error: {type(exc).__name__}: {exc}"))
     finally:
         records.release(nid, endpoint_id)
 
 
-def _attempt(task: Task, settings: Settings, records: DeliveryRecords, notification: dict, endpoint_id: int) -> str:
-    endpoint = endpoint_target(settings, endpoint_id)
-    attempt_no = task.request.retries + 1
-    if endpoint is None:
-        attempt = Attempt(ok=False, retryable=False, latency_ms=0.0, error="endpoint deleted")
-        records.dead(notification, endpoint_id, None, attempt, attempt_no)
-        return "dead"
+class _Delivery:
+    """One run of the task, with the ways it can end."""
 
-    kind = endpoint.kind
-    attempt = send(endpoint, notification, endpoint_id, settings)
-    LATENCY.labels(kind).observe(attempt.latency_ms / 1000)
-    if attempt.ok:
-        records.delivered(notification, endpoint_id, kind, attempt, attempt_no)
-        ATTEMPTS.labels(kind, "delivered").inc()
-        return "delivered"
-    if not attempt.retryable or task.request.retries >= settings.delivery_max_retries:
-        records.dead(notification, endpoint_id, kind, attempt, attempt_no)
-        ATTEMPTS.labels(kind, "dead").inc()
-        log.warning("delivery_dead", notification=notification["notification_id"], endpoint_id=endpoint_id,
-                    **attempt.detail())
-        return "dead"
-    records.attempt(notification, endpoint_id, kind, attempt, attempt_no, "retry")
-    ATTEMPTS.labels(kind, "retry").inc()
-    delay = attempt.retry_after_s
-    if delay is None:
-        delay = backoff_s(task.request.retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
-    raise task.retry(countdown=min(delay, settings.delivery_backoff_max_s))
+    def __init__(self, task: Task, settings: Settings, records: DeliveryRecords, notification: dict,
+                 endpoint_id: int, bound: dict, attempt: int, deferrals: int) -> None:
+        self.task, self.settings, self.records = task, settings, records
+        self.notification, self.endpoint_id, self.bound, self.number = notification, endpoint_id, bound, attempt
+        self.deferrals = deferrals
+
+    def again(self, countdown: float, attempt: int, deferrals: int = 0) -> Retry:
+        """Send this delivery again later, in its lane, as attempt number ``attempt``."""
+        return self.task.retry(args=(self.notification, self.endpoint_id),
+                               kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
+                               countdown=countdown, queue=queue_for(self.task.app, self.notification))
+
+    def busy_delay_s(self) -> float:
+        """Longer each time the same delivery finds its caps full (up to 8x), so a backlog does not spin."""
+        return self.settings.delivery_busy_delay_s * 2 ** min(self.deferrals, 3) * random.uniform(0.5, 1.5)
+
+    def run(self) -> str:
+        endpoint = endpoint_target(self.settings, self.endpoint_id)
+        reason = stale_reason(endpoint, self.bound["owner_id"], self.bound["generation"])
+        if reason is not None:
+            self.records.dropped(self.notification, self.endpoint_id, reason, self.number)
+            ATTEMPTS.labels("unknown" if endpoint is None else endpoint.kind, "dropped").inc()
+            log.warning("delivery_dropped", notification=self.notification["notification_id"],
+                        endpoint_id=self.endpoint_id, reason=reason)
+            return "dropped"
+        token = uuid.uuid4().hex
+        if not self.records.take_slot(self.endpoint_id, endpoint.owner_id, token,
+                                      self.settings.delivery_endpoint_concurrency,
+                                      self.settings.delivery_owner_concurrency, claim_ttl_s(self.settings)):
+            DEFERRED.inc()
+            raise self.again(self.busy_delay_s(), self.number, self.deferrals + 1)
+        try:
+            attempt = send(endpoint, self.notification, self.endpoint_id, self.settings)
+        finally:
+            self.records.free_slot(self.endpoint_id, endpoint.owner_id, token)
+        LATENCY.labels(endpoint.kind).observe(attempt.latency_ms / 1000)
+        if attempt.ok:
+            self.records.delivered(self.notification, self.endpoint_id, endpoint.kind, attempt, self.number)
+            ATTEMPTS.labels(endpoint.kind, "delivered").inc()
+            return "delivered"
+        return self.failed(endpoint.kind, attempt)
+
+    def failed(self, kind: str | None, attempt: Attempt) -> str:
+        if not attempt.retryable or self.number > self.settings.delivery_max_retries:
+            self.records.dead(self.notification, self.endpoint_id, kind, attempt, self.number, self.bound)
+            ATTEMPTS.labels(kind or "unknown", "dead").inc()
+            log.warning("delivery_dead", notification=self.notification["notification_id"],
+                        endpoint_id=self.endpoint_id, **attempt.detail())
+            return "dead"
+        self.records.attempt(self.notification, self.endpoint_id, kind, attempt, self.number, "retry")
+        ATTEMPTS.labels(kind or "unknown", "retry").inc()
+        raise self.again(retry_delay_s(attempt, self.number - 1, self.settings), self.number + 1)

@@ -10,8 +10,8 @@ from infra.services import ManagedProcess, python_module, spawn
 from infra.settings import Settings
 
 
-def worker_args() -> list[str]:
-    return python_module("celery", "-A", "notifier.app", "worker", "--pool", "threads", "--concurrency", "4",
+def worker_args(lane: str = "all", concurrency: int = 4) -> list[str]:
+    return python_module("notifier.worker", "--lane", lane, "--pool", "threads", "--concurrency", str(concurrency),
                          "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat")
 
 

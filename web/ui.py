@@ -380,7 +380,7 @@ def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageServi
 def test_endpoint(request: Request, endpoint_id: int, principal: Page, service: PageService,
                   celery: CeleryDep) -> HTMLResponse:
     endpoint = service.get_endpoint(endpoint_id)
-    queued = enqueue_test_alert(celery, endpoint.id)
+    queued = enqueue_test_alert(celery, endpoint)
     return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
                         '</span>')
 

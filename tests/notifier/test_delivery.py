@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from sqlalchemy import text
 
 from evaluator.transition import alert_id
 from evaluator.spark.job import RedisAlertSink
@@ -18,7 +19,7 @@ from infra.receiver import WebhookReceiver
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.app import DELIVER_TASK, make_celery
-from notifier.deliveries import DeliveryRecords
+from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher
 from notifier.notification import build_notification, notification_id
 from subscriptions.db import session_factory
@@ -222,3 +223,120 @@ def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> N
     assert [a["key"] for a in got.json["alerts"]] == ["TEST"] and got.json["subscription_id"] is None
     assert verify(endpoint["secret"], got.headers[SIGNATURE_HEADER], got.body)
     assert log[0]["outcome"] == "delivered" and log[0]["notification_id"] == queued["notification_id"]
+
+
+def _send(celery, notification: dict, endpoint) -> None:  # noqa: ANN001
+    """Queue a delivery the way the dispatcher does: bound to the endpoint as it is now."""
+    enqueue(celery, notification, endpoint.id, binding(endpoint))
+
+
+def _log_of(records: DeliveryRecords, subscription_id: int, outcome: str) -> list[dict]:
+    return [e for e in records.log(subscription_id) if e["outcome"] == outcome]
+
+
+def test_a_retrying_delivery_of_a_deleted_endpoint_never_reaches_the_next_endpoint_with_its_id(
+        settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    old = WebhookReceiver(fail_first=10**6, fail_status=503)
+    new = WebhookReceiver()
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=old.url))
+    endpoint_id = endpoint.id
+    subscription_id = _subscription(service, [endpoint_id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    settings = settings.model_copy(update={"delivery_max_retries": 1000})
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(make_celery(settings), _notification(subscription_id), endpoint)
+            _eventually(lambda: old.attempts >= 2)  # failing and retrying
+            service.update(subscription_id, SubscriptionIn(name="volume", condition="SUM(volume) OVER 1m > 100",
+                                                           endpoint_ids=[]))
+            service.delete_endpoint(endpoint_id)
+            # Another user's endpoint, forced to the deleted one's id.
+            other, _ = new_user(settings)
+            with session_factory(settings.database_url)() as session:
+                theirs = SubscriptionService(session, settings, redis_client, other).create_endpoint(
+                    EndpointIn(kind="webhook", target=new.url))
+                session.execute(text("update endpoints set id = :old where id = :new"),
+                                {"old": endpoint_id, "new": theirs.id})
+                session.commit()
+            [drop] = _eventually(lambda: _log_of(records, subscription_id, "dropped"))
+            time.sleep(1.5)  # time for a stray retry to (not) arrive
+    finally:
+        old.close()
+        new.close()
+    assert new.attempts == 0 and new.received == []
+    assert drop["reason"] in {"endpoint deleted", "endpoint owner changed"} and drop["endpoint_id"] == endpoint_id
+    # The drop is not written under the endpoint id (the old attempts are removed with the endpoint, elsewhere).
+    assert all(e["outcome"] == "retry" for e in records.endpoint_log(endpoint_id))
+    assert records.dead_letters() == []
+
+
+def test_a_delivery_queued_before_a_secret_rotation_is_dropped(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver(fail_first=2, fail_status=503)
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    try:
+        with worker(settings.model_copy(update={"delivery_backoff_base_s": 1, "delivery_backoff_max_s": 1}),
+                    tmp_path / "logs"):
+            _send(make_celery(settings), _notification(subscription_id), endpoint)
+            _eventually(lambda: receiver.attempts >= 1)
+            service.rotate_secret(endpoint.id)
+            [drop] = _eventually(lambda: _log_of(records, subscription_id, "dropped"))
+    finally:
+        receiver.close()
+    assert receiver.received == []
+    assert drop["reason"] == "endpoint changed since enqueue (secret rotated)"
+
+
+def test_retry_after_nan_is_retried_not_lost(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver(fail_first=2, fail_status=503, retry_after="nan")
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(make_celery(settings), _notification(subscription_id), endpoint)
+            receiver.wait_for(lambda r: True)
+            _eventually(lambda: _log_of(records, subscription_id, "delivered"))
+    finally:
+        receiver.close()
+    assert _outcomes(records, subscription_id) == ["retry", "retry", "delivered"]
+
+
+def test_a_subscription_name_with_line_breaks_still_gets_its_email(settings, service, redis_client,  # noqa: ANN001
+                                                                    tmp_path) -> None:
+    sink = MailSink()
+    settings = settings.model_copy(update={"smtp_port": sink.bound_port})
+    endpoint = service.create_endpoint(EndpointIn(kind="email", target="ops@example.com"))
+    subscription_id = _subscription(service, [endpoint.id])
+    notification = {**_notification(subscription_id), "subscription_name": "volume\r\nBcc: victim@example.com"}
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(make_celery(settings), notification, endpoint)
+            [message] = sink.wait_for(1)
+            _eventually(lambda: _log_of(records, subscription_id, "delivered"))
+    finally:
+        sink.close()
+    assert message["Subject"] == "[Tocsin] FIRING: volume Bcc: victim@example.com (AAPL)"
+    assert message["Bcc"] is None
+
+
+def test_an_unexpected_failure_is_recorded_retried_and_dead_lettered(settings, service, redis_client,  # noqa: ANN001
+                                                                     tmp_path) -> None:
+    sink = MailSink()
+    settings = settings.model_copy(update={"smtp_port": sink.bound_port, "delivery_max_retries": 2})
+    endpoint = service.create_endpoint(EndpointIn(kind="email", target="ops@example.com"))
+    subscription_id = _subscription(service, [endpoint.id])
+    broken = _notification(subscription_id)
+    broken["alerts"][0]["value"] = "not a number"  # the e-mail template cannot format it
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(make_celery(settings), broken, endpoint)
+            [letter] = _eventually(lambda: records.dead_letters())
+    finally:
+        sink.close()
+    assert _outcomes(records, subscription_id) == ["retry", "retry", "dead"]
+    assert letter["error"].startswith("internal error: ValueError") and letter["attempt"] == 3
+    assert sink.messages == []

@@ -45,7 +45,7 @@ def delete_endpoint(endpoint_id: int, service: ServiceDep) -> Response:
 def send_test_alert(endpoint_id: int, service: ServiceDep, celery: CeleryDep) -> TestFireOut:
     """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
     endpoint = service.get_endpoint(endpoint_id)
-    return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint.id), endpoint_id=endpoint.id, queued=True)
+    return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint), endpoint_id=endpoint.id, queued=True)
 
 
 @router.get("/{endpoint_id}/deliveries")

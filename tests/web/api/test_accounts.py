@@ -10,6 +10,7 @@ from evaluator.transition import alert_id
 from infra.settings import Settings
 from tests.users import PASSWORD, api_client, new_user, sign_in
 from web.deps import SESSION_COOKIE
+from notifier.app import lane_queue
 from web.ops import celery_queue_keys
 
 CONDITION = "SUM(volume) OVER 5m > 100"
@@ -220,7 +221,8 @@ def test_endpoint_secrets_rotate_and_test_alerts_are_queued(api: TestClient, set
     email = api.post("/api/endpoints", json={"kind": "email", "target": "ops@example.com"}).json()
     assert api.post(f"/api/endpoints/{email['id']}/rotate-secret").status_code == 422
 
-    queue, _ = celery_queue_keys(settings)
+    queue = celery_queue_keys(settings)[0] + ":tests"  # test alerts have a lane (queue) of their own
+    assert queue.endswith(lane_queue(settings, "tests"))
     client = redis.Redis.from_url(settings.redis_url)
     before = client.llen(queue)
     fired = api.post(f"/api/endpoints/{endpoint['id']}/test")

@@ -1,0 +1,28 @@
+"""A Celery worker serving one delivery lane: ``python -m notifier.worker --lane tests --concurrency 2``.
+
+The lane's queue name comes from the settings (it is namespaced like every Redis
+key), so callers name the lane, not the queue; other options go to Celery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from infra.settings import get_settings
+from notifier.app import LANES, app, lane_queue
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lane", choices=[*LANES, "all"], default="all")
+    args, celery_args = parser.parse_known_args(argv)
+    lanes = LANES if args.lane == "all" else (args.lane,)
+    queues = ",".join(lane_queue(get_settings(), lane) for lane in lanes)
+    if args.lane == "tests":
+        app.conf.tocsin_metrics_port = 0
+    app.worker_main(["worker", "-Q", queues, *celery_args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,103 @@
+"""One slow or hostile receiver cannot stall other tenants' deliveries (real worker, real receivers).
+
+Two hostile tenants - one receiver answering a byte a second, forever, one
+answering 503 with an endless body - get deliveries and a burst of test alerts,
+while a third tenant's alerts are enqueued at a steady rate. The third tenant's
+p99 from enqueue to arrival must stay under the bound the README states (the
+attempt deadline plus a second, far above what it needs), the worker's memory
+must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from infra.receiver import WebhookReceiver
+from infra.redis_schema import RedisKeys
+from notifier.app import make_celery
+from notifier.deliveries import DeliveryRecords, binding, enqueue, enqueue_test_alert
+from notifier.notification import build_notification, notification_id
+from subscriptions.db import session_factory
+from subscriptions.schemas import EndpointIn
+from subscriptions.service import SubscriptionService
+from tests.processes import running, worker_args
+from tests.users import new_user
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE_DELIVERIES = 3
+TEST_ALERTS = 3
+OTHER_DELIVERIES = 40
+OTHER_RATE = 5.0  # per second
+
+
+def _endpoint(settings, redis_client, target: str):  # noqa: ANN001, ANN202
+    user, _ = new_user(settings)
+    with session_factory(settings.database_url)() as session:
+        return SubscriptionService(session, settings, redis_client, user).create_endpoint(
+            EndpointIn(kind="webhook", target=target))
+
+
+def _notification(tag: str, i: int) -> dict:
+    alert = {"alert_id": f"{tag}-{i}", "key": f"K{i}", "state": "firing", "value": 1.0, "window_start": 0,
+             "window_end": 60_000, "evaluated_at": 60_000}
+    info = {"id": None, "name": tag, "condition": "COUNT(*) OVER 1m > 0"}
+    return build_notification(info, [alert], notification_id([f"{tag}-{i}-{time.time()}"]))
+
+
+@pytest.mark.timeout(240)
+def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_client, tmp_path) -> None:  # noqa: ANN001
+    settings = settings.model_copy(update={
+        "webhook_total_timeout_s": 2.0, "webhook_read_timeout_s": 5.0, "delivery_max_retries": 1,
+        "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 1, "delivery_busy_delay_s": 0.5,
+        "delivery_visibility_margin_s": 60})  # attempts here take the whole deadline: no redelivery meanwhile
+    bound_s = settings.webhook_total_timeout_s + 1.0
+    slow, endless, normal = WebhookReceiver(trickle_bytes_per_s=1), WebhookReceiver(endless_status=503), \
+        WebhookReceiver()
+    slow_ep, endless_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (slow, endless, normal))
+    celery = make_celery(settings)
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    enqueued: dict[str, float] = {}
+    try:
+        with running(settings, tmp_path / "logs", ("worker", worker_args("alerts", concurrency=4)),
+                     ("worker-tests", worker_args("tests", concurrency=1))) as (alerts_worker, _):
+            time.sleep(3)  # both workers up
+            rss_before = psutil.Process(alerts_worker.process.pid).memory_info().rss
+            for i in range(HOSTILE_DELIVERIES):
+                enqueue(celery, _notification("slow", i), slow_ep.id, binding(slow_ep))
+                enqueue(celery, _notification("endless", i), endless_ep.id, binding(endless_ep))
+            for _ in range(TEST_ALERTS):  # "send test alert", clicked again and again
+                enqueue_test_alert(celery, slow_ep)
+            time.sleep(0.5)  # the hostile attempts are under way
+            for i in range(OTHER_DELIVERIES):
+                notification = _notification("normal", i)
+                enqueued[notification["notification_id"]] = time.time()
+                enqueue(celery, notification, normal_ep.id, binding(normal_ep))
+                time.sleep(1 / OTHER_RATE)
+            arrivals = normal.wait_for(lambda r: True, count=OTHER_DELIVERIES, timeout_s=60)
+            rss_after = psutil.Process(alerts_worker.process.pid).memory_info().rss
+            hostile = 2 * HOSTILE_DELIVERIES + TEST_ALERTS
+            _eventually_dead = time.monotonic() + 150
+            while len(records.dead_letters()) < hostile and time.monotonic() < _eventually_dead:
+                time.sleep(0.2)
+            letters = records.dead_letters()
+    finally:
+        for receiver in (slow, endless, normal):
+            receiver.close()
+
+    latencies = sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"other tenant: p50 {latencies[len(latencies) // 2]:.3f} s, p99 {p99:.3f} s, "
+          f"worker RSS +{(rss_after - rss_before) / 2**20:.1f} MB")
+    assert p99 < bound_s, f"other tenant's p99 {p99:.2f} s over the {bound_s} s bound; latencies {latencies}"
+    assert rss_after - rss_before < 200 * 2**20
+    assert len(letters) == 2 * HOSTILE_DELIVERIES + TEST_ALERTS
+    slow_errors = {e["error"] for e in records.endpoint_log(slow_ep.id) if e["outcome"] in ("retry", "dead")}
+    endless_errors = {e["error"] for e in records.endpoint_log(endless_ep.id) if e["outcome"] in ("retry", "dead")}
+    assert slow_errors == {"no complete response within the 2 s deadline"}
+    assert endless_errors == {"HTTP 503 (response body cut at 64 KiB)"}
+    outcomes = [e["outcome"] for e in records.endpoint_log(slow_ep.id)]
+    assert outcomes.count("retry") == outcomes.count("dead") == HOSTILE_DELIVERIES + TEST_ALERTS
