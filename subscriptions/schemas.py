@@ -26,6 +26,10 @@ Printable = AfterValidator(_printable)
 Name = Annotated[str, Field(min_length=1, max_length=200), Printable]
 
 
+# The largest id both databases store (PostgreSQL's INTEGER is 32-bit): a larger one is refused, not an overflow.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
 EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\.[A-Za-z0-9-]{2,}$")
 
 
@@ -87,7 +91,7 @@ class SubscriptionIn(BaseModel):
     condition: str = Field(min_length=1, max_length=500, examples=["SUM(volume) OVER 5m > 2e6"])
     keys: list[Key] | None = Field(None, min_length=1, max_length=10_000,
                                    description="keys to watch; null for every key")
-    endpoint_ids: list[int] = Field(default_factory=list, max_length=20)
+    endpoint_ids: list[Id] = Field(default_factory=list, max_length=20)
     active: bool = True
     policy: AlertPolicy = Field(default_factory=AlertPolicy)
 

@@ -25,7 +25,7 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
-from subscriptions.alerts import AlertViews, HistoryFilter
+from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.models import Subscription
@@ -37,6 +37,7 @@ from web.deps import (
     AccountsDep,
     CeleryDep,
     DbDep,
+    IdPath,
     KeysDep,
     Principal,
     PrincipalDep,
@@ -93,11 +94,15 @@ PageService = Annotated[SubscriptionService, Depends(page_service)]
 
 
 def _errors(exc: ValidationError) -> dict[str, str]:
-    """pydantic's errors by top-level field (``policy.cooldown_s`` keeps its path)."""
+    """pydantic's errors by field (``policy.cooldown_s`` keeps its path); an item of a list is reported
+    on the list's field with the item, as the form has one input for the list (``keys``, not ``keys.0``)."""
     found: dict[str, str] = {}
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "form"
-        found.setdefault(field, error["msg"].removeprefix("Value error, "))
+        names = [str(part) for part in error["loc"] if not isinstance(part, int)]
+        message = error["msg"].removeprefix("Value error, ")
+        if len(names) < len(error["loc"]):
+            message = f"{str(error.get('input'))[:64]!r}: {message}"
+        found.setdefault(".".join(names) or "form", message)
     return found
 
 
@@ -206,9 +211,10 @@ def new_subscription_page(request: Request, principal: Page, service: PageServic
 def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
     """The form's values as typed, and the subscription or every error at once (the window checks included)."""
     keys_text = str(form.get("keys", "")).replace(",", " ")
+    endpoint_ids = [str(e) for e in form.getlist("endpoint_ids")]  # pydantic checks them (ASCII digits, range)
     values = {
         "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
-        "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in form.getlist("endpoint_ids") if str(e).isdigit()],
+        "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in endpoint_ids if re.fullmatch(r"[0-9]{1,10}", e)],
         "active": form.get("active") == "on", "cooldown_s": form.get("cooldown_s") or 0,
         "renotify_s": form.get("renotify_s") or "", "send_resolved": form.get("send_resolved") == "on",
         "group": form.get("group") == "on",
@@ -216,7 +222,7 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
     try:
         data = SubscriptionIn(
             name=values["name"], condition=values["condition"],
-            keys=keys_text.split() or None, endpoint_ids=values["endpoint_ids"], active=values["active"],
+            keys=keys_text.split() or None, endpoint_ids=endpoint_ids, active=values["active"],
             policy={"cooldown_s": values["cooldown_s"], "renotify_s": values["renotify_s"] or None,
                     "send_resolved": values["send_resolved"], "group": values["group"]},
         )
@@ -259,7 +265,7 @@ async def create_subscription(request: Request, principal: Page, service: PageSe
 
 
 @router.get("/subscriptions/{subscription_id}/edit", response_class=HTMLResponse)
-def edit_subscription_page(request: Request, subscription_id: int, principal: Page,
+def edit_subscription_page(request: Request, subscription_id: IdPath, principal: Page,
                            service: PageService) -> HTMLResponse:
     values = _form_values(service.get(subscription_id))
     return render(request, "subscription_form.html", principal,
@@ -267,13 +273,13 @@ def edit_subscription_page(request: Request, subscription_id: int, principal: Pa
 
 
 @router.post("/subscriptions/{subscription_id}/edit")
-async def update_subscription(request: Request, subscription_id: int, principal: Page,
+async def update_subscription(request: Request, subscription_id: IdPath, principal: Page,
                               service: PageService) -> Response:
     return await _save_subscription(request, principal, service, subscription_id)
 
 
 @router.post("/subscriptions/{subscription_id}/{action}")
-def subscription_action(subscription_id: int, action: str, principal: Page, service: PageService) -> Response:
+def subscription_action(subscription_id: IdPath, action: str, principal: Page, service: PageService) -> Response:
     if action == "pause":
         service.set_active(subscription_id, False)
     elif action == "resume":
@@ -289,33 +295,33 @@ def subscription_action(subscription_id: int, action: str, principal: Page, serv
 
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
-def subscription_page(request: Request, subscription_id: int, principal: Page, service: PageService) -> HTMLResponse:
+def subscription_page(request: Request, subscription_id: IdPath, principal: Page, service: PageService) -> HTMLResponse:
     return render(request, "subscription.html", principal, s=service.get(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)
-def firing_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def firing_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                     redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
     service.get(subscription_id)
     return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)
-def history_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def history_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                      redis_client: RedisDep, keys: KeysDep,
                      state: str = "", key: str = "", since: str = "", before: str = "") -> HTMLResponse:
     service.get(subscription_id)
-    since_ms = int(time.time() * 1000) - int(since) * 60_000 if since.isdigit() else None
+    since_ms = int(time.time() * 1000) - int(since) * 60_000 if re.fullmatch(r"[0-9]{1,9}", since) else None
     where = HistoryFilter(state=state if state in ("firing", "resolved") else None,
                           key=key.strip() or None, since_ms=since_ms)
-    cursor_given = before if re.fullmatch(r"\d+-\d+", before) else None
+    cursor_given = before if valid_cursor(before) else None
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, cursor_given)
     return render(request, "_history.html", principal, alerts=alerts, cursor=cursor, subscription_id=subscription_id,
                   query={"state": state, "key": key, "since": since})
 
 
 @router.get("/subscriptions/{subscription_id}/deliveries", response_class=HTMLResponse)
-def deliveries_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def deliveries_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                         records: RecordsDep) -> HTMLResponse:
     service.get(subscription_id)
     return render(request, "_deliveries.html", principal, deliveries=records.log(subscription_id, 100))
@@ -369,7 +375,7 @@ def create_endpoint(request: Request, principal: Page, service: PageService, red
 
 
 @router.post("/endpoints/{endpoint_id}/rotate")
-def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageService,
+def rotate_endpoint_secret(endpoint_id: IdPath, principal: Page, service: PageService,
                            redis_client: RedisDep, keys: KeysDep) -> Response:
     endpoint = service.rotate_secret(endpoint_id)
     _flash(redis_client, keys, principal, secret={"target": endpoint.target, "value": endpoint.secret})
@@ -377,7 +383,7 @@ def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageServi
 
 
 @router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
-def test_endpoint(request: Request, endpoint_id: int, principal: Page, service: PageService,
+def test_endpoint(request: Request, endpoint_id: IdPath, principal: Page, service: PageService,
                   celery: CeleryDep) -> HTMLResponse:
     endpoint = service.get_endpoint(endpoint_id)
     queued = enqueue_test_alert(celery, endpoint.id)
@@ -386,13 +392,13 @@ def test_endpoint(request: Request, endpoint_id: int, principal: Page, service: 
 
 
 @router.post("/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: int, principal: Page, service: PageService) -> Response:
+def delete_endpoint(endpoint_id: IdPath, principal: Page, service: PageService) -> Response:
     service.delete_endpoint(endpoint_id)
     return Response(headers={"HX-Redirect": "/endpoints"})
 
 
 @router.get("/endpoints/{endpoint_id}/deliveries", response_class=HTMLResponse)
-def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: Page, service: PageService,
+def endpoint_deliveries_fragment(request: Request, endpoint_id: IdPath, principal: Page, service: PageService,
                                  records: RecordsDep) -> HTMLResponse:
     service.get_endpoint(endpoint_id)
     return render(request, "_deliveries.html", principal, deliveries=records.endpoint_log(endpoint_id, 20))
@@ -422,7 +428,7 @@ def create_token(request: Request, principal: Page, accounts: AccountsDep, redis
 
 
 @router.post("/account/tokens/{token_id}/revoke")
-def revoke_token(token_id: int, principal: Page, accounts: AccountsDep) -> Response:
+def revoke_token(token_id: IdPath, principal: Page, accounts: AccountsDep) -> Response:
     accounts.revoke_token(principal.user, token_id)
     return Response(headers={"HX-Redirect": "/account"})
 

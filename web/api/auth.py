@@ -16,7 +16,7 @@ from subscriptions.schemas import (
     UserOut,
 )
 from web.auth import check_password, sign_in, sign_out
-from web.deps import AccountsDep, RedisDep, SettingsDep, UserDep
+from web.deps import AccountsDep, IdPath, RedisDep, SettingsDep, UserDep
 
 router = APIRouter(prefix="/api", tags=["accounts"])
 
@@ -84,6 +84,6 @@ def create_token(data: TokenIn, user: UserDep, accounts: AccountsDep) -> TokenCr
 
 
 @router.delete("/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_token(token_id: int, user: UserDep, accounts: AccountsDep) -> Response:
+def revoke_token(token_id: IdPath, user: UserDep, accounts: AccountsDep) -> Response:
     accounts.revoke_token(user, token_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
