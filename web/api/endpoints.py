@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
 from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointOut, TestFireOut
 from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep
+from web.limits import LimiterDep, limit_test_alerts
 
 router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
 
@@ -42,9 +43,11 @@ def delete_endpoint(endpoint_id: IdPath, service: ServiceDep) -> Response:
 
 
 @router.post("/{endpoint_id}/test", status_code=status.HTTP_202_ACCEPTED, response_model=TestFireOut)
-def send_test_alert(endpoint_id: IdPath, service: ServiceDep, celery: CeleryDep) -> TestFireOut:
+def send_test_alert(endpoint_id: IdPath, request: Request, service: ServiceDep, celery: CeleryDep,
+                    limiter: LimiterDep) -> TestFireOut:
     """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
     endpoint = service.get_endpoint(endpoint_id)
+    limit_test_alerts(limiter, request, service.owner.id)
     return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint.id), endpoint_id=endpoint.id, queued=True)
 
 
