@@ -51,6 +51,7 @@ class RedisKeys:
         self.ops_samples = k("ops", "samples")
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")
+        self.rate_limits = k("rate")  # the prefix of the `limits` library's counters
         self._k = k
 
     def alert_mark(self, alert_id: str) -> str:

@@ -19,6 +19,7 @@ from limits.storage import RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 
 
@@ -27,7 +28,8 @@ class RateLimiter:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.limiter = FixedWindowRateLimiter(RedisStorage(settings.redis_url, key_prefix=settings.redis_key("rate")))
+        storage = RedisStorage(settings.redis_url, key_prefix=RedisKeys(settings).rate_limits)
+        self.limiter = FixedWindowRateLimiter(storage)
 
     def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:
         """Count one hit; 429 with Retry-After when it is one too many."""
