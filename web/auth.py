@@ -39,6 +39,11 @@ def check_password(accounts: AccountService, limiter: RateLimiter, request: Requ
     return user
 
 
+def wrong_current_password() -> HTTPException:
+    """What a password change answers to a wrong current password (it counts toward the lock-out)."""
+    return HTTPException(status.HTTP_403_FORBIDDEN, "the current password is wrong")
+
+
 def sign_in(response: Response, accounts: AccountService, settings: Settings, user: User) -> WebSession:
     token, web_session = accounts.start_session(user)
     response.set_cookie(SESSION_COOKIE, token, max_age=settings.session_ttl_s, httponly=True, samesite="lax",

@@ -34,8 +34,7 @@ from subscriptions.language import ConditionError
 from subscriptions.models import ROLES, Subscription
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
 from subscriptions.service import SubscriptionService, checked_condition
-from web.api.auth import wrong_current_password
-from web.auth import check_password, sign_in, sign_out
+from web.auth import check_password, sign_in, sign_out, wrong_current_password
 from web.conditions import describe, preview_matches
 from web.deps import (
     AccountsDep,

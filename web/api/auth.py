@@ -22,7 +22,7 @@ from subscriptions.schemas import (
     TokenOut,
     UserOut,
 )
-from web.auth import check_password, sign_in, sign_out
+from web.auth import check_password, sign_in, sign_out, wrong_current_password
 from web.deps import AccountsDep, IdPath, OperatorDep, PrincipalDep, SettingsDep, UserDep
 from web.limits import LimiterDep, client_address
 
@@ -66,10 +66,6 @@ def log_out(request: Request, accounts: AccountsDep, _user: UserDep) -> Response
 @router.get("/auth/me", response_model=UserOut)
 def me(user: UserDep) -> UserOut:
     return UserOut.model_validate(user)
-
-
-def wrong_current_password() -> HTTPException:
-    return HTTPException(status.HTTP_403_FORBIDDEN, "the current password is wrong")
 
 
 @router.post("/auth/password", response_model=PasswordChanged)
