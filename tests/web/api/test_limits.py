@@ -116,3 +116,29 @@ def test_password_rules(settings: Settings) -> None:
                                   ("x" * 257, "at most 256"), ("Ada@Example.com", "e-mail")]:
             refused = browser.post("/api/auth/signup", json={"email": "ada@example.com", "password": password})
             assert refused.status_code == 422 and message in refused.text, (password, refused.text)
+
+
+def test_an_invitation_works_once_even_in_parallel_and_not_after_it_expires(settings: Settings) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from subscriptions.db import session_factory
+    from subscriptions.models import Invitation
+
+    _, operator_token = new_user(settings, role="operator")
+    with api_client(settings, operator_token) as api:
+        raced = api.post("/api/invitations", json={"role": "operator"}).json()["token"]
+        expired = api.post("/api/invitations", json={"role": "operator"}).json()["token"]
+    with session_factory(settings.database_url)() as session:
+        session.execute(update(Invitation).where(Invitation.id == 2)
+                        .values(expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+        session.commit()
+    settings = settings.model_copy(update={"rate_sign_up_client": "1000/minute"})
+    with serving(create_app(settings)) as url:
+        codes = _in_parallel(url, [("POST", "/api/auth/signup", {"email": f"op{i}@example.com", "password": PASSWORD,
+                                                                  "invitation": raced}) for i in range(PARALLEL)])
+        assert codes.count(201) == 1 and codes.count(422) == PARALLEL - 1, codes
+        late = httpx.post(f"{url}/api/auth/signup", json={"email": "late@example.com", "password": PASSWORD,
+                                                            "invitation": expired})
+        assert late.status_code == 422 and "expired" in late.text
