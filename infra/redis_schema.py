@@ -16,7 +16,7 @@
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
-- ``login-failures:<address>``: failed logins, for the lock-out (see ``web.auth``);
+- ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
 - ``flash:<session>``: a secret to show once on the next page (see ``web.ui``).
 """
 
@@ -51,6 +51,7 @@ class RedisKeys:
         self.ops_samples = k("ops", "samples")
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")
+        self.rate_limits = k("rate")  # the prefix of the `limits` library's counters
         self._k = k
 
     def alert_mark(self, alert_id: str) -> str:
@@ -91,9 +92,6 @@ class RedisKeys:
 
     def flash(self, web_session_id: str) -> str:
         return self._k("flash", web_session_id)
-
-    def login_failures(self, email: str) -> str:
-        return self._k("login-failures", email)
 
     def decision(self, alert_id: str) -> str:
         return self._k("decision", alert_id)

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -94,10 +94,10 @@ class Settings(BaseSettings):
     # --- web -------------------------------------------------------------------
     web_host: str = "127.0.0.1"
     web_port: int = 8000
-    signup_open: bool = Field(True, description="anyone may create an account; else operators invite by CLI")
-    operator_emails: list[str] = Field(
-        default_factory=list, description="accounts signing up with these addresses get the operator role"
-    )
+    signup_open: bool = Field(True, description="anyone may create an account; else by invitation or the CLI")
+    invitation_ttl_s: int = Field(7 * 86_400, ge=60, description="how long an operator's invitation can be used")
+    password_min_length: int = Field(10, ge=8, description="shortest password (surrounding spaces not counted)")
+    password_max_length: int = Field(256, ge=16, le=4096, description="longest password (bounds hashing work)")
     session_ttl_s: int = Field(14 * 86_400, ge=60, description="how long a browser session lasts")
     session_cookie_secure: bool = Field(False, description="send the session cookie over HTTPS only")
     login_max_failures: int = Field(10, ge=1, description="failed logins per address before it is locked out")
@@ -105,6 +105,14 @@ class Settings(BaseSettings):
     user_max_subscriptions: int = Field(1_000, ge=0)
     user_max_endpoints: int = Field(50, ge=0)
     user_max_tokens: int = Field(20, ge=0)
+    # Limits a public service needs (see web.limits); rates in the notation of `limits`: "10/minute", "5 per hour".
+    request_max_bytes: int = Field(1_048_576, ge=1_024, description="largest request body; larger ones get a 413")
+    rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")
+    rate_sign_up_client: str = Field("10/hour", description="sign-ups per client address")
+    rate_preview_account: str = Field("30/minute", description="condition previews per account")
+    rate_preview_client: str = Field("60/minute", description="condition previews per client address")
+    rate_test_alert_account: str = Field("10/minute", description="test alerts per account")
+    rate_test_alert_client: str = Field("20/minute", description="test alerts per client address")
     dashboard_sample_s: float = Field(2.0, gt=0, description="how often the web app samples operator metrics")
     dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")
     preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
@@ -156,6 +164,15 @@ class Settings(BaseSettings):
     metrics_port_evaluator: int = 9464
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
+
+    @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
+                     "rate_test_alert_account", "rate_test_alert_client")
+    @classmethod
+    def _rate(cls, rate: str) -> str:
+        from limits import parse  # a bad rate is a configuration error at start-up, not a 500 later
+
+        parse(rate)
+        return rate
 
     @property
     def broker_url(self) -> str:

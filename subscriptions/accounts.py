@@ -1,8 +1,11 @@
 """Users, browser sessions and API tokens.
 
 Passwords are hashed with Argon2id (re-hashed on login when the parameters move
-on). Session cookies and API tokens are random 256-bit strings of which only the
-SHA-256 is stored, so a leaked database opens no account.
+on). Session cookies, API tokens and invitations are random 256-bit strings of
+which only the SHA-256 is stored, so a leaked database opens no account.
+
+Operator rights come only from the admin CLI (``subscriptions.admin``) or from an
+invitation an operator issued: single use, expiring, carrying the role it grants.
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ from datetime import UTC, datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from infra.settings import Settings
-from subscriptions.errors import Conflict, Forbidden, NotFound
-from subscriptions.models import ROLES, ApiToken, User, WebSession
+from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
+from subscriptions.models import ROLES, ApiToken, Invitation, User, WebSession
 
 TOKEN_PREFIX = "tcs_"  # API tokens are recognisable (secret scanners, logs)
 
@@ -30,6 +33,18 @@ _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def lock_owner(session: Session, user_id: int) -> None:
+    """Serialise one user's quota-checked writes until the transaction ends.
+
+    A write to the user's row takes PostgreSQL's row lock, and on SQLite (whose
+    reads take no transaction) starts the transaction with the database's write
+    lock; a count made after it sees every row committed before, so parallel
+    creates cannot all pass the same check.
+    """
+    session.execute(update(User).where(User.id == user_id).values(role=User.role)
+                    .execution_options(synchronize_session=False))
 
 
 def _aware(moment: datetime) -> datetime:
@@ -44,20 +59,63 @@ class AccountService:
 
     # -- users ---------------------------------------------------------------------------------
 
-    def sign_up(self, email: str, password: str, role: str | None = None) -> User:
+    def check_password_rules(self, password: str, email: str) -> None:
+        """At least ``password_min_length`` characters besides surrounding spaces, at most
+        ``password_max_length`` (Argon2 hashes all of it), and not the account's address."""
+        low, high = self.settings.password_min_length, self.settings.password_max_length
+        if len(password.strip()) < low:
+            raise FieldError("password", f"must have at least {low} characters besides surrounding spaces")
+        if len(password) > high:
+            raise FieldError("password", f"must have at most {high} characters")
+        if password.strip().lower() == email.strip().lower():
+            raise FieldError("password", "must not be the e-mail address")
+
+    def sign_up(self, email: str, password: str, role: str = "user", invitation: str | None = None) -> User:
+        """A new account with ``role`` (the admin CLI's), or the role an unused, unexpired invitation grants."""
         email = email.strip().lower()
+        self.check_password_rules(password, email)
         if self.session.scalar(select(User).where(User.email == email)) is not None:
             raise Conflict(f"{email} already has an account")
-        operators = {e.lower() for e in self.settings.operator_emails}
-        user = User(email=email, password_hash=_hasher.hash(password),
-                    role=role or ("operator" if email in operators else "user"))
+        if invitation is not None:
+            role = self._redeem(invitation)
+        user = User(email=email, password_hash=_hasher.hash(password), role=role)
         self.session.add(user)
         try:
             self.session.commit()
-        except IntegrityError:  # the same address signed up concurrently
+        except IntegrityError:  # the same address signed up concurrently (the invitation stays unused)
             self.session.rollback()
             raise Conflict(f"{email} already has an account") from None
         return user
+
+    # -- invitations -----------------------------------------------------------------------------
+
+    def invite(self, operator: User, role: str) -> tuple[str, Invitation]:
+        """A new invitation to sign up with ``role``; returns the token (shown once) and the invitation."""
+        if not operator.is_operator:
+            raise Forbidden("operators only")
+        if role not in ROLES:
+            raise FieldError("role", f"must be one of {', '.join(ROLES)}")
+        token = secrets.token_urlsafe(32)
+        now = datetime.now(UTC)
+        invitation = Invitation(token_hash=_digest(token), role=role, created_by=operator.id, created_at=now,
+                                expires_at=now + timedelta(seconds=self.settings.invitation_ttl_s))
+        self.session.add(invitation)
+        self.session.commit()
+        return token, invitation
+
+    def _redeem(self, token: str) -> str:
+        """Use up an invitation in the caller's transaction and return its role; one conditional
+        update, so of two sign-ups racing with one invitation only one gets it."""
+        now = datetime.now(UTC)
+        invitation = self.session.scalar(select(Invitation).where(Invitation.token_hash == _digest(token)))
+        if invitation is None or invitation.used_at is not None or _aware(invitation.expires_at) < now:
+            raise FieldError("invitation", "the invitation is not valid (used, expired or mistyped)")
+        used = self.session.execute(update(Invitation).where(Invitation.id == invitation.id,
+                                                             Invitation.used_at.is_(None)).values(used_at=now))
+        if used.rowcount != 1:
+            self.session.rollback()
+            raise FieldError("invitation", "the invitation is not valid (used, expired or mistyped)")
+        return invitation.role
 
     def authenticate(self, email: str, password: str) -> User | None:
         user = self.session.scalar(select(User).where(User.email == email.strip().lower()))
@@ -82,12 +140,20 @@ class AccountService:
         self.session.commit()
         return user
 
-    def change_password(self, user: User, current: str, new: str) -> None:
-        if self.authenticate(user.email, current) is None:
-            raise Forbidden("the current password is wrong")
+    def change_password(self, user: User, new: str, keep_session: WebSession | None = None) -> tuple[int, int]:
+        """Set a new password (the caller checked the current one) and revoke every other browser
+        session and every API token: whoever knew the old password may hold one. Returns
+        (sessions, tokens) revoked."""
+        self.check_password_rules(new, user.email)
+        user = self.session.get(User, user.id)
         user.password_hash = _hasher.hash(new)
-        self.session.execute(delete(WebSession).where(WebSession.user_id == user.id))
+        others = delete(WebSession).where(WebSession.user_id == user.id)
+        if keep_session is not None:
+            others = others.where(WebSession.id != keep_session.id)
+        sessions = self.session.execute(others).rowcount
+        tokens = self.session.execute(delete(ApiToken).where(ApiToken.user_id == user.id)).rowcount
         self.session.commit()
+        return sessions, tokens
 
     # -- browser sessions -------------------------------------------------------------------------
 
@@ -115,6 +181,7 @@ class AccountService:
     # -- API tokens -------------------------------------------------------------------------------
 
     def create_token(self, user: User, name: str) -> tuple[str, ApiToken]:
+        lock_owner(self.session, user.id)
         count = self.session.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.user_id == user.id))
         if (count or 0) >= self.settings.user_max_tokens:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_tokens} API tokens per user")

@@ -8,6 +8,7 @@ key, ``history:<id>`` a stream of the newest ``HISTORY_LENGTH`` transitions.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import redis
@@ -15,6 +16,15 @@ import redis
 from infra.redis_schema import RedisKeys
 
 _SCAN_CHUNK = 500
+_STREAM_PART_MAX = 2**64 - 1
+CURSOR_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
+
+
+def valid_cursor(text: str) -> bool:
+    """A history cursor is a Redis stream id: two unsigned 64-bit numbers (Redis refuses anything else)."""
+    if not re.fullmatch(CURSOR_PATTERN, text):
+        return False
+    return all(int(part) <= _STREAM_PART_MAX for part in text.split("-"))
 
 
 @dataclass(frozen=True)

@@ -76,11 +76,15 @@ def _tokenize(text: str) -> list[_Token]:
     return tokens
 
 
+MAX_NESTING = 32  # parentheses and unary signs within each other
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> _Token | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -122,6 +126,16 @@ class _Parser:
         return node
 
     def factor(self) -> Expr:
+        """Nesting is bounded, so deep parentheses or signs are a ConditionError, not a RecursionError."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise ConditionError(f"parentheses and signs nest at most {MAX_NESTING} deep", self.column())
+            return self._factor()
+        finally:
+            self.depth -= 1
+
+    def _factor(self) -> Expr:
         token = self.peek()
         if token is not None and token.kind == "number":
             return ("num", self.number())

@@ -26,6 +26,10 @@ Printable = AfterValidator(_printable)
 Name = Annotated[str, Field(min_length=1, max_length=200), Printable]
 
 
+# The largest id both databases store (PostgreSQL's INTEGER is 32-bit): a larger one is refused, not an overflow.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
 EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\.[A-Za-z0-9-]{2,}$")
 
 
@@ -87,7 +91,7 @@ class SubscriptionIn(BaseModel):
     condition: str = Field(min_length=1, max_length=500, examples=["SUM(volume) OVER 5m > 2e6"])
     keys: list[Key] | None = Field(None, min_length=1, max_length=10_000,
                                    description="keys to watch; null for every key")
-    endpoint_ids: list[int] = Field(default_factory=list, max_length=20)
+    endpoint_ids: list[Id] = Field(default_factory=list, max_length=20)
     active: bool = True
     policy: AlertPolicy = Field(default_factory=AlertPolicy)
 
@@ -129,7 +133,7 @@ class Credentials(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     email: str = Field(min_length=3, max_length=320, examples=["ada@example.com"])
-    password: str = Field(min_length=1, max_length=256)
+    password: str = Field(min_length=1, max_length=4096)
 
     @field_validator("email")
     @classmethod
@@ -140,15 +144,41 @@ class Credentials(BaseModel):
         return email
 
 
+PASSWORD_RULES = ("at least 10 characters besides surrounding spaces (TOCSIN_PASSWORD_MIN_LENGTH), at most 256 "
+                  "(TOCSIN_PASSWORD_MAX_LENGTH), not the e-mail address")
+
+
 class SignUpIn(Credentials):
-    password: str = Field(min_length=10, max_length=256, description="at least 10 characters")
+    password: str = Field(min_length=1, max_length=4096, description=PASSWORD_RULES)
+    invitation: Annotated[str, Printable] | None = Field(
+        None, min_length=1, max_length=100, description="an operator's invitation: grants its role, even when "
+                                                         "sign-up is closed")
 
 
 class PasswordChangeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    current_password: str = Field(min_length=1, max_length=256)
-    new_password: str = Field(min_length=10, max_length=256)
+    current_password: str = Field(min_length=1, max_length=4096)
+    new_password: str = Field(min_length=1, max_length=4096, description=PASSWORD_RULES)
+
+
+class PasswordChanged(BaseModel):
+    revoked_sessions: int = Field(description="other browser sessions ended")
+    revoked_tokens: int = Field(description="API tokens revoked (all of the account's)")
+    detail: str
+
+
+class InvitationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "operator"] = "user"
+
+
+class InvitationOut(BaseModel):
+    token: str = Field(description="shown once: the invitee signs up with it (single use)")
+    role: str
+    expires_at: datetime
+    signup_url: str = Field(description="the sign-up page with the invitation filled in")
 
 
 class UserOut(BaseModel):

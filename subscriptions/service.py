@@ -21,6 +21,7 @@ from evaluator.spec import Condition, SubscriptionSpec
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.policy import AlertPolicy
+from subscriptions.accounts import lock_owner
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
@@ -122,6 +123,7 @@ class SubscriptionService:
     # -- endpoints -----------------------------------------------------------------
 
     def create_endpoint(self, data: EndpointIn) -> Endpoint:
+        lock_owner(self.session, self.owner.id)  # the count and the insert are one step: no parallel overshoot
         if self._count(Endpoint) >= self.settings.user_max_endpoints:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
         secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
@@ -170,6 +172,7 @@ class SubscriptionService:
         return found
 
     def create(self, data: SubscriptionIn) -> Subscription:
+        lock_owner(self.session, self.owner.id)
         if self._count(Subscription) >= self.settings.user_max_subscriptions:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_subscriptions} subscriptions per user")
         subscription = Subscription(owner_id=self.owner.id)

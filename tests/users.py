@@ -34,6 +34,13 @@ def api_client(settings: Settings, token: str | None = None):  # noqa: ANN201
 
 
 
+def form_csrf(client, page: str = "/login") -> str:  # noqa: ANN001
+    """The pre-session CSRF token of the sign-in or sign-up form (its cookie is now in ``client``)."""
+    import re
+
+    return re.search(r'name="csrf_token" value="([^"]+)"', client.get(page).text)[1]
+
+
 def sign_in(client, email: str, password: str = PASSWORD) -> str:  # noqa: ANN001
     """Sign ``client`` in with a browser session (cookie) and send its CSRF token from now on."""
     response = client.post("/api/auth/login", json={"email": email, "password": password})

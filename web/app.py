@@ -21,6 +21,7 @@ from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import ui
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
+from web.limits import BodySizeLimit, RateLimiter
 from web.ops import run_sampler
 
 STATIC = Path(__file__).parent / "static"
@@ -56,6 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Alerts on sliding-window aggregates of keyed event streams. Authenticate with "
                               "`Authorization: Bearer <API token>` (`POST /api/auth/token` makes one).")
     app.state.settings = settings
+    app.state.limiter = RateLimiter(settings)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
                    ops.router, health.router, ui.router):

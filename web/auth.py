@@ -1,45 +1,47 @@
 """Signing in and out, shared by the JSON API and the HTML pages.
 
-Failed logins are counted per address in Redis; past ``login_max_failures``
-within ``login_lockout_s`` password logins to that address wait that long (429),
-which makes guessing passwords slow. A locked-out account keeps its browser
-sessions and API tokens: a stranger's failed guesses cannot cut it off.
+Password checks are counted per address in Redis *before* the password is
+verified (``web.limits``): past ``login_max_failures`` within ``login_lockout_s``
+the address is locked out (429) until the window ends, however many requests
+race, which makes guessing passwords slow. A successful sign-in clears the count.
+The current-password check of a password change counts the same way. A
+locked-out account keeps its browser sessions and API tokens: a stranger's
+failed guesses cannot cut it off.
 """
 
 from __future__ import annotations
 
-import redis
 from fastapi import HTTPException, Request, Response, status
 
-from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from subscriptions.accounts import AccountService
 from subscriptions.models import User, WebSession
 from subscriptions.schemas import EMAIL_ADDRESS
 from web.deps import SESSION_COOKIE
+from web.limits import RateLimiter, client_address
+
+WRONG_CREDENTIALS = "wrong e-mail address or password"
 
 
-def check_password(accounts: AccountService, redis_client: redis.Redis, settings: Settings,
-                   email: str, password: str) -> User:
-    """The user with these credentials; 401 if wrong, 429 while the address is locked out."""
+def check_password(accounts: AccountService, limiter: RateLimiter, request: Request, email: str, password: str,
+                   wrong: HTTPException | None = None) -> User:
+    """The user with these credentials; ``wrong`` (401) if not, 429 while the address or client is limited."""
+    wrong = wrong or HTTPException(status.HTTP_401_UNAUTHORIZED, WRONG_CREDENTIALS)
+    limiter.hit(accounts.settings.rate_sign_in_client, "sign-in", client_address(request), what="sign-in attempts")
     email = email.strip().lower()
     if not EMAIL_ADDRESS.match(email):  # no account has such an address (and PostgreSQL refuses NUL in a query)
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong e-mail address or password")
-    key = RedisKeys(settings).login_failures(email)
-    failures = int(redis_client.get(key) or 0)
-    if failures >= settings.login_max_failures:
-        retry = max(int(redis_client.ttl(key)), 1)
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"too many failed logins; try again in {retry} s",
-                            headers={"Retry-After": str(retry)})
+        raise wrong
+    limiter.login_attempt(email)
     user = accounts.authenticate(email, password)
     if user is None:
-        pipe = redis_client.pipeline()
-        pipe.incr(key)
-        pipe.expire(key, settings.login_lockout_s)
-        pipe.execute()
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong e-mail address or password")
-    redis_client.delete(key)
+        raise wrong
+    limiter.login_succeeded(email)
     return user
+
+
+def wrong_current_password() -> HTTPException:
+    """What a password change answers to a wrong current password (it counts toward the lock-out)."""
+    return HTTPException(status.HTTP_403_FORBIDDEN, "the current password is wrong")
 
 
 def sign_in(response: Response, accounts: AccountService, settings: Settings, user: User) -> WebSession:

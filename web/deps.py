@@ -15,7 +15,7 @@ from typing import Annotated
 
 import redis
 from celery import Celery
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
@@ -25,6 +25,7 @@ from notifier.deliveries import DeliveryRecords
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
 from subscriptions.models import User, WebSession
+from subscriptions.schemas import MAX_ID
 from subscriptions.service import SubscriptionService
 
 SESSION_COOKIE = "tocsin_session"
@@ -142,3 +143,4 @@ OperatorDep = Annotated[User, Depends(get_operator)]
 ServiceDep = Annotated[SubscriptionService, Depends(get_service)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 RecordsDep = Annotated[DeliveryRecords, Depends(get_records)]
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="an id (ids are 1 to 2^31-1)")]

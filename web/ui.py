@@ -6,8 +6,11 @@ sign-in page. Every form and htmx request carries the session's CSRF token.
 
 from __future__ import annotations
 
+import hmac
+import html
 import json
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,18 +28,19 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
-from subscriptions.alerts import AlertViews, HistoryFilter
+from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
-from subscriptions.models import Subscription
+from subscriptions.models import ROLES, Subscription
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
 from subscriptions.service import SubscriptionService, checked_condition
-from web.auth import check_password, sign_in, sign_out
+from web.auth import check_password, sign_in, sign_out, wrong_current_password
 from web.conditions import describe, preview_matches
 from web.deps import (
     AccountsDep,
     CeleryDep,
     DbDep,
+    IdPath,
     KeysDep,
     Principal,
     PrincipalDep,
@@ -44,6 +48,7 @@ from web.deps import (
     RedisDep,
     SettingsDep,
 )
+from web.limits import LimiterDep, client_address, limit_previews, limit_test_alerts
 from web.ops import samples, subscription_load
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -93,11 +98,15 @@ PageService = Annotated[SubscriptionService, Depends(page_service)]
 
 
 def _errors(exc: ValidationError) -> dict[str, str]:
-    """pydantic's errors by top-level field (``policy.cooldown_s`` keeps its path)."""
+    """pydantic's errors by field (``policy.cooldown_s`` keeps its path); an item of a list is reported
+    on the list's field with the item, as the form has one input for the list (``keys``, not ``keys.0``)."""
     found: dict[str, str] = {}
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "form"
-        found.setdefault(field, error["msg"].removeprefix("Value error, "))
+        names = [str(part) for part in error["loc"] if not isinstance(part, int)]
+        message = error["msg"].removeprefix("Value error, ")
+        if len(names) < len(error["loc"]):
+            message = f"{str(error.get('input'))[:64]!r}: {message}"
+        found.setdefault(".".join(names) or "form", message)
     return found
 
 
@@ -120,42 +129,76 @@ def _safe_next(target: str | None) -> str:
 
 # -- signing in -------------------------------------------------------------------------------------
 
+# Sign-in and sign-up forms come before any session, so their CSRF token is a random cookie the form
+# repeats (double submit): another site can make a browser post the form, but cannot read the cookie.
+PRE_SESSION_COOKIE = "tocsin_csrf"
+FORM_EXPIRED = "the form expired; please try again"
+
+
+def _anonymous_form(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """A sign-in or sign-up page with its pre-session CSRF token (the cookie is set if missing)."""
+    token = request.cookies.get(PRE_SESSION_COOKIE) or secrets.token_urlsafe(32)
+    response = render(request, template, status_code=status_code, csrf=token, **context)
+    response.set_cookie(PRE_SESSION_COOKIE, token, httponly=True, samesite="strict", path="/",
+                        secure=request.app.state.settings.session_cookie_secure)
+    return response
+
+
+def _pre_session_csrf_ok(request: Request, sent: str) -> bool:
+    cookie = request.cookies.get(PRE_SESSION_COOKIE)
+    return bool(cookie) and hmac.compare_digest(sent.encode(), cookie.encode())
+
+
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, next: str = "/") -> HTMLResponse:  # noqa: A002
-    return render(request, "login.html", next=_safe_next(next))
+    return _anonymous_form(request, "login.html", next=_safe_next(next))
 
 
 @router.post("/login")
-def login(request: Request, accounts: AccountsDep, redis_client: RedisDep, settings: SettingsDep,
-          email: Annotated[str, Form()], password: Annotated[str, Form()],
-          next: Annotated[str, Form()] = "/") -> Response:  # noqa: A002
+def login(request: Request, accounts: AccountsDep, limiter: LimiterDep, settings: SettingsDep,
+          email: Annotated[str, Form()] = "", password: Annotated[str, Form()] = "",
+          next: Annotated[str, Form()] = "/", csrf_token: Annotated[str, Form()] = "") -> Response:  # noqa: A002
     try:
-        user = check_password(accounts, redis_client, settings, email, password)
+        if not _pre_session_csrf_ok(request, csrf_token):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, FORM_EXPIRED)
+        user = check_password(accounts, limiter, request, email, password)
     except HTTPException as exc:
-        return render(request, "login.html", error=exc.detail, email=email, next=_safe_next(next),
-                      status_code=exc.status_code)
+        return _anonymous_form(request, "login.html", error=exc.detail, email=email, next=_safe_next(next),
+                               status_code=exc.status_code)
     response = RedirectResponse(_safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
     sign_in(response, accounts, settings, user)
     return response
 
 
 @router.get("/signup", response_class=HTMLResponse)
-def signup_page(request: Request, settings: SettingsDep) -> HTMLResponse:
-    return render(request, "signup.html", closed=not settings.signup_open, errors={})
+def signup_page(request: Request, settings: SettingsDep, invitation: str = "") -> HTMLResponse:
+    return _anonymous_form(request, "signup.html", closed=not settings.signup_open and not invitation, errors={},
+                           invitation=invitation)
 
 
 @router.post("/signup")
-def signup(request: Request, accounts: AccountsDep, settings: SettingsDep,
-           email: Annotated[str, Form()], password: Annotated[str, Form()]) -> Response:
-    if not settings.signup_open:
-        return render(request, "signup.html", closed=True, errors={}, status_code=403)
+def signup(request: Request, accounts: AccountsDep, settings: SettingsDep, limiter: LimiterDep,
+           email: Annotated[str, Form()] = "", password: Annotated[str, Form()] = "",
+           invitation: Annotated[str, Form()] = "", csrf_token: Annotated[str, Form()] = "") -> Response:
+    form = {"email": email, "invitation": invitation}
+    if not settings.signup_open and not invitation:
+        return _anonymous_form(request, "signup.html", closed=True, errors={}, status_code=403, **form)
     try:
-        data = SignUpIn(email=email, password=password)
-        user = accounts.sign_up(data.email, data.password)
+        if not _pre_session_csrf_ok(request, csrf_token):
+            raise FieldError("form", FORM_EXPIRED)
+        limiter.hit(settings.rate_sign_up_client, "sign-up", client_address(request), what="sign-ups")
+        data = SignUpIn(email=email, password=password, invitation=invitation or None)
+        user = accounts.sign_up(data.email, data.password, invitation=data.invitation)
     except ValidationError as exc:
-        return render(request, "signup.html", errors=_errors(exc), email=email, status_code=422)
+        return _anonymous_form(request, "signup.html", errors=_errors(exc), status_code=422, **form)
+    except FieldError as exc:
+        code = 403 if exc.field == "form" else 422
+        return _anonymous_form(request, "signup.html", errors={exc.field: str(exc)}, status_code=code, **form)
+    except HTTPException as exc:
+        return _anonymous_form(request, "signup.html", errors={"form": exc.detail}, status_code=exc.status_code,
+                               **form)
     except Conflict as exc:
-        return render(request, "signup.html", errors={"email": str(exc)}, email=email, status_code=409)
+        return _anonymous_form(request, "signup.html", errors={"email": str(exc)}, status_code=409, **form)
     response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
     sign_in(response, accounts, settings, user)
     return response
@@ -206,9 +249,10 @@ def new_subscription_page(request: Request, principal: Page, service: PageServic
 def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
     """The form's values as typed, and the subscription or every error at once (the window checks included)."""
     keys_text = str(form.get("keys", "")).replace(",", " ")
+    endpoint_ids = [str(e) for e in form.getlist("endpoint_ids")]  # pydantic checks them (ASCII digits, range)
     values = {
         "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
-        "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in form.getlist("endpoint_ids") if str(e).isdigit()],
+        "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in endpoint_ids if re.fullmatch(r"[0-9]{1,10}", e)],
         "active": form.get("active") == "on", "cooldown_s": form.get("cooldown_s") or 0,
         "renotify_s": form.get("renotify_s") or "", "send_resolved": form.get("send_resolved") == "on",
         "group": form.get("group") == "on",
@@ -216,7 +260,7 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
     try:
         data = SubscriptionIn(
             name=values["name"], condition=values["condition"],
-            keys=keys_text.split() or None, endpoint_ids=values["endpoint_ids"], active=values["active"],
+            keys=keys_text.split() or None, endpoint_ids=endpoint_ids, active=values["active"],
             policy={"cooldown_s": values["cooldown_s"], "renotify_s": values["renotify_s"] or None,
                     "send_resolved": values["send_resolved"], "group": values["group"]},
         )
@@ -259,7 +303,7 @@ async def create_subscription(request: Request, principal: Page, service: PageSe
 
 
 @router.get("/subscriptions/{subscription_id}/edit", response_class=HTMLResponse)
-def edit_subscription_page(request: Request, subscription_id: int, principal: Page,
+def edit_subscription_page(request: Request, subscription_id: IdPath, principal: Page,
                            service: PageService) -> HTMLResponse:
     values = _form_values(service.get(subscription_id))
     return render(request, "subscription_form.html", principal,
@@ -267,13 +311,13 @@ def edit_subscription_page(request: Request, subscription_id: int, principal: Pa
 
 
 @router.post("/subscriptions/{subscription_id}/edit")
-async def update_subscription(request: Request, subscription_id: int, principal: Page,
+async def update_subscription(request: Request, subscription_id: IdPath, principal: Page,
                               service: PageService) -> Response:
     return await _save_subscription(request, principal, service, subscription_id)
 
 
 @router.post("/subscriptions/{subscription_id}/{action}")
-def subscription_action(subscription_id: int, action: str, principal: Page, service: PageService) -> Response:
+def subscription_action(subscription_id: IdPath, action: str, principal: Page, service: PageService) -> Response:
     if action == "pause":
         service.set_active(subscription_id, False)
     elif action == "resume":
@@ -289,33 +333,33 @@ def subscription_action(subscription_id: int, action: str, principal: Page, serv
 
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
-def subscription_page(request: Request, subscription_id: int, principal: Page, service: PageService) -> HTMLResponse:
+def subscription_page(request: Request, subscription_id: IdPath, principal: Page, service: PageService) -> HTMLResponse:
     return render(request, "subscription.html", principal, s=service.get(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)
-def firing_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def firing_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                     redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
     service.get(subscription_id)
     return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)
-def history_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def history_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                      redis_client: RedisDep, keys: KeysDep,
                      state: str = "", key: str = "", since: str = "", before: str = "") -> HTMLResponse:
     service.get(subscription_id)
-    since_ms = int(time.time() * 1000) - int(since) * 60_000 if since.isdigit() else None
+    since_ms = int(time.time() * 1000) - int(since) * 60_000 if re.fullmatch(r"[0-9]{1,9}", since) else None
     where = HistoryFilter(state=state if state in ("firing", "resolved") else None,
                           key=key.strip() or None, since_ms=since_ms)
-    cursor_given = before if re.fullmatch(r"\d+-\d+", before) else None
+    cursor_given = before if valid_cursor(before) else None
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, cursor_given)
     return render(request, "_history.html", principal, alerts=alerts, cursor=cursor, subscription_id=subscription_id,
                   query={"state": state, "key": key, "since": since})
 
 
 @router.get("/subscriptions/{subscription_id}/deliveries", response_class=HTMLResponse)
-def deliveries_fragment(request: Request, subscription_id: int, principal: Page, service: PageService,
+def deliveries_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                         records: RecordsDep) -> HTMLResponse:
     service.get(subscription_id)
     return render(request, "_deliveries.html", principal, deliveries=records.log(subscription_id, 100))
@@ -334,7 +378,12 @@ def check_condition_fragment(request: Request, principal: Page, settings: Settin
 
 @router.post("/conditions/preview", response_class=HTMLResponse)
 async def preview_fragment(request: Request, principal: Page, settings: SettingsDep, redis_client: RedisDep,
-                           condition: Annotated[str, Form()] = "", keys: Annotated[str, Form()] = "") -> HTMLResponse:
+                           limiter: LimiterDep, condition: Annotated[str, Form()] = "",
+                           keys: Annotated[str, Form()] = "") -> HTMLResponse:
+    try:
+        limit_previews(limiter, request, principal.user.id)
+    except HTTPException as exc:
+        return render(request, "_preview.html", principal, result=None, error=exc.detail, status_code=exc.status_code)
     try:
         result = await preview_matches(condition, keys.replace(",", " ").split() or None, settings, redis_client)
     except ConditionError as exc:
@@ -369,7 +418,7 @@ def create_endpoint(request: Request, principal: Page, service: PageService, red
 
 
 @router.post("/endpoints/{endpoint_id}/rotate")
-def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageService,
+def rotate_endpoint_secret(endpoint_id: IdPath, principal: Page, service: PageService,
                            redis_client: RedisDep, keys: KeysDep) -> Response:
     endpoint = service.rotate_secret(endpoint_id)
     _flash(redis_client, keys, principal, secret={"target": endpoint.target, "value": endpoint.secret})
@@ -377,22 +426,27 @@ def rotate_endpoint_secret(endpoint_id: int, principal: Page, service: PageServi
 
 
 @router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
-def test_endpoint(request: Request, endpoint_id: int, principal: Page, service: PageService,
-                  celery: CeleryDep) -> HTMLResponse:
+def test_endpoint(request: Request, endpoint_id: IdPath, principal: Page, service: PageService,
+                  celery: CeleryDep, limiter: LimiterDep) -> HTMLResponse:
     endpoint = service.get_endpoint(endpoint_id)
+    try:
+        limit_test_alerts(limiter, request, principal.user.id)
+    except HTTPException as exc:
+        return HTMLResponse(f'<span class="error">{html.escape(exc.detail)}</span>', status_code=exc.status_code,
+                            headers=exc.headers)
     queued = enqueue_test_alert(celery, endpoint)
     return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
                         '</span>')
 
 
 @router.post("/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: int, principal: Page, service: PageService) -> Response:
+def delete_endpoint(endpoint_id: IdPath, principal: Page, service: PageService) -> Response:
     service.delete_endpoint(endpoint_id)
     return Response(headers={"HX-Redirect": "/endpoints"})
 
 
 @router.get("/endpoints/{endpoint_id}/deliveries", response_class=HTMLResponse)
-def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: Page, service: PageService,
+def endpoint_deliveries_fragment(request: Request, endpoint_id: IdPath, principal: Page, service: PageService,
                                  records: RecordsDep) -> HTMLResponse:
     service.get_endpoint(endpoint_id)
     return render(request, "_deliveries.html", principal, deliveries=records.endpoint_log(endpoint_id, 20))
@@ -401,8 +455,9 @@ def endpoint_deliveries_fragment(request: Request, endpoint_id: int, principal: 
 @router.get("/account", response_class=HTMLResponse)
 def account_page(request: Request, principal: Page, accounts: AccountsDep, redis_client: RedisDep,
                  keys: KeysDep) -> HTMLResponse:
+    shown = _take_flash(redis_client, keys, principal)
     return render(request, "account.html", principal, tokens=accounts.tokens(principal.user), errors={},
-                  new_token=_take_flash(redis_client, keys, principal).get("token"))
+                  new_token=shown.get("token"), password_changed=shown.get("password_changed"))
 
 
 @router.post("/account/tokens")
@@ -421,8 +476,29 @@ def create_token(request: Request, principal: Page, accounts: AccountsDep, redis
                   errors=errors, status_code=422)
 
 
+@router.post("/account/password")
+def change_password(request: Request, principal: Page, accounts: AccountsDep, limiter: LimiterDep,
+                    redis_client: RedisDep, keys: KeysDep, current_password: Annotated[str, Form()] = "",
+                    new_password: Annotated[str, Form()] = "") -> Response:
+    """Other sessions end and every API token is revoked; the page says how many."""
+    user = principal.user
+    try:
+        check_password(accounts, limiter, request, user.email, current_password, wrong=wrong_current_password())
+        sessions, tokens = accounts.change_password(user, new_password, keep_session=principal.web_session)
+    except HTTPException as exc:
+        errors, code = {"password": exc.detail}, exc.status_code
+    except FieldError as exc:
+        errors, code = {"password": f"the new password {exc}"}, 422
+    else:
+        _flash(redis_client, keys, principal, password_changed=(
+            f"Password changed: {sessions} other browser session(s) signed out, {tokens} API token(s) revoked."))
+        return RedirectResponse("/account", status_code=status.HTTP_303_SEE_OTHER)
+    return render(request, "account.html", principal, tokens=accounts.tokens(user), new_token=None, errors=errors,
+                  status_code=code)
+
+
 @router.post("/account/tokens/{token_id}/revoke")
-def revoke_token(token_id: int, principal: Page, accounts: AccountsDep) -> Response:
+def revoke_token(token_id: IdPath, principal: Page, accounts: AccountsDep) -> Response:
     accounts.revoke_token(principal.user, token_id)
     return Response(headers={"HX-Redirect": "/account"})
 
@@ -440,7 +516,20 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
     _operator(principal)
     return render(request, "ops.html", principal, load=subscription_load(session),
                   latest=(samples(redis_client, settings, 1) or [None])[0],
-                  dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s)
+                  dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
+                  invitation=_take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),
+                  invitation_ttl=f"{settings.invitation_ttl_s // 3600} h")
+
+
+@router.post("/ops/invitations")
+def create_invitation(request: Request, principal: Page, accounts: AccountsDep, redis_client: RedisDep,
+                      keys: KeysDep, role: Annotated[str, Form()] = "user") -> Response:
+    """An operator's invitation link, shown once on the next page."""
+    _operator(principal)
+    token, invitation = accounts.invite(principal.user, role if role in ROLES else "user")
+    url = str(request.url_for("signup_page").include_query_params(invitation=token))
+    _flash(redis_client, keys, principal, invitation={"role": invitation.role, "url": url})
+    return RedirectResponse("/ops", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/ops/dead-letters", response_class=HTMLResponse)

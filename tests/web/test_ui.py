@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from infra.services import free_port
 from infra.settings import Settings
 from ingest.kafka import ensure_topics
+from tests.servers import serving
 from tests.users import PASSWORD, new_user
 from web.app import create_app
 from web.ops import sample_once
@@ -36,17 +34,8 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def server(settings: Settings) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the web app did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(create_app(settings)) as url:
+        yield url
 
 
 @pytest.fixture

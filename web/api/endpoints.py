@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
 from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointOut, TestFireOut
-from web.deps import CeleryDep, RecordsDep, ServiceDep
+from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep
+from web.limits import LimiterDep, limit_test_alerts
 
 router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
 
@@ -25,32 +26,34 @@ def list_endpoints(service: ServiceDep) -> list[EndpointOut]:
 
 
 @router.get("/{endpoint_id}", response_model=EndpointOut)
-def get_endpoint(endpoint_id: int, service: ServiceDep) -> EndpointOut:
+def get_endpoint(endpoint_id: IdPath, service: ServiceDep) -> EndpointOut:
     return EndpointOut.model_validate(service.get_endpoint(endpoint_id))
 
 
 @router.post("/{endpoint_id}/rotate-secret", response_model=EndpointCreated)
-def rotate_secret(endpoint_id: int, service: ServiceDep) -> EndpointCreated:
+def rotate_secret(endpoint_id: IdPath, service: ServiceDep) -> EndpointCreated:
     """A new webhook signing secret, shown only in this response; the old one stops working."""
     return EndpointCreated.model_validate(service.rotate_secret(endpoint_id))
 
 
 @router.delete("/{endpoint_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_endpoint(endpoint_id: int, service: ServiceDep) -> Response:
+def delete_endpoint(endpoint_id: IdPath, service: ServiceDep) -> Response:
     service.delete_endpoint(endpoint_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{endpoint_id}/test", status_code=status.HTTP_202_ACCEPTED, response_model=TestFireOut)
-def send_test_alert(endpoint_id: int, service: ServiceDep, celery: CeleryDep) -> TestFireOut:
+def send_test_alert(endpoint_id: IdPath, request: Request, service: ServiceDep, celery: CeleryDep,
+                    limiter: LimiterDep) -> TestFireOut:
     """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
     endpoint = service.get_endpoint(endpoint_id)
+    limit_test_alerts(limiter, request, service.owner.id)
     return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint), endpoint_id=endpoint.id, queued=True)
 
 
 @router.get("/{endpoint_id}/deliveries")
 def endpoint_deliveries(
-    endpoint_id: int,
+    endpoint_id: IdPath,
     service: ServiceDep,
     records: RecordsDep,
     limit: Annotated[int, Query(ge=1, le=ATTEMPT_LOG_LENGTH)] = 100,

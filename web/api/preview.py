@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ingest.model import Key
 from web.conditions import describe, preview_matches
 from web.deps import RedisDep, SettingsDep, UserDep
+from web.limits import LimiterDep, limit_previews
 
 router = APIRouter(prefix="/api/conditions", tags=["subscriptions"])
 
@@ -26,10 +27,12 @@ def check_condition(data: ConditionIn, settings: SettingsDep, _user: UserDep) ->
 
 
 @router.post("/preview")
-async def preview_condition(data: ConditionIn, settings: SettingsDep, redis_client: RedisDep, _user: UserDep) -> dict:
+async def preview_condition(data: ConditionIn, request: Request, settings: SettingsDep, redis_client: RedisDep,
+                            user: UserDep, limiter: LimiterDep) -> dict:
     """Keys whose window satisfies the condition at the evaluator's last boundary, asked of every shard.
 
     ``complete`` is false when some shard did not answer within ``preview_timeout_s``
     (the evaluator is down or behind); ``matches`` lists the most extreme values first.
     """
+    limit_previews(limiter, request, user.id)
     return await preview_matches(data.condition, data.keys, settings, redis_client)

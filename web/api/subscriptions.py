@@ -7,10 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Response, status
 
 from notifier.deliveries import ATTEMPT_LOG_LENGTH
-from subscriptions.alerts import AlertViews, HistoryFilter
+from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
+from subscriptions.errors import FieldError
 from subscriptions.models import Subscription
 from subscriptions.schemas import MuteIn, SubscriptionIn, SubscriptionOut
-from web.deps import KeysDep, RecordsDep, RedisDep, ServiceDep
+from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, ServiceDep
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
 
@@ -38,40 +39,40 @@ def list_subscriptions(service: ServiceDep) -> list[SubscriptionOut]:
 
 
 @router.get("/{subscription_id}", response_model=SubscriptionOut)
-def get_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
+def get_subscription(subscription_id: IdPath, service: ServiceDep) -> SubscriptionOut:
     return subscription_out(service.get(subscription_id))
 
 
 @router.put("/{subscription_id}", response_model=SubscriptionOut)
-def update_subscription(subscription_id: int, data: SubscriptionIn, service: ServiceDep) -> SubscriptionOut:
+def update_subscription(subscription_id: IdPath, data: SubscriptionIn, service: ServiceDep) -> SubscriptionOut:
     return subscription_out(service.update(subscription_id, data))
 
 
 @router.post("/{subscription_id}/pause", response_model=SubscriptionOut)
-def pause_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
+def pause_subscription(subscription_id: IdPath, service: ServiceDep) -> SubscriptionOut:
     return subscription_out(service.set_active(subscription_id, False))
 
 
 @router.post("/{subscription_id}/resume", response_model=SubscriptionOut)
-def resume_subscription(subscription_id: int, service: ServiceDep) -> SubscriptionOut:
+def resume_subscription(subscription_id: IdPath, service: ServiceDep) -> SubscriptionOut:
     return subscription_out(service.set_active(subscription_id, True))
 
 
 @router.post("/{subscription_id}/mute", response_model=SubscriptionOut)
-def mute_subscription(subscription_id: int, data: MuteIn, service: ServiceDep) -> SubscriptionOut:
+def mute_subscription(subscription_id: IdPath, data: MuteIn, service: ServiceDep) -> SubscriptionOut:
     """Hold notifications back until a time (null unmutes); keys keep being evaluated."""
     return subscription_out(service.set_muted(subscription_id, data.until))
 
 
 @router.delete("/{subscription_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_subscription(subscription_id: int, service: ServiceDep) -> Response:
+def delete_subscription(subscription_id: IdPath, service: ServiceDep) -> Response:
     service.delete(subscription_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{subscription_id}/deliveries")
 def delivery_log(
-    subscription_id: int,
+    subscription_id: IdPath,
     service: ServiceDep,
     records: RecordsDep,
     limit: Annotated[int, Query(ge=1, le=ATTEMPT_LOG_LENGTH)] = 100,
@@ -82,7 +83,7 @@ def delivery_log(
 
 
 @router.get("/{subscription_id}/firing")
-def firing_keys(subscription_id: int, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
+def firing_keys(subscription_id: IdPath, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
     """Keys currently in the condition, with the transition that put them there."""
     service.get(subscription_id)
     return {"subscription_id": subscription_id, "firing": AlertViews(redis_client, keys).firing(subscription_id)}
@@ -90,7 +91,7 @@ def firing_keys(subscription_id: int, service: ServiceDep, redis_client: RedisDe
 
 @router.get("/{subscription_id}/alerts")
 def alert_history(
-    subscription_id: int,
+    subscription_id: IdPath,
     service: ServiceDep,
     redis_client: RedisDep,
     keys: KeysDep,
@@ -99,10 +100,12 @@ def alert_history(
     since: Annotated[int | None, Query(ge=0, description="evaluated at or after (epoch ms)")] = None,
     until: Annotated[int | None, Query(ge=0, description="evaluated before (epoch ms)")] = None,
     limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
-    before: Annotated[str | None, Query(pattern=r"^\d+-\d+$", description="the cursor of the previous page")] = None,
+    before: Annotated[str | None, Query(max_length=41, description="the cursor of the previous page")] = None,
 ) -> dict:
     """Transitions of this subscription, newest first, filtered; page on with ``next`` as ``before``."""
     service.get(subscription_id)
+    if before is not None and not valid_cursor(before):
+        raise FieldError("before", "not a cursor: pass the 'next' of the previous page")
     where = HistoryFilter(state=state, key=key, since_ms=since, until_ms=until)
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, limit, before)
     return {"subscription_id": subscription_id, "alerts": alerts, "next": cursor}

@@ -67,3 +67,11 @@ document.addEventListener("click", (event) => {
   }
   refresh();
 })();
+
+// A rate-limited fragment (429) carries its message: show it in place, as a 200 would be.
+document.addEventListener("htmx:beforeSwap", (event) => {
+  if (event.detail.xhr.status === 429) {
+    event.detail.shouldSwap = true;
+    event.detail.isError = false;
+  }
+});

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from evaluator.spark.job import RedisAlertSink
 from evaluator.transition import alert_id
 from infra.settings import Settings
-from tests.users import PASSWORD, api_client, new_user, sign_in
+from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
 from web.deps import SESSION_COOKIE
 from notifier.app import lane_queue
 from web.ops import celery_queue_keys
@@ -157,11 +157,31 @@ def test_operators_see_the_platform_users_do_not(settings: Settings) -> None:
         assert page.status_code == 200 and "Evaluator load" in page.text and "MAX" in page.text
 
 
-def test_operator_addresses_get_the_operator_role(settings: Settings) -> None:
-    settings = settings.model_copy(update={"operator_emails": ["ops@example.com"]})
-    with api_client(settings) as browser:
+def test_operator_rights_come_only_from_an_operators_invitation(settings: Settings) -> None:
+    _, user_token = new_user(settings)
+    _, operator_token = new_user(settings, role="operator")
+    with api_client(settings.model_copy(update={"operator_emails": ["ops@example.com"]})) as browser:
         made = browser.post("/api/auth/signup", json={"email": "OPS@example.com", "password": PASSWORD})
-        assert made.json()["user"]["role"] == "operator"
+        assert made.json()["user"]["role"] == "user"  # an address proves nothing
+    with api_client(settings, user_token) as api:
+        assert api.post("/api/invitations", json={"role": "operator"}).status_code == 403
+    with api_client(settings, operator_token) as api:
+        invited = api.post("/api/invitations", json={"role": "operator"})
+        assert invited.status_code == 201 and invited.json()["token"] in invited.json()["signup_url"]
+        token = invited.json()["token"]
+    closed = settings.model_copy(update={"signup_open": False})
+    with api_client(closed) as browser:
+        assert browser.post("/api/auth/signup", json={"email": "x@example.com", "password": PASSWORD}
+                            ).status_code == 403
+        joined = browser.post("/api/auth/signup", json={"email": "new-op@example.com", "password": PASSWORD,
+                                                         "invitation": token})
+        assert joined.status_code == 201 and joined.json()["user"]["role"] == "operator"
+        again = browser.post("/api/auth/signup", json={"email": "second@example.com", "password": PASSWORD,
+                                                        "invitation": token})
+        assert again.status_code == 422 and again.json()["detail"][0]["loc"] == ["body", "invitation"]
+        forged = browser.post("/api/auth/signup", json={"email": "third@example.com", "password": PASSWORD,
+                                                         "invitation": "made-up"})
+        assert forged.status_code == 422
 
 
 def test_per_user_limits(settings: Settings) -> None:
@@ -248,7 +268,8 @@ def test_control_characters_are_refused_not_a_server_error(settings: Settings) -
             assert response.status_code == 422, (path, response.text)
             assert response.json()["detail"][0]["loc"][:2] == ["body", field], (path, response.text)
     with api_client(settings) as browser:
-        page = browser.post("/login", data={"email": "a\x00b@example.com", "password": PASSWORD})
+        page = browser.post("/login", data={"email": "a\x00b@example.com", "password": PASSWORD,
+                                            "csrf_token": form_csrf(browser)})
         assert page.status_code == 401 and "wrong e-mail address or password" in page.text
         sign_in(browser, user.email)
         refused = browser.post("/account/tokens", data={"name": "a\x00b"})

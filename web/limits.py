@@ -1,0 +1,135 @@
+"""Limits a public service needs: request body size, and rate limits kept in Redis.
+
+Rate limits are counted in Redis (the `limits` library's fixed windows, one atomic
+increment per hit), so every web process shares them, and a hit is counted before
+the work it guards is done: N parallel requests cannot all pass a check that
+none of them has counted yet. Sign-in, sign-up, previews and test alerts are
+limited per client address and, where there is one, per account.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from limits import RateLimitItem, RateLimitItemPerSecond, parse
+from limits.storage import RedisStorage
+from limits.strategies import FixedWindowRateLimiter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+
+
+class RateLimiter:
+    """Named rate limits over one Redis, under this deployment's key prefix."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        storage = RedisStorage(settings.redis_url, key_prefix=RedisKeys(settings).rate_limits)
+        self.limiter = FixedWindowRateLimiter(storage)
+
+    def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:
+        """Count one hit; 429 with Retry-After when it is one too many."""
+        item = parse(rate) if isinstance(rate, str) else rate
+        if not self.limiter.hit(item, *identifiers):
+            reset_at = self.limiter.get_window_stats(item, *identifiers).reset_time
+            retry = max(math.ceil(reset_at - time.time()), 1)
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"too many {what}; try again in {retry} s",
+                                headers={"Retry-After": str(retry)})
+
+    def login_attempt(self, email: str) -> None:
+        """Count a password check against ``email`` before it is made (429 once the address is locked out).
+
+        Counting first makes check-and-count one atomic step: of any number of parallel
+        guesses, at most ``login_max_failures`` reach the password check.
+        """
+        self.hit(self._lockout(), "login", email, what="failed logins")
+
+    def login_succeeded(self, email: str) -> None:
+        self.limiter.clear(self._lockout(), "login", email)
+
+    def _lockout(self) -> RateLimitItem:
+        return RateLimitItemPerSecond(self.settings.login_max_failures, self.settings.login_lockout_s)
+
+
+def client_address(request: Request) -> str:
+    """The peer address (behind a proxy, run uvicorn with ``--proxy-headers`` so it is the client's)."""
+    return request.client.host if request.client else "unknown"
+
+
+def limit_previews(limiter: RateLimiter, request: Request, user_id: int) -> None:
+    settings = limiter.settings
+    limiter.hit(settings.rate_preview_account, "preview", "account", str(user_id), what="previews")
+    limiter.hit(settings.rate_preview_client, "preview", "client", client_address(request), what="previews")
+
+
+def limit_test_alerts(limiter: RateLimiter, request: Request, user_id: int) -> None:
+    settings = limiter.settings
+    limiter.hit(settings.rate_test_alert_account, "test-alert", "account", str(user_id), what="test alerts")
+    limiter.hit(settings.rate_test_alert_client, "test-alert", "client", client_address(request), what="test alerts")
+
+
+def get_limiter(request: Request) -> RateLimiter:
+    return request.app.state.limiter
+
+
+LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodySizeLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets a 413 and is never held whole.
+
+    The declared Content-Length is checked first; the body is then counted as it
+    arrives (chunked bodies, or a Content-Length that lies), and buffered up to the
+    limit before the app sees it, so the app never reads past the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        try:
+            messages = await self._buffer(receive)
+        except _TooLarge:
+            await self._refuse(send)
+            return
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _buffer(self, receive: Receive) -> list[Message]:
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                raise _TooLarge
+            if not message.get("more_body", False):
+                return messages
+
+    async def _refuse(self, send: Send) -> None:
+        body = f'{{"detail":"the request body is larger than {self.max_bytes} bytes"}}'.encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
