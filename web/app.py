@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 CatalogPublisher(session, settings, app.state.redis).republish()
             except redis.RedisError:
                 pass  # readiness reports it; the catalog is published again on the next change
-        sampler = asyncio.create_task(run_sampler(settings, app.state.redis))
+        sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
         sampler.cancel()
         with suppress(asyncio.CancelledError):

@@ -45,6 +45,7 @@ from web.deps import (
     SettingsDep,
 )
 from web.ops import samples, subscription_load
+from web.watchdog import banner, open_incidents
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
@@ -440,7 +441,16 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
     _operator(principal)
     return render(request, "ops.html", principal, load=subscription_load(session),
                   latest=(samples(redis_client, settings, 1) or [None])[0],
-                  dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s)
+                  dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
+                  incidents=banner(open_incidents(redis_client, settings)))
+
+
+@router.get("/ops/watchdog", response_class=HTMLResponse)
+def watchdog_fragment(request: Request, principal: Page, settings: SettingsDep, redis_client: RedisDep
+                      ) -> HTMLResponse:
+    """The dead man's switch banner, refreshed in place."""
+    _operator(principal)
+    return render(request, "_watchdog.html", principal, incidents=banner(open_incidents(redis_client, settings)))
 
 
 @router.get("/ops/dead-letters", response_class=HTMLResponse)
