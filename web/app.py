@@ -21,7 +21,7 @@ from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import ui
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
-from web.ops import run_sampler
+from web.ops import close_probes, run_sampler
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sampler.cancel()
         with suppress(asyncio.CancelledError):
             await sampler
+        close_probes()
         app.state.redis.close()
 
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,

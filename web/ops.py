@@ -69,6 +69,14 @@ def log_ends(settings: Settings) -> dict[int, int]:
         return probe.ends()
 
 
+def close_probes() -> None:
+    """Close this process's Kafka clients (the web app's shutdown)."""
+    with _probes_lock:
+        for probe in _probes.values():
+            probe.close()
+        _probes.clear()
+
+
 def _number(raw: dict[str, str], name: str) -> float:
     try:
         return float(raw.get(name, 0) or 0)
