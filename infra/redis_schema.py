@@ -13,7 +13,9 @@
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
 - ``deliveries:*`` and ``delivered:*``: see ``notifier.deliveries``;
-- ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
+- ``ops:samples``: the operators' dashboard samples (see ``web.ops``), and
+  ``ops:watchdog``: the dead man's switch's open incidents (see ``web.watchdog``);
+- ``evaluator:starts``: when the evaluator job last started (newest first);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``login-failures:<address>``: failed logins, for the lock-out (see ``web.auth``);
@@ -51,6 +53,8 @@ class RedisKeys:
         self.ops_samples = k("ops", "samples")
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")
+        self.evaluator_starts = k("evaluator", "starts")
+        self.watchdog_state = k("ops", "watchdog")
         self._k = k
 
     def alert_mark(self, alert_id: str) -> str:

@@ -6,7 +6,8 @@ process at a time, under the sampler lock) judges every dashboard sample
 against four rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 - ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
-  while records kept arriving (the Kafka log ends grew);
+  (``watchdog_startup_s`` after the job starts) while records kept arriving (the
+  Kafka log ends grew);
 - ``degraded``: over ``watchdog_window_s`` more than ``watchdog_max_refused_share``
   of the records were dropped as too late, refused as from the future or
   dead-lettered (judged once ``watchdog_min_records`` arrived);
@@ -72,11 +73,15 @@ def stalled(samples: list[dict], starts: list[float], settings: Settings, now: f
     first_same = len(samples) - 1
     while first_same > 0 and samples[first_same - 1].get("clock") == clock:
         first_same -= 1
-    since = max(samples[first_same]["t"], max(starts, default=0.0))
+    last_start = max(starts, default=0.0)
+    since = max(samples[first_same]["t"], last_start)
     base = _first_with([s for s in samples[first_same:] if s["t"] >= since], "log_end")
     newest = _first_with(samples[::-1], "log_end")
     arrived = 0 if base is None or newest is None else newest["log_end"] - base["log_end"]
-    if now - since >= settings.watchdog_stall_s and arrived > 0:
+    # no evaluation since the job (re)started: its first batch, with the backlog, is allowed longer
+    limit = max(settings.watchdog_stall_s, settings.watchdog_startup_s) if since == last_start \
+        else settings.watchdog_stall_s
+    if now - since >= limit and arrived > 0:
         what = "no shard has evaluated yet" if clock is None else f"shard clock stuck at {clock}"
         return RuleStatus(True, since, f"{what} while {arrived} records arrived")
     return RuleStatus(False)

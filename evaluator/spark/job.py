@@ -37,6 +37,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
+from evaluator.spark.source import stop_file
 from infra.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
@@ -402,6 +403,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .option("bootstrap", settings.kafka_bootstrap)
         .option("topic", settings.events_topic)
         .option("requestTimeoutMs", str(settings.kafka_request_timeout_ms))
+        .option("stopFile", str(stop_file(settings)))
     )
     if settings.source_max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(settings.source_max_records_per_trigger))

@@ -9,7 +9,7 @@ from infra.evaluator_status import evaluator_status
 from infra.settings import Settings
 from web.watchdog import RuleStatus, changes, degraded, down, evaluate, notification, restarting, stalled
 
-SETTINGS = Settings(watchdog_stall_s=60, watchdog_window_s=300, watchdog_max_refused_share=0.05,
+SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window_s=300, watchdog_max_refused_share=0.05,
                     watchdog_min_records=500, watchdog_restart_window_s=900, watchdog_max_restarts=3,
                     evaluator_stale_s=30)
 
@@ -44,6 +44,9 @@ def test_no_stall_when_nothing_arrives_or_when_the_job_just_restarted() -> None:
     still = _samples(100, clock=lambda i: None)
     assert stalled(still, [], SETTINGS, still[-1]["t"]).detail.startswith("no shard has evaluated yet")
     assert not stalled(still, [still[-1]["t"] - 30], SETTINGS, still[-1]["t"]).firing, "starting is not stalling"
+    long = _samples(200, every_s=2.0, clock=lambda i: None)  # 398 s of samples
+    assert not stalled(long, [long[-1]["t"] - 250], SETTINGS, long[-1]["t"]).firing, "a slow first batch is allowed"
+    assert stalled(long, [long[-1]["t"] - 350], SETTINGS, long[-1]["t"]).firing, "but not for ever"
 
 
 def test_kafka_errors_in_some_samples_do_not_confuse_the_stall_rule() -> None:
