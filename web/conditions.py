@@ -36,7 +36,7 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
     status = evaluator_status(client.hgetall(keys.evaluator_stats), settings, time.time())
-    shards = status.shards if status.state in ("ready", "starting") else 0  # a stale evaluator answers nobody
+    shards = status.shards
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)
     client.hset(keys.previews, request_id, json.dumps(
@@ -74,10 +74,8 @@ def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Setti
     """Why fewer than every shard answered, in words (None when all did)."""
     if shards and answered == shards:
         return None
-    if status.state != "ready":
-        return status.reason
-    if not shards:
-        return "no evaluator shard has reported yet"
+    if not status.ready:
+        return status.reason if not answered else f"only {answered} of {shards} shards answered: {status.reason}"
     return (f"only {answered} of {shards} evaluator shards answered within {settings.preview_timeout_s:g} s "
             f"(the evaluator is behind: its last batch ended {status.last_batch_age_s or 0:.0f} s ago)")
 
