@@ -106,8 +106,17 @@ class Runner:
             return False
         return evaluator_status(stats, self.settings, time.time()).ready
 
+    def _web_answers(self, timeout_s: float = 120.0) -> None:
+        """Announce the URL only once something answers there."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping and time.monotonic() < deadline:
+            if _listening(f"{self.settings.web_host}:{self.settings.web_port}"):
+                return
+            time.sleep(0.2)
+
     def watch(self) -> int:
         url = f"http://{self.settings.web_host}:{self.settings.web_port}/"
+        self._web_answers()
         print(f"\n  Tocsin is starting: {url}  (the evaluator's first batch takes about a minute)\n"
               f"  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
         password = first_operator(self.settings)
