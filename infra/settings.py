@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = Field(4, ge=1)
     trigger_interval: str = Field(
-        "3 seconds", description="micro-batch trigger: longer batches amortise Spark's ~1 s fixed cost per batch"
+        "5 seconds", description="micro-batch trigger: longer batches amortise Spark's fixed cost per batch"
     )
     checkpoint_dir: Path | None = None  # defaults to data_dir/checkpoints/evaluator
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
