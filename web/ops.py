@@ -20,14 +20,13 @@ from typing import Any
 
 import redis
 import structlog
+from celery import Celery
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evaluator.spec import Aggregate, Condition
-from celery import Celery
-
 from infra.redis_schema import RedisKeys, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import LogEndProbe
