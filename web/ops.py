@@ -155,7 +155,7 @@ def sample_once(settings: Settings, client: redis.Redis, celery: Celery | None =
     pipe.rpush(keys.ops_samples, json.dumps(sample, separators=(",", ":")))
     pipe.ltrim(keys.ops_samples, -settings.dashboard_history, -1)
     pipe.execute()
-    watchdog.watch(settings, client, samples(client, settings), celery)
+    watchdog.watch(settings, client, samples(client, settings, watchdog.samples_needed(settings)), celery)
     return sample
 
 

@@ -26,6 +26,7 @@ start so that a duplicate enqueue is dropped by the worker's delivered mark.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,13 @@ def down(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
     detail = "no heartbeat from the evaluator since the web app started watching" if heartbeat is None \
         else f"no heartbeat from the evaluator for {now - heartbeat:.0f} s"
     return RuleStatus(True, since, detail)
+
+
+def samples_needed(settings: Settings) -> int:
+    """How many of the newest samples the rules look at: their longest span, within the history kept."""
+    span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
+               settings.evaluator_stale_s)
+    return min(math.ceil(span / settings.dashboard_sample_s) + 2, settings.dashboard_history)
 
 
 def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: float) -> dict[str, RuleStatus]:
