@@ -126,18 +126,26 @@ def main() -> None:
         _follow(query, stats, keys, stop)
     finally:
         stop.set()
-        if query is not None and query.isActive:
-            stopping.parent.mkdir(parents=True, exist_ok=True)
-            stopping.touch()
-            deadline = time.monotonic() + max(settings.evaluator_stop_timeout_s - STOP_MARGIN_S, 1.0)
-            if not _stop_between_batches(query, deadline):
-                log.warning("evaluator_batch_interrupted", reason="the batch under way outlived the stop timeout; "
-                                                                  "it is evaluated again on restart")
-            query.stop()
-        if spark is not None:
-            spark.stop()
-        stopping.unlink(missing_ok=True)
-        log.info("evaluator_stopped")
+        try:
+            _shut_down(spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S)
+        except Exception as exc:  # noqa: BLE001 - e.g. the JVM was killed with us: nothing left to stop
+            log.warning("evaluator_stop_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            stopping.unlink(missing_ok=True)
+            log.info("evaluator_stopped")
+
+
+def _shut_down(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects
+    """Stop the query between batches (or interrupt it after ``wait_s``), then the SparkContext."""
+    if query is not None and query.isActive:
+        stopping.parent.mkdir(parents=True, exist_ok=True)
+        stopping.touch()
+        if not _stop_between_batches(query, time.monotonic() + max(wait_s, 1.0)):
+            log.warning("evaluator_batch_interrupted", reason="the batch under way outlived the stop timeout; "
+                                                              "it is evaluated again on restart")
+        query.stop()
+    if spark is not None:
+        spark.stop()
 
 
 def _follow(query, stats: redis.Redis, keys: RedisKeys, stop: threading.Event) -> None:  # noqa: ANN001
