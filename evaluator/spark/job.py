@@ -403,7 +403,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .option("bootstrap", settings.kafka_bootstrap)
         .option("topic", settings.events_topic)
         .option("requestTimeoutMs", str(settings.kafka_request_timeout_ms))
-        .option("stopFile", str(stop_file(settings)))
+        .option("stopFile", str(stop_file(settings).resolve()))
     )
     if settings.source_max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(settings.source_max_records_per_trigger))
