@@ -187,18 +187,18 @@ def watch(settings: Settings, client: redis.Redis, history: list[dict], celery: 
     keys = RedisKeys(settings)
     statuses = evaluate(history, job_starts(client, settings), settings, now)
     still_open, announce = changes(open_incidents(client, settings), statuses, now)
+    for rule, state, incident in announce:  # enqueued before the incident is recorded: a crash in between
+        log.warning("watchdog", rule=rule, state=state, since=incident["since"], detail=incident.get("detail"))
+        if celery is None:  # announces it again, with the same id, which the worker delivers once
+            continue
+        message = notification(rule, state, incident, now)
+        for endpoint_id in settings.operator_endpoint_ids:
+            celery.send_task(DELIVER_TASK, args=(message, endpoint_id))
     pipe = client.pipeline()
     pipe.delete(keys.watchdog_state)
     if still_open:
         pipe.hset(keys.watchdog_state, mapping={r: json.dumps(i) for r, i in still_open.items()})
     pipe.execute()
-    for rule, state, incident in announce:
-        log.warning("watchdog", rule=rule, state=state, since=incident["since"], detail=incident.get("detail"))
-        if celery is None:
-            continue
-        message = notification(rule, state, incident, now)
-        for endpoint_id in settings.operator_endpoint_ids:
-            celery.send_task(DELIVER_TASK, args=(message, endpoint_id))
     return statuses
 
 
