@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import redis
@@ -41,5 +42,5 @@ def test_readyz_and_previews_say_whether_the_evaluator_evaluates(settings: Setti
 
         redis_client.hset(stats, "driver_heartbeat_at", time.time() - 120)
         stale = api.get("/readyz")
-        assert stale.status_code == 503 and "no heartbeat from the evaluator for 120 s" in stale.text
+        assert stale.status_code == 503 and re.search(r"no heartbeat from the evaluator for 12\d s", stale.text)
         assert "it is down or hung" in api.post("/api/conditions/preview", json=preview).json()["reason"]
