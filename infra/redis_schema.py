@@ -13,7 +13,9 @@
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
 - ``deliveries:*``, ``delivered:*``, ``sending:*`` and ``inflight:*``: see ``notifier.deliveries``;
-- ``ops:samples``: the operators' dashboard samples (see ``web.ops``);
+- ``ops:samples``: the operators' dashboard samples (see ``web.ops``), and
+  ``ops:watchdog``: the dead man's switch's open incidents (see ``web.watchdog``);
+- ``evaluator:starts``: when the evaluator job last started (newest first);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
@@ -52,6 +54,8 @@ class RedisKeys:
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")
         self.rate_limits = k("rate")  # the prefix of the `limits` library's counters
+        self.evaluator_starts = k("evaluator", "starts")
+        self.watchdog_state = k("ops", "watchdog")
         self._k = k
 
     def alert_mark(self, alert_id: str) -> str:

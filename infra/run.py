@@ -5,6 +5,12 @@ configured bootstrap address) with its topics, Redis (unless one answers), the
 web app, the Celery worker, the dispatcher, the Spark evaluator and the
 synthetic market feed. Every child runs in its own process group and is stopped
 with it; if any child dies, everything is stopped and the log to read is named.
+
+"Tocsin is running" is printed once the evaluator has evaluated its first batch
+(about a minute after the start), not when the processes merely exist. On
+Ctrl-C or SIGTERM the evaluator driver alone gets SIGTERM, stops its streaming
+query and SparkContext, and its JVM exits by itself; only after
+``evaluator_stop_timeout_s`` is its process group killed.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ import socket
 import sys
 import time
 
+import redis
 import structlog
 
-from infra.logs import configure_logging
+from infra.evaluator_status import evaluator_status
+from infra.logs import configure_logging, third_party_level
+from infra.redis_schema import RedisKeys
 from infra.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
 from infra.settings import Settings, get_settings
 from ingest.kafka import ensure_topics
@@ -40,13 +49,17 @@ def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
     return [
         ("web", python_module("uvicorn", "web.main:app", "--host", settings.web_host, "--port", str(settings.web_port))),
         ("worker", python_module("notifier.worker", "--lane", "alerts", "--pool", "threads", "--concurrency", "8",
-                                 "--loglevel", "INFO", "--without-gossip", "--without-mingle")),
+                                 "--loglevel", third_party_level(), "--without-gossip", "--without-mingle")),
         ("worker-tests", python_module("notifier.worker", "--lane", "tests", "--pool", "threads", "--concurrency", "2",
-                                       "--loglevel", "INFO", "--without-gossip", "--without-mingle")),
+                                       "--loglevel", third_party_level(), "--without-gossip", "--without-mingle")),
         ("dispatcher", python_module("notifier.dispatcher")),
         ("evaluator", python_module("evaluator.spark")),
         ("feed", python_module("ingest", "feed")),
     ]
+
+
+#: Children that stop themselves on SIGTERM (the runner waits for them rather than killing their group).
+GRACEFUL = {"evaluator"}
 
 
 class Runner:
@@ -83,26 +96,51 @@ class Runner:
             self.children.append(spawn("mail", args, self.logs / "mail.log"))
             log.info("smtp_started", address=smtp, log=str(self.logs / "mail.log"))
         for name, args in platform_commands(self.settings):
-            self.children.append(spawn(name, args, self.logs / f"{name}.log"))
+            graceful = name in GRACEFUL
+            self.children.append(spawn(name, args, self.logs / f"{name}.log", graceful=graceful,
+                                       stop_timeout_s=self.settings.evaluator_stop_timeout_s if graceful else 10.0))
             log.info("started", process=name, log=str(self.logs / f"{name}.log"))
+
+    def evaluator_ready(self, client: redis.Redis) -> bool:
+        try:
+            stats = client.hgetall(RedisKeys(self.settings).evaluator_stats)
+        except redis.RedisError:
+            return False
+        return evaluator_status(stats, self.settings, time.time()).ready
+
+    def _web_answers(self, timeout_s: float = 120.0) -> None:
+        """Announce the URL only once something answers there."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping and time.monotonic() < deadline:
+            if _listening(f"{self.settings.web_host}:{self.settings.web_port}"):
+                return
+            time.sleep(0.2)
 
     def watch(self) -> int:
         url = f"http://{self.settings.web_host}:{self.settings.web_port}/"
-        print(f"\n  Tocsin is running: {url}\n  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
+        self._web_answers()
+        print(f"\n  Tocsin is starting: {url}  (the evaluator's first batch takes about a minute)\n"
+              f"  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
         password = first_operator(self.settings)
         if password is not None:  # a new database: someone must be able to see the operator dashboard
             print(f"  Operator account: {LOCAL_OPERATOR} / {password}  (shown once; anyone may sign up as a user)\n",
                   flush=True)
+        client = redis.Redis.from_url(self.settings.redis_url, decode_responses=True, socket_timeout=2)
+        ready = False
         while not self.stopping:
             for child in self.children:
                 code = child.process.poll()
                 if code is not None:
                     log.error("process_exited", process=child.name, code=code, log=str(self.logs / f"{child.name}.log"))
                     return 1
+            if not ready and self.evaluator_ready(client):
+                ready = True
+                print(f"  Tocsin is running: {url}  (evaluator ready: first batch evaluated)\n", flush=True)
             time.sleep(0.5)
         return 0
 
     def stop(self) -> None:
+        """The feed first, then the evaluator (gracefully), then what serves them."""
         for child in reversed(self.children):
             child.stop()
         log.info("stopped")

@@ -5,8 +5,10 @@ Shared by the local runner and the test suite so both run the same stack.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -48,22 +50,46 @@ def tansu_binary() -> Path:
 
 @dataclass
 class ManagedProcess:
-    """A child process in its own process group, so stopping it stops its children too."""
+    """A child process in its own process group, so stopping it stops its children too.
+
+    ``graceful`` children (the evaluator driver) get SIGTERM on their own and stop
+    their children themselves (the JVM exits once the driver stopped its
+    SparkContext); the group is killed only if it outlives ``stop_timeout_s``.
+    """
 
     name: str
     process: subprocess.Popen
+    graceful: bool = False
+    stop_timeout_s: float = 10.0
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process.poll() is not None:
-            return
+    def _group_alive(self) -> bool:
         try:
-            os.killpg(self.process.pid, 15)
-            self.process.wait(timeout_s)
+            os.killpg(self.process.pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        timeout_s = self.stop_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self.process.poll() is None:
+                if self.graceful:
+                    self.process.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout_s)
+            while self._group_alive() and time.monotonic() < deadline:  # its children finishing on their own
+                time.sleep(0.1)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, 9)
-            self.process.wait(timeout_s)
-        except ProcessLookupError:
             pass
+        except ProcessLookupError:
+            return
+        if self._group_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the whole group: what a crash or the OOM killer does."""
@@ -74,7 +100,8 @@ class ManagedProcess:
         self.process.wait()
 
 
-def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> ManagedProcess:
+def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None,
+          graceful: bool = False, stop_timeout_s: float = 10.0) -> ManagedProcess:
     stdout = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     process = subprocess.Popen(
         args,
@@ -84,7 +111,7 @@ def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[st
         start_new_session=True,
         env={**os.environ, **(env or {})},
     )
-    return ManagedProcess(name, process)
+    return ManagedProcess(name, process, graceful, stop_timeout_s)
 
 
 def start_tansu(host: str, port: int, log_path: Path | None = None) -> ManagedProcess:

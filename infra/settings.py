@@ -40,7 +40,9 @@ class Settings(BaseSettings):
     # --- Spark job ---------------------------------------------------------------
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = Field(4, ge=1)
-    trigger_interval: str = "1 second"
+    trigger_interval: str = Field(
+        "5 seconds", description="micro-batch trigger: longer batches amortise Spark's fixed cost per batch"
+    )
     checkpoint_dir: Path | None = None  # defaults to data_dir/checkpoints/evaluator
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
     watermark_delay_ms: int = Field(2_000, ge=0, description="allowed event-time disorder")
@@ -55,6 +57,9 @@ class Settings(BaseSettings):
     evaluator_shards: int | None = Field(None, ge=1, description="default: one per shuffle partition")
     evaluator_p: int = Field(4, ge=1, description="CI-COUNT/CI-SUM stamps per level: error ε = 2/(p+2)")
     evaluator_snapshot_every: int = Field(100, ge=2, description="batches between shard state snapshots")
+    evaluator_stop_timeout_s: float = Field(
+        90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
+    )
 
     # --- what a record may be (ingest.model.RecordLimits) ---------------------------
     max_record_bytes: int = Field(
@@ -116,6 +121,27 @@ class Settings(BaseSettings):
     dashboard_sample_s: float = Field(2.0, gt=0, description="how often the web app samples operator metrics")
     dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")
     preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
+
+    # --- dead man's switch (web.watchdog) ---------------------------------------
+    evaluator_stale_s: float = Field(
+        30.0, gt=0, description="no heartbeat from the evaluator driver this long: not ready, and 'evaluator down'"
+    )
+    watchdog_stall_s: float = Field(
+        120.0, gt=0, description="shard clocks still this long while records arrive: 'evaluation stalled'"
+    )
+    watchdog_startup_s: float = Field(
+        300.0, gt=0, description="how long the job's first evaluation after a start may take before 'stalled'"
+    )
+    watchdog_window_s: float = Field(300.0, gt=0, description="window of the refused-records share")
+    watchdog_max_refused_share: float = Field(
+        0.05, ge=0, le=1, description="share of records dropped, refused or dead-lettered that fires 'degraded'"
+    )
+    watchdog_min_records: int = Field(500, ge=1, description="records in the window before the share is judged")
+    watchdog_restart_window_s: float = Field(900.0, gt=0, description="window of the job-restart count")
+    watchdog_max_restarts: int = Field(3, ge=0, description="job starts beyond this within the window: 'restarting'")
+    operator_endpoint_ids: list[int] = Field(
+        default_factory=list, description="endpoints (made as an operator) the dead man's switch notifies"
+    )
 
     # --- notifier ----------------------------------------------------------------
     webhook_connect_timeout_s: float = Field(3.0, gt=0)

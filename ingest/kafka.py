@@ -94,3 +94,52 @@ def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -
         return {tp.partition: end for tp, end in log_end_offsets(consumer, tps, timeout_s).items()}
     finally:
         consumer.close()
+
+
+class LogEndProbe:
+    """Log ends of one topic, asked again and again over one long-lived client.
+
+    A fresh client per question costs a connection, metadata and a log line or
+    two; the dashboard sampler asks every few seconds. A reused client keeps the
+    last high watermark it saw, so each question waits until the fetch it makes
+    returns a record of every non-empty partition: that response carries the
+    current high watermark. On any error the client is dropped and the next
+    question makes a new one.
+    """
+
+    def __init__(self, settings: Settings, topic: str, timeout_s: float = 10.0) -> None:
+        bounded = min(settings.kafka_request_timeout_ms, int(timeout_s * 1000))
+        self.settings = settings.model_copy(update={"kafka_request_timeout_ms": bounded})
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._consumer: KafkaConsumer | None = None
+
+    def ends(self) -> dict[int, int]:
+        """``{partition: log end offset}``, or an error within about the probe's timeout."""
+        try:
+            return self._ask()
+        except Exception:
+            self.close()
+            raise
+
+    def _ask(self) -> dict[int, int]:
+        if self._consumer is None:
+            self._consumer = new_consumer(self.settings)
+        consumer = self._consumer
+        tps = [TopicPartition(self.topic, p) for p in partitions_of(consumer, self.topic, self.timeout_s)]
+        consumer.assign(tps)
+        lower = consumer.end_offsets(tps)
+        waiting = {tp for tp in tps if lower[tp] > 0}
+        for tp in tps:
+            consumer.seek(tp, max(lower[tp] - 1, 0))
+        deadline = time.monotonic() + self.timeout_s
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fetch response for {sorted(tp.partition for tp in waiting)}")
+            waiting -= set(consumer.poll(timeout_ms=50, max_records=500))
+        return {tp.partition: max(consumer.highwater(tp) or 0, lower[tp]) for tp in tps}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -48,3 +48,17 @@ def sign_in(client, email: str, password: str = PASSWORD) -> str:  # noqa: ANN00
     csrf = response.json()["csrf_token"]
     client.headers["X-CSRF-Token"] = csrf
     return csrf
+
+
+def evaluator_running(settings: Settings) -> None:
+    """What a live evaluator writes to Redis (a fresh heartbeat, a batch since its start, a shard clock), for
+    tests of the web app alone that need ``/readyz`` to be ready."""
+    import time
+
+    import redis
+
+    from infra.redis_schema import RedisKeys, shard_clock_field
+
+    now = time.time()
+    redis.Redis.from_url(settings.redis_url).hset(RedisKeys(settings).evaluator_stats, mapping={
+        "driver_started_at": now, "driver_heartbeat_at": now, "last_batch_at": now, shard_clock_field(0): 1})

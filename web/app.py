@@ -22,7 +22,7 @@ from subscriptions.service import CatalogPublisher
 from web import ui
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
 from web.limits import BodySizeLimit, RateLimiter
-from web.ops import run_sampler
+from web.ops import close_probes, run_sampler
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -46,11 +46,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 CatalogPublisher(session, settings, app.state.redis).republish()
             except redis.RedisError:
                 pass  # readiness reports it; the catalog is published again on the next change
-        sampler = asyncio.create_task(run_sampler(settings, app.state.redis))
+        sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
         sampler.cancel()
         with suppress(asyncio.CancelledError):
             await sampler
+        close_probes()
         app.state.redis.close()
 
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,

@@ -4,7 +4,9 @@ A preview asks the running evaluator, not a copy of the data: the request goes t
 Redis (``previews``), every shard answers at its next micro-batch with the keys
 that satisfy the condition at the last boundary it evaluated, computed by the same
 lookups as subscriptions (``ShardEvaluator.preview``), and the web app gathers the
-answers for up to ``preview_timeout_s``.
+answers for up to ``preview_timeout_s``. When no shard (or not every shard)
+answers, ``reason`` says why in words: the evaluator has not started, is still
+starting, has been silent since a given time, or was too slow.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import redis
 from fastapi.concurrency import run_in_threadpool
 
 from evaluator.spec import Condition
-from infra.redis_schema import PREVIEW_SHOWN, RedisKeys, shard_clocks
+from infra.evaluator_status import EvaluatorStatus, evaluator_status
+from infra.redis_schema import PREVIEW_SHOWN, RedisKeys
 from infra.settings import Settings
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
@@ -32,7 +35,8 @@ def describe(text: str, settings: Settings) -> dict[str, Any]:
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
-    shards = len(shard_clocks(client.hgetall(keys.evaluator_stats)))
+    status = evaluator_status(client.hgetall(keys.evaluator_stats), settings, time.time())
+    shards = status.shards
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)
     client.hset(keys.previews, request_id, json.dumps(
@@ -54,6 +58,8 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
     matches = sorted((m for a in answers.values() for m in a["matches"]), key=lambda m: (-abs(m[1]), m[0]))
     evaluated = [a["evaluated_at"] for a in answers.values() if a.get("evaluated_at")]
     return {
+        "reason": _reason(status, shards, len(answers), settings),
+        "evaluator": status.state,
         "shards": shards,
         "answered": len(answers),
         "complete": bool(shards) and len(answers) == shards,
@@ -62,6 +68,16 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
         "watched": sum(a["watched"] for a in answers.values()),
         "matches": [{"key": k, "value": v} for k, v in matches[:PREVIEW_SHOWN]],
     }
+
+
+def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Settings) -> str | None:
+    """Why fewer than every shard answered, in words (None when all did)."""
+    if shards and answered == shards:
+        return None
+    if not status.ready:
+        return status.reason if not answered else f"only {answered} of {shards} shards answered: {status.reason}"
+    return (f"only {answered} of {shards} evaluator shards answered within {settings.preview_timeout_s:g} s "
+            f"(the evaluator is behind: its last batch ended {status.last_batch_age_s or 0:.0f} s ago)")
 
 
 async def preview_matches(text: str, watch: list[str] | None, settings: Settings,

@@ -5,29 +5,35 @@ One web process at a time (a Redis lock per period) samples every
 input rate), the evaluator's micro-batch time and its candidates against exact
 matches, the Celery queue, delivery outcomes and dead letters. Samples go to a
 capped Redis list the dashboard charts read, so every web process shows the same.
+The sampling process then lets the dead man's switch judge the samples
+(``web.watchdog``). Log ends come over one long-lived Kafka client per process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 from typing import Any
 
 import redis
 import structlog
+from celery import Celery
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evaluator.spec import Aggregate, Condition
-from infra.redis_schema import RedisKeys
+from infra.redis_schema import RedisKeys, shard_clocks
 from infra.settings import Settings
-from ingest.kafka import topic_end_offsets
+from ingest.kafka import LogEndProbe
 from subscriptions.language import format_duration, format_expr
 from subscriptions.models import Subscription
+from web import watchdog
+from web.watchdog import STREAM_COUNTERS
 
 log = structlog.get_logger("ops")
 
@@ -46,6 +52,28 @@ def celery_queue_keys(settings: Settings) -> tuple[str, str]:
     """The Redis list Celery's delivery queue lives in, and the hash of tasks workers hold unacknowledged."""
     prefix = settings.redis_key("celery") + ":"
     return prefix + settings.redis_key("deliveries"), prefix + "unacked"
+
+
+_probes: dict[tuple[str, str], LogEndProbe] = {}
+_probes_lock = threading.Lock()
+
+
+def log_ends(settings: Settings) -> dict[int, int]:
+    """The event topic's log ends, over this process's one client for that broker and topic."""
+    with _probes_lock:  # one question at a time per client (kafka-python clients are not thread-safe)
+        probe = _probes.get((settings.kafka_bootstrap, settings.events_topic))
+        if probe is None:
+            probe = _probes[(settings.kafka_bootstrap, settings.events_topic)] = LogEndProbe(
+                settings, settings.events_topic, STREAM_PROBE_TIMEOUT_S)
+        return probe.ends()
+
+
+def close_probes() -> None:
+    """Close this process's Kafka clients (the web app's shutdown)."""
+    with _probes_lock:
+        for probe in _probes.values():
+            probe.close()
+        _probes.clear()
 
 
 def _number(raw: dict[str, str], name: str) -> float:
@@ -73,12 +101,16 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "queued": client.llen(queue),
         "unacked": client.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),
+        # for the dead man's switch (web.watchdog): the slowest shard's clock, the driver's heartbeat, refusals
+        "clock": min(shard_clocks(evaluator), default=None),
+        "heartbeat_at": _number(evaluator, "driver_heartbeat_at") or None,
+        **{name: _number(evaluator, name) for name in STREAM_COUNTERS},
         **{outcome: _number(deliveries, outcome) for outcome in ("delivered", "retry", "dead", "suppressed")},
     }
     read = json.loads(evaluator.get("source_offsets") or "{}")
     sample["read"] = sum(int(v) for v in read.values())
     try:
-        ends = topic_end_offsets(settings, settings.events_topic, timeout_s=STREAM_PROBE_TIMEOUT_S)
+        ends = log_ends(settings)
         sample["log_end"] = sum(ends.values())
         sample["lag"] = sum(max(end - int(read.get(str(p), 0)), 0) for p, end in ends.items())
         sample["kafka"] = "ok"
@@ -107,8 +139,9 @@ def samples(client: redis.Redis, settings: Settings, limit: int | None = None) -
     return [json.loads(s) for s in client.lrange(key, -(limit or settings.dashboard_history), -1)]
 
 
-def sample_once(settings: Settings, client: redis.Redis) -> dict | None:
-    """Take a sample unless another web process took this period's; returns it."""
+def sample_once(settings: Settings, client: redis.Redis, celery: Celery | None = None) -> dict | None:
+    """Take a sample unless another web process took this period's, and let the dead man's switch judge
+    the history (notifying through ``celery`` when given); returns the sample."""
     keys = RedisKeys(settings)
     if not client.set(keys.ops_sampler_lock, "1", nx=True, px=int(settings.dashboard_sample_s * 900)):
         return None
@@ -122,13 +155,21 @@ def sample_once(settings: Settings, client: redis.Redis) -> dict | None:
     pipe.rpush(keys.ops_samples, json.dumps(sample, separators=(",", ":")))
     pipe.ltrim(keys.ops_samples, -settings.dashboard_history, -1)
     pipe.execute()
+    watchdog.watch(settings, client, samples(client, settings, watchdog.samples_needed(settings)), celery)
     return sample
 
 
-async def run_sampler(settings: Settings, client: redis.Redis) -> None:
+def refresh_gauges(settings: Settings, client: redis.Redis) -> None:
+    """Every web process serves the dead man's switch and the stream counters on its ``/metrics``."""
+    last = client.lindex(RedisKeys(settings).ops_samples, -1)
+    watchdog.refresh_gauges(watchdog.open_incidents(client, settings), json.loads(last) if last else None)
+
+
+async def run_sampler(settings: Settings, client: redis.Redis, celery: Celery | None = None) -> None:
     while True:
         try:
-            await run_in_threadpool(sample_once, settings, client)
+            await run_in_threadpool(sample_once, settings, client, celery)
+            await run_in_threadpool(refresh_gauges, settings, client)
         except Exception as exc:  # noqa: BLE001 - sampling must not take the web app down
             log.warning("ops_sample_failed", error=str(exc))
         await asyncio.sleep(settings.dashboard_sample_s)

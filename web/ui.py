@@ -50,6 +50,7 @@ from web.deps import (
 )
 from web.limits import LimiterDep, client_address, limit_previews, limit_test_alerts
 from web.ops import samples, subscription_load
+from web.watchdog import banner, open_incidents
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
@@ -518,7 +519,8 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
                   latest=(samples(redis_client, settings, 1) or [None])[0],
                   dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
                   invitation=_take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),
-                  invitation_ttl=f"{settings.invitation_ttl_s // 3600} h")
+                  invitation_ttl=f"{settings.invitation_ttl_s // 3600} h",
+                  incidents=banner(open_incidents(redis_client, settings)))
 
 
 @router.post("/ops/invitations")
@@ -530,6 +532,14 @@ def create_invitation(request: Request, principal: Page, accounts: AccountsDep, 
     url = str(request.url_for("signup_page").include_query_params(invitation=token))
     _flash(redis_client, keys, principal, invitation={"role": invitation.role, "url": url})
     return RedirectResponse("/ops", status_code=status.HTTP_303_SEE_OTHER)
+
+
+@router.get("/ops/watchdog", response_class=HTMLResponse)
+def watchdog_fragment(request: Request, principal: Page, settings: SettingsDep, redis_client: RedisDep
+                      ) -> HTMLResponse:
+    """The dead man's switch banner, refreshed in place."""
+    _operator(principal)
+    return render(request, "_watchdog.html", principal, incidents=banner(open_incidents(redis_client, settings)))
 
 
 @router.get("/ops/dead-letters", response_class=HTMLResponse)

@@ -1,10 +1,22 @@
-"""``python -m evaluator.spark``: run the evaluator's streaming query until stopped."""
+"""``python -m evaluator.spark``: run the evaluator's streaming query until stopped.
+
+SIGTERM or SIGINT stops it gracefully: the source stops offering records (a
+stop file, see ``evaluator.spark.source.stop_file``), the batch under way
+finishes and is committed, then the streaming query is stopped between batches
+and the SparkContext after it, so the JVM (a child of this process) exits by
+itself and the log ends with one ``evaluator_stopped`` line. Only a batch still
+running after ``evaluator_stop_timeout_s`` (less a margin) is interrupted. From its start the driver records its
+start (``evaluator:starts``, for the dead man's switch's restart rule) and beats a
+heartbeat into ``stats:evaluator`` every second, so that "down" and "starting"
+can be told apart (``infra.evaluator_status``).
+"""
 
 from __future__ import annotations
 
 import json
 import signal
 import threading
+import time
 
 import redis
 import structlog
@@ -12,6 +24,7 @@ from prometheus_client import Gauge
 
 from evaluator.spark.job import build_query
 from evaluator.spark.session import spark_session
+from evaluator.spark.source import stop_file
 from infra.logs import configure_logging
 from infra.metrics import serve_metrics
 from infra.redis_schema import RedisKeys
@@ -49,53 +62,123 @@ def _json_text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+STARTS_KEPT = 50  # job starts remembered for the restart rule
+STOP_MARGIN_S = 15.0  # left of the runner's stop timeout for stopping Spark itself
+IDLE_CHECKS = 3  # consecutive idle looks (0.2 s apart) before the query is stopped between batches
+
+
+def _stop_between_batches(query, deadline: float) -> bool:  # noqa: ANN001 - py4j-backed StreamingQuery
+    """Wait (the source offers nothing new now) until no batch runs; False if the deadline came first."""
+    idle = 0
+    while time.monotonic() < deadline:
+        if not query.isActive:
+            return True
+        status = query.status
+        idle = idle + 1 if not status.get("isTriggerActive") else 0
+        if idle >= IDLE_CHECKS:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _heartbeat(stats: redis.Redis, key: str, stop: threading.Event) -> None:
+    """Beat every second until stopped; a Redis outage costs beats, not the job."""
+    while not stop.wait(1.0):
+        try:
+            stats.hset(key, "driver_heartbeat_at", time.time())
+        except redis.RedisError:
+            pass
+
+
+def _record_start(stats: redis.Redis, keys: RedisKeys) -> None:
+    now = time.time()
+    pipe = stats.pipeline()
+    pipe.hset(keys.evaluator_stats, mapping={"driver_started_at": now, "driver_heartbeat_at": now})
+    pipe.lpush(keys.evaluator_starts, now)
+    pipe.ltrim(keys.evaluator_starts, 0, STARTS_KEPT - 1)
+    pipe.execute()
+
+
 def main() -> None:
     configure_logging()
     settings = get_settings()
-    serve_metrics(settings.metrics_port_evaluator)
-    ensure_topics(settings)
-    spark = spark_session(settings)
-    query = build_query(spark, settings)
-    stats = redis.Redis.from_url(settings.redis_url)
-    keys = RedisKeys(settings)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path))
-    last_batch = -1
+    stats = redis.Redis.from_url(settings.redis_url)
+    keys = RedisKeys(settings)
+    stopping = stop_file(settings)
+    stopping.unlink(missing_ok=True)  # left by a run that was killed
+    _record_start(stats, keys)
+    beating = threading.Thread(target=_heartbeat, args=(stats, keys.evaluator_stats, stop), daemon=True)
+    beating.start()
+    spark = query = None
     try:
-        while not stop.wait(1.0) and query.isActive:
-            totals = stats.hgetall(keys.evaluator_stats)
-            for name, gauge in TOTALS.items():
-                gauge.set(float(totals.get(name.encode(), 0)))
-            progress = query.lastProgress
-            if not progress or progress["batchId"] == last_batch:
-                continue
-            last_batch = progress["batchId"]
-            seconds = progress["durationMs"].get("triggerExecution", 0) / 1000
-            INPUT_RATE.set(progress.get("processedRowsPerSecond") or 0)
-            BATCH_SECONDS.set(seconds)
-            BATCH_ID.set(last_batch)
-            source = (progress.get("sources") or [{}])[0]
-            stats.hset(
-                keys.evaluator_stats,
-                mapping={
-                    "batch_seconds": seconds,
-                    "input_rows": progress.get("numInputRows", 0),
-                    "rows_per_second": progress.get("processedRowsPerSecond") or 0,
-                    # {partition: next offset} read through: with the log ends, the dashboards' Kafka lag
-                    "source_offsets": _json_text(source.get("endOffset") or {}),
-                },
-            )
-            if progress.get("numInputRows"):
-                log.info("batch", id=last_batch, rows=progress["numInputRows"], seconds=seconds)
-        if query.exception():
-            raise RuntimeError(f"streaming query failed: {query.exception()}")
+        serve_metrics(settings.metrics_port_evaluator)
+        ensure_topics(settings)
+        if stop.is_set():
+            return
+        spark = spark_session(settings)
+        if stop.is_set():
+            return
+        query = build_query(spark, settings)
+        log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path),
+                 trigger=settings.trigger_interval)
+        _follow(query, stats, keys, stop)
     finally:
-        if query.isActive:
-            query.stop()
+        stop.set()
+        try:
+            _shut_down(spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S)
+        except Exception as exc:  # noqa: BLE001 - e.g. the JVM was killed with us: nothing left to stop
+            log.warning("evaluator_stop_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            stopping.unlink(missing_ok=True)
+            log.info("evaluator_stopped")
+
+
+def _shut_down(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects
+    """Stop the query between batches (or interrupt it after ``wait_s``), then the SparkContext."""
+    if query is not None and query.isActive:
+        stopping.parent.mkdir(parents=True, exist_ok=True)
+        stopping.touch()
+        if not _stop_between_batches(query, time.monotonic() + max(wait_s, 1.0)):
+            log.warning("evaluator_batch_interrupted", reason="the batch under way outlived the stop timeout; "
+                                                              "it is evaluated again on restart")
+        query.stop()
+    if spark is not None:
         spark.stop()
-        log.info("evaluator_stopped")
+
+
+def _follow(query, stats: redis.Redis, keys: RedisKeys, stop: threading.Event) -> None:  # noqa: ANN001
+    """Publish each micro-batch's progress until stopped; raise if the query failed."""
+    last_batch = -1
+    while not stop.wait(1.0) and query.isActive:
+        totals = stats.hgetall(keys.evaluator_stats)
+        for name, gauge in TOTALS.items():
+            gauge.set(float(totals.get(name.encode(), 0)))
+        progress = query.lastProgress
+        if not progress or progress["batchId"] == last_batch:
+            continue
+        last_batch = progress["batchId"]
+        seconds = progress["durationMs"].get("triggerExecution", 0) / 1000
+        INPUT_RATE.set(progress.get("processedRowsPerSecond") or 0)
+        BATCH_SECONDS.set(seconds)
+        BATCH_ID.set(last_batch)
+        source = (progress.get("sources") or [{}])[0]
+        stats.hset(
+            keys.evaluator_stats,
+            mapping={
+                "batch_seconds": seconds,
+                "input_rows": progress.get("numInputRows", 0),
+                "rows_per_second": progress.get("processedRowsPerSecond") or 0,
+                # {partition: next offset} read through: with the log ends, the dashboards' Kafka lag
+                "source_offsets": _json_text(source.get("endOffset") or {}),
+            },
+        )
+        if progress.get("numInputRows"):
+            log.debug("batch", id=last_batch, rows=progress["numInputRows"], seconds=seconds)
+    if not stop.is_set() and query.exception():
+        raise RuntimeError(f"streaming query failed: {query.exception()}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
+from evaluator.spark.source import stop_file
 from infra.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
 from infra.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
@@ -441,6 +442,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .option("requestTimeoutMs", str(settings.kafka_request_timeout_ms))
         .option("maxRecordBytes", str(settings.max_record_bytes))
         .option("keepBytes", str(settings.dead_letter_raw_bytes))
+        .option("stopFile", str(stop_file(settings).resolve()))
     )
     if settings.source_max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(settings.source_max_records_per_trigger))

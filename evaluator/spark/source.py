@@ -19,13 +19,19 @@ source is written against ``pyspark.sql.datasource``:
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
 
 SOURCE_NAME = "tocsin_kafka"
 
@@ -79,6 +85,11 @@ def split_limit(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
     return capped
 
 
+def stop_file(settings: Settings) -> Path:
+    """While this file exists the source offers no new records, so the query can stop between batches."""
+    return settings.data_dir / "evaluator.stopping"
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         options = {k.lower(): v for k, v in options.items()}  # Spark may hand option names lower-cased
@@ -90,6 +101,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.read_timeout_s = float(options.get("readtimeoutseconds", "60"))
         self.max_record_bytes = int(options["maxrecordbytes"]) if options.get("maxrecordbytes") else None
         self.keep_bytes = int(options.get("keepbytes", "4096"))
+        self.stop_file = options.get("stopfile")
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
 
@@ -130,6 +142,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._log_ends()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        if self.stop_file and os.path.exists(self.stop_file):  # the driver is stopping: no new batch
+            return start
         end = self._target if self._target is not None else self._log_ends()
         self._latest = end
         behind = {p: (start[p], end[p]) for p in start if p in end and end[p] < start[p]}

@@ -1,4 +1,5 @@
-"""The local runner starts the whole platform and Ctrl-C stops all of it."""
+"""The local runner starts the whole platform, says when the evaluator is ready, and Ctrl-C stops all of it:
+no process is left, and the evaluator stops its query between batches (no traceback, one "stopped" line)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,18 +58,17 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(runner.stdout), daemon=True)
+    reader.start()
     url = f"http://127.0.0.1:{settings.web_port}"
     try:
         deadline = time.monotonic() + 90
-        while True:
-            assert runner.poll() is None, runner.stdout.read()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "web app never became ready"
+        while not any("Tocsin is starting" in line for line in lines):
+            assert runner.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the runner never started the platform"
             time.sleep(0.5)
+        assert not any("Tocsin is running" in line for line in lines), "ready before the evaluator evaluated"
         children = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(_cmdline(c) for c in children)
         for part in ("tansu", "redis-server", "uvicorn", "celery", "notifier.dispatcher", "evaluator.spark", "ingest feed",
@@ -88,9 +89,19 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the worker serves no metrics"
                 time.sleep(0.5)
         assert "tocsin_delivery_attempts_total" in metrics
+        deadline = time.monotonic() + 600  # generous: the first batch takes a minute, more on a busy machine
+        while not any("Tocsin is running" in line for line in lines):
+            assert runner.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the evaluator never became ready"
+            time.sleep(0.5)
+        ready = httpx.get(f"{url}/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["checks"]["evaluator"] == "ok", ready.text
+        children = psutil.Process(runner.pid).children(recursive=True)  # Spark's JVM and Python workers too
     finally:
         runner.send_signal(signal.SIGINT)
-        output = runner.communicate(timeout=60)[0]
+        runner.wait(timeout=180)
+        reader.join(timeout=10)
+    output = "".join(lines)
     assert runner.returncode == 0, output
     assert f"Tocsin is running: {url}/" in output
     match = re.search(r"Operator account: (\S+) / (\S+)", output)
@@ -98,6 +109,10 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     with session_factory(settings.database_url)() as session:
         operator = AccountService(session, settings).authenticate(match[1], match[2])
         assert operator is not None and operator.role == "operator"
-    time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"orphans left behind: {[c.cmdline() for c in alive]}"
+    assert not alive, f"orphans left behind: {[_cmdline(c) for c in alive]}"
+    evaluator_log = (settings.data_dir / "logs" / "evaluator.log").read_text()
+    for trace in ("Traceback", "Exception in thread", "\tat "):  # Python's and Java's
+        assert trace not in evaluator_log, evaluator_log[-5000:]
+    assert evaluator_log.count("evaluator_stopped") == 1
+    assert "evaluator_stopped" in evaluator_log.strip().splitlines()[-1], evaluator_log[-2000:]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from infra.evaluator_status import evaluator_status
+from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from ingest.kafka import topic_end_offsets
 from subscriptions.db import engine_for
@@ -34,8 +38,10 @@ def _check_stream(settings: Settings) -> None:
 
 @router.get("/readyz")
 async def readyz(settings: SettingsDep, redis_client: RedisDep, response: Response) -> dict:
-    """Database, Redis and the event stream all answer (503 and the failing check otherwise)."""
+    """Database, Redis and the event stream answer, and the evaluator is evaluating: it has evaluated a batch
+    since it started and its heartbeat is fresh (503 naming the failing check otherwise)."""
     checks: dict[str, str] = {}
+    evaluator: dict | None = None
     for name, check in (("database", lambda: _check_database(settings)), ("redis", redis_client.ping),
                         ("stream", lambda: _check_stream(settings))):
         try:
@@ -43,9 +49,16 @@ async def readyz(settings: SettingsDep, redis_client: RedisDep, response: Respon
             checks[name] = "ok"
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             checks[name] = f"error: {exc}"
+    if checks["redis"] == "ok":
+        stats = await run_in_threadpool(redis_client.hgetall, RedisKeys(settings).evaluator_stats)
+        status = evaluator_status(stats, settings, time.time())
+        checks["evaluator"] = "ok" if status.ready else f"{status.state}: {status.reason}"
+        evaluator = status.as_dict()
+    else:
+        checks["evaluator"] = "unknown: Redis does not answer"
     ready = all(v == "ok" for v in checks.values())
     response.status_code = 200 if ready else 503
-    return {"status": "ready" if ready else "not ready", "checks": checks}
+    return {"status": "ready" if ready else "not ready", "checks": checks, "evaluator": evaluator}
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -83,13 +83,18 @@ def test_unknown_endpoint_and_subscription_are_404(api: TestClient) -> None:
 
 def test_health_and_metrics(api: TestClient, settings: Settings) -> None:
     from ingest.kafka import ensure_topics
+    from tests.users import evaluator_running
 
     assert api.get("/healthz").json() == {"status": "ok"}
     missing_topic = api.get("/readyz")
     assert missing_topic.status_code == 503 and missing_topic.json()["checks"]["stream"].startswith("error")
     ensure_topics(settings)
+    not_evaluating = api.get("/readyz")
+    assert not_evaluating.status_code == 503 and not_evaluating.json()["checks"]["evaluator"].startswith("absent")
+    evaluator_running(settings)
     ready = api.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok", "stream": "ok"}
+    assert ready.status_code == 200 and ready.json()["checks"] == {
+        "database": "ok", "redis": "ok", "stream": "ok", "evaluator": "ok"}
     metrics = api.get("/metrics").text
     assert "python_info" in metrics
     assert 'tocsin_http_request_seconds_count{method="GET",route="/readyz",status="200"}' in metrics

@@ -13,7 +13,7 @@ from hypothesis import settings as hypothesis_settings
 
 from infra.settings import Settings
 from ingest.kafka import ensure_topics
-from tests.users import new_user
+from tests.users import evaluator_running, new_user
 from web.app import create_app
 
 EXAMPLES_PER_OPERATION = 30
@@ -21,8 +21,9 @@ EXAMPLES_PER_OPERATION = 30
 
 def test_no_request_makes_a_server_error(settings: Settings) -> None:
     ensure_topics(settings)  # so that /readyz is ready: its 503 is the one deliberate 5xx
+    evaluator_running(settings)
     _, token = new_user(settings, role="operator")
-    app = create_app(settings.model_copy(update={"preview_timeout_s": 0.2}))
+    app = create_app(settings.model_copy(update={"preview_timeout_s": 0.2, "evaluator_stale_s": 86_400}))
     headers = {"Authorization": f"Bearer {token}"}
     with TestClient(app):  # runs the app's lifespan (Redis client, catalog) while schemathesis calls it
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)

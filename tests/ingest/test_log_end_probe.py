@@ -1,0 +1,48 @@
+"""One long-lived Kafka client answers "where do the logs end?" again and again, correctly each time."""
+
+from __future__ import annotations
+
+from infra.settings import Settings
+from ingest.kafka import LogEndProbe, ensure_topics, topic_end_offsets
+from ingest.model import Event
+from ingest.publisher import EventPublisher
+from web import ops
+
+
+def _publish(settings: Settings, n: int, start: int = 0) -> None:
+    with EventPublisher(settings) as publisher:
+        for i in range(start, start + n):
+            publisher.publish(Event(key=f"K{i % 2}", ts=1_800_000_000_000 + i, price=1, volume=1))
+
+
+def test_a_reused_client_sees_the_logs_grow(settings: Settings) -> None:
+    ensure_topics(settings)
+    probe = LogEndProbe(settings, settings.events_topic, timeout_s=5)
+    try:
+        assert probe.ends() == {p: 0 for p in range(settings.event_partitions)}
+        client = probe._consumer
+        _publish(settings, 30)
+        first = probe.ends()
+        assert sum(first.values()) == 30 and first == topic_end_offsets(settings, settings.events_topic)
+        for more in (1, 17, 250):  # small and multi-record batches: each answer is the current log end
+            _publish(settings, more, start=sum(first.values()))
+            again = probe.ends()
+            assert again == topic_end_offsets(settings, settings.events_topic)
+            first = again
+        assert sum(first.values()) == 30 + 1 + 17 + 250 and probe._consumer is client, "one client throughout"
+    finally:
+        probe.close()
+
+
+def test_the_sampler_keeps_one_client_per_broker_and_topic(settings: Settings) -> None:
+    ensure_topics(settings)
+    try:
+        ops.log_ends(settings)
+        probe = ops._probes[(settings.kafka_bootstrap, settings.events_topic)]
+        client = probe._consumer
+        _publish(settings, 12)
+        assert sum(ops.log_ends(settings).values()) == 12
+        assert ops._probes[(settings.kafka_bootstrap, settings.events_topic)]._consumer is client
+    finally:
+        ops.close_probes()
+    assert ops._probes == {}

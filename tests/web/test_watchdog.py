@@ -1,0 +1,111 @@
+"""The dead man's switch end to end: a watermark that really stalls while records keep arriving on the
+Tansu broker is noticed by the web app's own sampler, shown on /metrics and /ops, and an operator
+endpoint gets exactly one "firing" and, after recovery, one "resolved" through a real Celery worker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from infra.receiver import WebhookReceiver
+from infra.redis_schema import RedisKeys, shard_clock_field
+from infra.settings import Settings
+from ingest.kafka import ensure_topics
+from ingest.model import Event
+from ingest.publisher import EventPublisher
+from subscriptions.db import session_factory
+from subscriptions.schemas import EndpointIn
+from subscriptions.service import SubscriptionService
+from tests.processes import running, worker_args
+from tests.users import api_client, new_user, sign_in
+
+pytestmark = pytest.mark.e2e
+
+
+def _eventually(check: Callable[[], object], timeout_s: float = 60.0) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s}s: {check.__doc__ or check}")
+
+
+def _firing(metrics: str, rule: str) -> float:
+    line = next(x for x in metrics.splitlines() if x.startswith(f'tocsin_watchdog_firing{{rule="{rule}"}}'))
+    return float(line.split()[-1])
+
+
+def test_a_stalled_watermark_fires_once_and_resolves_once(settings: Settings, redis_client: redis.Redis,
+                                                          tmp_path: Path) -> None:
+    ensure_topics(settings)
+    operator, _ = new_user(settings, role="operator")
+    receiver = WebhookReceiver()
+    with session_factory(settings.database_url)() as session:
+        endpoint = SubscriptionService(session, settings, redis_client, operator).create_endpoint(
+            EndpointIn(kind="webhook", target=receiver.url))
+    settings = settings.model_copy(update={
+        "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0, "evaluator_stale_s": 3600.0,
+        "operator_endpoint_ids": [endpoint.id]})
+    keys = RedisKeys(settings)
+    clock = 1_800_000_000_000
+
+    def evaluator_beats(at: int) -> None:
+        """What the evaluator writes: its heartbeat, and every shard's clock (here: stuck at ``at``)."""
+        redis_client.hset(keys.evaluator_stats, mapping={
+            "driver_heartbeat_at": time.time(), "driver_started_at": 1.0, "last_batch_at": time.time(),
+            shard_clock_field(0): at, shard_clock_field(1): at})
+
+    def publish(publisher: EventPublisher, n: int) -> None:
+        for i in range(n):
+            publisher.publish(Event(key=f"K{i % 5}", ts=clock + i, price=1, volume=1))
+        publisher.flush()
+
+    try:
+        with running(settings, tmp_path / "logs", ("worker", worker_args())), \
+                EventPublisher(settings) as publisher, api_client(settings) as api:
+            sign_in(api, operator.email)
+            evaluator_beats(clock)
+            publish(publisher, 10)
+            assert _firing(api.get("/metrics").text, "stalled") == 0
+
+            def stalled_and_shown() -> bool:
+                """records keep arriving, the clock stays: the app's sampler notices"""
+                evaluator_beats(clock)
+                publish(publisher, 5)
+                return _firing(api.get("/metrics").text, "stalled") == 1
+
+            _eventually(stalled_and_shown, 30)
+            page = api.get("/ops").text
+            assert "Dead man's switch firing" in page and "stalled" in page and "shard clock stuck at" in page
+            firing = receiver.wait_for(lambda r: r.json["state"] == "firing")[0].json
+            assert firing["subscription_name"] == "Tocsin dead man's switch: stalled" and firing["operator"]
+            assert firing["watchdog"]["rule"] == "stalled" and firing["watchdog"]["since"] > 0
+            for _ in range(10):  # more samples of the same incident send nothing more
+                evaluator_beats(clock)
+                publish(publisher, 5)
+                time.sleep(0.2)
+            assert [r.json["state"] for r in receiver.received] == ["firing"]
+
+            def recovered() -> bool:
+                """the clock moves again"""
+                evaluator_beats(clock + int(time.time() * 1000) % 1_000_000)
+                publish(publisher, 5)
+                return _firing(api.get("/metrics").text, "stalled") == 0
+
+            _eventually(recovered, 30)
+            assert "Dead man's switch firing" not in api.get("/ops").text
+            receiver.wait_for(lambda r: r.json["state"] == "resolved")
+            time.sleep(1.0)
+            metrics = api.get("/metrics").text
+    finally:
+        receiver.close()
+    assert [r.json["state"] for r in receiver.received] == ["firing", "resolved"]
+    assert receiver.received[1].json["watchdog"]["since"] == firing["watchdog"]["since"]
+    for counter in ("late_events_applied", "late_events_dropped", "future_events_refused",
+                    "future_heartbeats_refused", "dead_lettered"):
+        assert f"tocsin_stream_{counter} " in metrics

@@ -1,0 +1,128 @@
+"""The dead man's switch's rules, as pure functions of samples (no Redis, no clock)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infra.evaluator_status import evaluator_status
+from infra.settings import Settings
+from web.watchdog import RuleStatus, changes, degraded, down, evaluate, notification, restarting, stalled
+
+SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window_s=300, watchdog_max_refused_share=0.05,
+                    watchdog_min_records=500, watchdog_restart_window_s=900, watchdog_max_restarts=3,
+                    evaluator_stale_s=30)
+
+
+def _samples(n: int, every_s: float = 2.0, *, clock=lambda i: 1_000 * i, log_end=lambda i: 100 * i,  # noqa: ANN001
+             heartbeat=lambda i, t: t, **counters) -> list[dict]:  # noqa: ANN001, ANN003
+    out = []
+    for i in range(n):
+        t = 1_000.0 + i * every_s
+        out.append({"t": t, "clock": clock(i), "log_end": log_end(i), "heartbeat_at": heartbeat(i, t),
+                    **{name: f(i) for name, f in counters.items()}})
+    return out
+
+
+def test_a_healthy_stream_fires_nothing() -> None:
+    history = _samples(200)
+    assert not any(s.firing for s in evaluate(history, [900.0], SETTINGS, history[-1]["t"]).values())
+
+
+def test_stall_fires_when_clocks_stop_while_records_arrive_and_says_since_when() -> None:
+    history = _samples(100, clock=lambda i: 1_000 * min(i, 40))  # the clock stops at sample 40 (t = 1080)
+    status = stalled(history, [], SETTINGS, history[-1]["t"])
+    assert status.firing and status.since == 1_080.0 and "5900 records arrived" in status.detail
+    # not yet at 59 s of stillness
+    assert not stalled(history[:70], [], SETTINGS, history[69]["t"]).firing
+    assert stalled(history[:71], [], SETTINGS, history[70]["t"]).firing
+
+
+def test_no_stall_when_nothing_arrives_or_when_the_job_just_restarted() -> None:
+    quiet = _samples(100, clock=lambda i: 5, log_end=lambda i: 7)
+    assert not stalled(quiet, [], SETTINGS, quiet[-1]["t"]).firing, "no records, nothing to evaluate"
+    still = _samples(100, clock=lambda i: None)
+    assert stalled(still, [], SETTINGS, still[-1]["t"]).detail.startswith("no shard has evaluated yet")
+    assert not stalled(still, [still[-1]["t"] - 30], SETTINGS, still[-1]["t"]).firing, "starting is not stalling"
+    long = _samples(200, every_s=2.0, clock=lambda i: None)  # 398 s of samples
+    assert not stalled(long, [long[-1]["t"] - 250], SETTINGS, long[-1]["t"]).firing, "a slow first batch is allowed"
+    assert stalled(long, [long[-1]["t"] - 350], SETTINGS, long[-1]["t"]).firing, "but not for ever"
+
+
+def test_kafka_errors_in_some_samples_do_not_confuse_the_stall_rule() -> None:
+    history = _samples(100, clock=lambda i: 3, log_end=lambda i: None if i % 3 else 10 * i)
+    assert stalled(history, [], SETTINGS, history[-1]["t"]).firing
+
+
+def test_refused_share_fires_above_the_threshold_once_enough_records_arrived() -> None:
+    bad = _samples(100, log_end=lambda i: 100 * i, future_events_refused=lambda i: 10 * i)  # 10 % refused
+    status = degraded(bad, SETTINGS, bad[-1]["t"])
+    assert status.firing and "10.0% > 5.0%" in status.detail
+    few = _samples(3, log_end=lambda i: 100 * i, dead_lettered=lambda i: 50 * i)  # 50 % of 200 records
+    assert not degraded(few, SETTINGS, few[-1]["t"]).firing, "too few records to judge"
+    applied = _samples(100, late_events_applied=lambda i: 50 * i)  # late but applied: nothing lost
+    assert not degraded(applied, SETTINGS, applied[-1]["t"]).firing
+
+
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 5))
+def test_a_few_refused_future_records_in_a_busy_stream_never_trip_the_switch(events: int, beats: int,
+                                                                             dead: int) -> None:
+    """Future-dated events and heartbeats are refused and counted; the clean stream keeps the clocks moving."""
+    history = _samples(150, future_events_refused=lambda i: events if i > 75 else 0,
+                       future_heartbeats_refused=lambda i: beats if i > 75 else 0,
+                       dead_lettered=lambda i: dead if i > 75 else 0)
+    assert not any(s.firing for s in evaluate(history, [500.0], SETTINGS, history[-1]["t"]).values())
+
+
+def test_counter_resets_do_not_count_as_refusals() -> None:
+    history = _samples(100, late_events_dropped=lambda i: 10_000 if i < 50 else 0)
+    assert not degraded(history, SETTINGS, history[-1]["t"]).firing
+
+
+def test_restarts_fire_beyond_the_allowed_count_in_the_window() -> None:
+    assert not restarting([100, 200, 300], SETTINGS, 400).firing
+    status = restarting([100, 200, 300, 350], SETTINGS, 400)
+    assert status.firing and status.since == 350
+    assert not restarting([100, 200, 300, 350], SETTINGS, 100 + 900 + 1).firing, "old starts age out"
+
+
+def test_down_when_the_heartbeat_is_old_or_never_came() -> None:
+    history = _samples(10, heartbeat=lambda i, t: 1_000.0)
+    assert not down(history, SETTINGS, 1_029).firing
+    status = down(history, SETTINGS, 1_031)
+    assert status.firing and status.since == 1_000.0
+    never = _samples(20, heartbeat=lambda i, t: None)
+    assert down(never, SETTINGS, never[0]["t"] + 31).firing and not down(never, SETTINGS, never[0]["t"] + 29).firing
+
+
+def test_incidents_open_once_keep_their_start_and_resolve_once() -> None:
+    firing = {"stalled": RuleStatus(True, 50.0, "stuck")}
+    opened, announce = changes({}, firing, 60.0)
+    assert announce == [("stalled", "firing", {"since": 50.0, "detail": "stuck"})]
+    again, announce = changes(opened, {"stalled": RuleStatus(True, 55.0, "stuck more")}, 62.0)
+    assert announce == [] and again["stalled"]["since"] == 50.0
+    closed, announce = changes(again, {"stalled": RuleStatus(False)}, 70.0)
+    assert closed == {} and [(r, s) for r, s, _ in announce] == [("stalled", "resolved")]
+    assert changes(closed, {"stalled": RuleStatus(False)}, 72.0) == ({}, [])
+
+
+def test_notifications_of_one_incident_have_stable_distinct_ids() -> None:
+    incident = {"since": 50.0, "detail": "stuck"}
+    first, copy = notification("stalled", "firing", incident, 60.0), notification("stalled", "firing", incident, 61.0)
+    resolved = notification("stalled", "resolved", incident, 70.0)
+    assert first["notification_id"] == copy["notification_id"] != resolved["notification_id"]
+    assert first["state"] == "firing" and resolved["state"] == "resolved" and first["operator"] is True
+    assert first["subscription_name"] == "Tocsin dead man's switch: stalled"
+
+
+def test_evaluator_status_tells_absent_starting_ready_and_stale_apart() -> None:
+    now = 10_000.0
+    assert evaluator_status({}, SETTINGS, now).state == "absent"
+    started = {"driver_started_at": str(now - 20), "driver_heartbeat_at": str(now - 1)}
+    assert evaluator_status(started, SETTINGS, now).state == "starting"
+    old_clocks = {**started, "shard_0_evaluated_at": "5", "last_batch_at": str(now - 3_600)}
+    assert evaluator_status(old_clocks, SETTINGS, now).state == "starting", "clocks of an earlier run do not count"
+    ready = {**old_clocks, "last_batch_at": str(now - 2)}
+    assert evaluator_status(ready, SETTINGS, now).ready
+    stale = evaluator_status({**ready, "driver_heartbeat_at": str(now - 45)}, SETTINGS, now)
+    assert stale.state == "stale" and "45 s" in stale.reason

@@ -1,0 +1,220 @@
+"""The dead man's switch: operators hear about it when evaluation stalls, degrades or stops.
+
+An alerting platform's worst failure is silence, and a silent evaluator writes
+nothing that could trip an alert of its own. So the web app's sampler (one
+process at a time, under the sampler lock) judges every dashboard sample
+against four rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
+
+- ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
+  (``watchdog_startup_s`` after the job starts) while records kept arriving (the
+  Kafka log ends grew);
+- ``degraded``: over ``watchdog_window_s`` more than ``watchdog_max_refused_share``
+  of the records were dropped as too late, refused as from the future or
+  dead-lettered (judged once ``watchdog_min_records`` arrived);
+- ``restarting``: the job started more than ``watchdog_max_restarts`` times
+  within ``watchdog_restart_window_s``;
+- ``down``: the evaluator driver's heartbeat is older than ``evaluator_stale_s``
+  (or it never sent one since the web app started watching).
+
+The rules are pure functions of the samples (``evaluate``). An incident opens
+when a rule starts firing and closes when it stops; each opening and closing is
+sent once, through the delivery task, to the endpoints in
+``operator_endpoint_ids``, with an id derived from the rule and the incident's
+start so that a duplicate enqueue is dropped by the worker's delivered mark.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import structlog
+from celery import Celery
+from prometheus_client import Gauge
+
+from infra.redis_schema import RedisKeys
+from infra.settings import Settings
+from notifier.app import DELIVER_TASK
+from notifier.notification import build_notification, notification_id
+
+log = structlog.get_logger("watchdog")
+
+RULES = ("stalled", "degraded", "restarting", "down")
+#: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
+REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
+STREAM_COUNTERS = ("late_events_applied", *REFUSAL_COUNTERS)
+
+RULE_FIRING = Gauge("tocsin_watchdog_firing", "1 while a dead man's switch rule fires", ["rule"])
+RULE_SINCE = Gauge("tocsin_watchdog_firing_since_seconds", "Unix time the rule started firing (0: not firing)",
+                   ["rule"])
+STREAM = {name: Gauge(f"tocsin_stream_{name}", f"Evaluator total: {name.replace('_', ' ')}")
+          for name in STREAM_COUNTERS}
+
+
+@dataclass(frozen=True)
+class RuleStatus:
+    firing: bool
+    since: float | None = None  # when the condition began (firing) or None
+    detail: str = ""
+
+
+def _first_with(samples: list[dict], field: str) -> dict | None:
+    return next((s for s in samples if s.get(field) is not None), None)
+
+
+def stalled(samples: list[dict], starts: list[float], settings: Settings, now: float) -> RuleStatus:
+    """The slowest shard clock unchanged for ``watchdog_stall_s`` while the log ends grew."""
+    if not samples:
+        return RuleStatus(False)
+    clock = samples[-1].get("clock")
+    first_same = len(samples) - 1
+    while first_same > 0 and samples[first_same - 1].get("clock") == clock:
+        first_same -= 1
+    last_start = max(starts, default=0.0)
+    since = max(samples[first_same]["t"], last_start)
+    base = _first_with([s for s in samples[first_same:] if s["t"] >= since], "log_end")
+    newest = _first_with(samples[::-1], "log_end")
+    arrived = 0 if base is None or newest is None else newest["log_end"] - base["log_end"]
+    # no evaluation since the job (re)started: its first batch, with the backlog, is allowed longer
+    limit = max(settings.watchdog_stall_s, settings.watchdog_startup_s) if since == last_start \
+        else settings.watchdog_stall_s
+    if now - since >= limit and arrived > 0:
+        what = "no shard has evaluated yet" if clock is None else f"shard clock stuck at {clock}"
+        return RuleStatus(True, since, f"{what} while {arrived} records arrived")
+    return RuleStatus(False)
+
+
+def degraded(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
+    """Too large a share of the window's records dropped, refused or dead-lettered."""
+    window = [s for s in samples if s["t"] >= now - settings.watchdog_window_s and s.get("log_end") is not None]
+    if len(window) < 2:
+        return RuleStatus(False)
+    base, newest = window[0], window[-1]
+    refused = sum(max(newest.get(c, 0) - base.get(c, 0), 0) for c in REFUSAL_COUNTERS)
+    records = max(newest["log_end"] - base["log_end"], refused)
+    if records < settings.watchdog_min_records or refused <= settings.watchdog_max_refused_share * records:
+        return RuleStatus(False)
+    return RuleStatus(True, base["t"], f"{refused} of {records} records dropped, refused or dead-lettered "
+                                       f"({refused / records:.1%} > {settings.watchdog_max_refused_share:.1%})")
+
+
+def restarting(starts: list[float], settings: Settings, now: float) -> RuleStatus:
+    """More job starts within the window than allowed."""
+    recent = sorted(s for s in starts if s >= now - settings.watchdog_restart_window_s)
+    if len(recent) <= settings.watchdog_max_restarts:
+        return RuleStatus(False)
+    return RuleStatus(True, recent[settings.watchdog_max_restarts],
+                      f"{len(recent)} job starts in {settings.watchdog_restart_window_s:g} s")
+
+
+def down(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
+    """No heartbeat from the evaluator driver for ``evaluator_stale_s``."""
+    if not samples:
+        return RuleStatus(False)
+    heartbeat = samples[-1].get("heartbeat_at")
+    since = heartbeat if heartbeat is not None else samples[0]["t"]
+    if now - since < settings.evaluator_stale_s:
+        return RuleStatus(False)
+    detail = "no heartbeat from the evaluator since the web app started watching" if heartbeat is None \
+        else f"no heartbeat from the evaluator for {now - heartbeat:.0f} s"
+    return RuleStatus(True, since, detail)
+
+
+def samples_needed(settings: Settings) -> int:
+    """How many of the newest samples the rules look at: their longest span, within the history kept."""
+    span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
+               settings.evaluator_stale_s)
+    return min(math.ceil(span / settings.dashboard_sample_s) + 2, settings.dashboard_history)
+
+
+def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: float) -> dict[str, RuleStatus]:
+    """Every rule's status from the samples (oldest first) and the job's start times."""
+    return {
+        "stalled": stalled(samples, starts, settings, now),
+        "degraded": degraded(samples, settings, now),
+        "restarting": restarting(starts, settings, now),
+        "down": down(samples, settings, now),
+    }
+
+
+def changes(open_incidents: dict[str, dict], statuses: dict[str, RuleStatus], now: float
+            ) -> tuple[dict[str, dict], list[tuple[str, str, dict]]]:
+    """The incidents open after ``statuses``, and each ``(rule, "firing"|"resolved", incident)`` to announce.
+
+    An incident keeps the start it opened with while its rule goes on firing."""
+    still_open: dict[str, dict] = {}
+    announce: list[tuple[str, str, dict]] = []
+    for rule, status in statuses.items():
+        incident = open_incidents.get(rule)
+        if status.firing:
+            if incident is None:
+                incident = {"since": status.since if status.since is not None else now, "detail": status.detail}
+                announce.append((rule, "firing", incident))
+            still_open[rule] = {**incident, "detail": status.detail}
+        elif incident is not None:
+            announce.append((rule, "resolved", {**incident, "resolved_at": now}))
+    return still_open, announce
+
+
+def notification(rule: str, state: str, incident: dict, now: float) -> dict:
+    """An operator notification in the shape of every other (so e-mail and webhook render it alike)."""
+    since_ms = int(incident["since"] * 1000)
+    now_ms = int(now * 1000)
+    alert = {"alert_id": f"watchdog:{rule}:{since_ms}:{state}", "key": rule, "state": state, "value": None,
+             "window_start": since_ms, "window_end": now_ms, "evaluated_at": now_ms}
+    info = {"id": None, "name": f"Tocsin dead man's switch: {rule}", "condition": incident.get("detail", "")}
+    return {**build_notification(info, [alert], notification_id([alert["alert_id"]])), "operator": True,
+            "watchdog": {"rule": rule, "since": incident["since"], "detail": incident.get("detail", "")}}
+
+
+def open_incidents(client: redis.Redis, settings: Settings) -> dict[str, dict]:
+    """The incidents open now: ``{rule: {"since", "detail"}}`` (for the banner and the gauges)."""
+    return {rule: json.loads(v) for rule, v in client.hgetall(RedisKeys(settings).watchdog_state).items()}
+
+
+def job_starts(client: redis.Redis, settings: Settings) -> list[float]:
+    return [float(s) for s in client.lrange(RedisKeys(settings).evaluator_starts, 0, -1)]
+
+
+def watch(settings: Settings, client: redis.Redis, history: list[dict], celery: Celery | None,
+          now: float | None = None) -> dict[str, RuleStatus]:
+    """Judge the samples, record incidents opened or closed, and notify the operators of each once."""
+    now = time.time() if now is None else now
+    keys = RedisKeys(settings)
+    statuses = evaluate(history, job_starts(client, settings), settings, now)
+    still_open, announce = changes(open_incidents(client, settings), statuses, now)
+    for rule, state, incident in announce:  # enqueued before the incident is recorded: a crash in between
+        log.warning("watchdog", rule=rule, state=state, since=incident["since"], detail=incident.get("detail"))
+        if celery is None:  # announces it again, with the same id, which the worker delivers once
+            continue
+        message = notification(rule, state, incident, now)
+        for endpoint_id in settings.operator_endpoint_ids:
+            celery.send_task(DELIVER_TASK, args=(message, endpoint_id))
+    pipe = client.pipeline()
+    pipe.delete(keys.watchdog_state)
+    if still_open:
+        pipe.hset(keys.watchdog_state, mapping={r: json.dumps(i) for r, i in still_open.items()})
+    pipe.execute()
+    return statuses
+
+
+def refresh_gauges(incidents: dict[str, dict], latest: dict[str, Any] | None) -> None:
+    """The rules' states and the evaluator's stream counters as Prometheus gauges, in every web process."""
+    for rule in RULES:
+        incident = incidents.get(rule)
+        RULE_FIRING.labels(rule).set(1 if incident else 0)
+        RULE_SINCE.labels(rule).set(incident["since"] if incident else 0)
+    if latest:
+        for name, gauge in STREAM.items():
+            gauge.set(latest.get(name, 0) or 0)
+
+
+def banner(incidents: dict[str, dict]) -> list[dict]:
+    """What the /ops banner lists: each firing rule, since when, and why."""
+    return [{"rule": rule, "since": i["since"], "detail": i.get("detail", "")}
+            for rule, i in sorted(incidents.items(), key=lambda kv: kv[1]["since"])]
+
