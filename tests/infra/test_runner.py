@@ -71,7 +71,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert not any("Tocsin is running" in line for line in lines), "ready before the evaluator evaluated"
         children = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(_cmdline(c) for c in children)
-        for part in ("tansu", "redis-server", "uvicorn", "celery", "notifier.dispatcher", "evaluator.spark", "ingest feed",
+        for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests", "notifier.dispatcher", "evaluator.spark", "ingest feed",
                      "infra.mailsink"):
             assert part in names, f"{part} is not running"
         deadline = time.monotonic() + 60
