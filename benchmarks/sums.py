@@ -1,6 +1,7 @@
 """How to sum a window of a key's substream exactly, and what each way costs.
 
     python benchmarks/sums.py            # a few seconds
+    python benchmarks/sums.py --quick    # smoke run
 
 Each candidate keeps one key's elements (pane sums, log-uniform in 1e-3..1e15 after a
 long history of large values) and answers "SUM of the last W elements". Reported: appends/s,
@@ -15,6 +16,7 @@ on the issue's cases. Nothing here asserts a time.
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import math
 import random
@@ -137,4 +139,6 @@ def main(budget_s: float = 0.3) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short budgets (a smoke run)")
+    main(0.02 if parser.parse_args().quick else 0.3)
