@@ -23,6 +23,12 @@ crosses a multiple of ``s``: an element of value ``a`` moves stamps on the O(log
 levels with ``s <= a`` plus, amortised, O(1) more — the batched update.
 Candidates are then verified against each key's exact window sum (binary search
 over its prefix sums), so answers are exact.
+
+Positions are exact: integers in the units of :class:`~evaluator.exactsum.FixedPoint`,
+not float prefix sums, so a window's sum is its elements' exact sum rounded once
+(relative error at most 2^-53, whatever the key's history), and the stamps' guarantees
+hold for the true sums (float positions lose a small element after a large history:
+its stamps would never move and its key could be missed).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from evaluator.exactsum import FixedPoint
 from evaluator.spec import Condition
 from evaluator.ssf.base import SubstreamIndex
 from evaluator.ssf.encoding import StampIndex
@@ -43,19 +50,19 @@ from evaluator.ssf.encoding import StampIndex
 class _Substream:
     id: int
     ts: list[int] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)  # expanded position after each element
-    base: float = 0.0  # expanded position before the first retained element
+    ends: list[int] = field(default_factory=list)  # expanded position after each element, in exact units
+    base: int = 0  # expanded position before the first retained element
 
     @property
-    def total(self) -> float:
+    def total(self) -> int:
         return self.ends[-1] if self.ends else self.base
 
-    def sum_after(self, t0: int) -> float:
-        """Exact SUM of the elements with ``ts > t0``."""
+    def sum_after(self, t0: int) -> int:
+        """Exact SUM of the elements with ``ts > t0``, in units."""
         i = bisect.bisect_right(self.ts, t0)
         return self.total - (self.ends[i - 1] if i else self.base)
 
-    def stamp_at(self, position: float) -> int | None:
+    def stamp_at(self, position: int) -> int | None:
         """Timestamp of the element covering the expanded position just after ``position``."""
         if position < self.base:
             return None  # expired
@@ -82,6 +89,8 @@ class CollectiveSum(SubstreamIndex):
             raise ValueError("unit must be positive")
         self.p = p
         self.unit = unit
+        self.fixed = FixedPoint()  # positions are exact integers in its units
+        self.unit_units, _ = self.fixed.units(unit)
         self.bucket_ms = bucket_ms
         self.js: tuple[int, ...] = tuple(range(p, 2 * p))  # p stamps per level; j = 2p is j = p one level up
         self.indexes: dict[tuple[int, int], StampIndex] = {}
@@ -105,25 +114,36 @@ class CollectiveSum(SubstreamIndex):
             self.by_id.append(sub)
         return sub
 
+    def _units(self, value: float) -> int:
+        """``value`` in exact units, refining every stored position first if it needs a finer unit."""
+        if not 0 <= value < math.inf:
+            raise ValueError(f"CI-SUM needs finite non-negative values, got {value}")
+        units, grow = self.fixed.units(value)
+        if grow:
+            self.unit_units <<= grow
+            for sub in self.by_id:
+                sub.base <<= grow
+                sub.ends = [e << grow for e in sub.ends]
+        return units
+
     def add(self, key: str, ts: int, value: float) -> None:
         """Append one element (or a pane's count/sum) to key's substream; ts must not decrease per key."""
-        if value < 0 or math.isnan(value):
-            raise ValueError(f"CI-SUM needs non-negative values, got {value}")
+        units = self._units(value)
         sub = self._substream(key)
         if sub.ts and ts < sub.ts[-1]:
             raise ValueError(f"{key}: timestamp {ts} is older than {sub.ts[-1]}")
         self.latest_ts = ts if self.latest_ts is None else max(self.latest_ts, ts)
-        if value == 0:
+        if not units:
             return
         old = sub.total
-        new = old + value
+        new = old + units
         sub.ts.append(ts)
         sub.ends.append(new)
         self.last.set(sub.id, ts)
-        level, size = 0, self.unit
+        level, size = 0, self.unit_units
         while size <= new:
-            m_new = math.floor(new / size) * size
-            if m_new == math.floor(old / size) * size:
+            m_new = new // size * size
+            if m_new == old // size * size:
                 break  # no multiple of this block size crossed, so none of any larger one either
             for j in self.js:
                 q = m_new - j * size
@@ -136,7 +156,7 @@ class CollectiveSum(SubstreamIndex):
                 else:
                     index.set(sub.id, stamp)
             level += 1
-            size *= 2
+            size <<= 1
 
     def add_late(self, key: str, ts: int, value: float) -> None:
         """Insert an element older than key's newest (a late event) and re-derive the key's stamps.
@@ -148,22 +168,21 @@ class CollectiveSum(SubstreamIndex):
         if not sub.ts or ts >= sub.ts[-1]:
             self.add(key, ts, value)
             return
-        if value < 0 or math.isnan(value):
-            raise ValueError(f"CI-SUM needs non-negative values, got {value}")
-        if value == 0:
+        units = self._units(value)
+        if not units:
             return
         i = bisect.bisect_right(sub.ts, ts)
         sub.ts.insert(i, ts)
-        sub.ends.insert(i, (sub.ends[i - 1] if i else sub.base) + value)
+        sub.ends.insert(i, (sub.ends[i - 1] if i else sub.base) + units)
         for n in range(i + 1, len(sub.ends)):
-            sub.ends[n] += value
+            sub.ends[n] += units
         self._restamp(sub)
 
     def _restamp(self, sub: _Substream) -> None:
         total = sub.total
-        level, size = 0, self.unit
+        level, size = 0, self.unit_units
         while size <= total or any(lv >= level for lv, _ in self.indexes):
-            m = math.floor(total / size) * size
+            m = total // size * size
             for j in self.js:
                 q = m - j * size
                 stamp = None if q < 0 else sub.stamp_at(q)
@@ -176,7 +195,7 @@ class CollectiveSum(SubstreamIndex):
                     index = self.indexes[(level, j)] = StampIndex(self.bucket_ms)
                 index.set(sub.id, stamp)
             level += 1
-            size *= 2
+            size <<= 1
 
     def expire(self, before_ts: int) -> None:
         """Forget elements with ``ts <= before_ts``: no window will reach them again."""
@@ -190,7 +209,7 @@ class CollectiveSum(SubstreamIndex):
 
     def value(self, key: str, duration: int, now: int) -> float:
         sub = self.substreams.get(key)
-        return 0.0 if sub is None else sub.sum_after(now - duration)
+        return 0.0 if sub is None else self.fixed.to_float(sub.sum_after(now - duration))
 
     def _best_lower(self, c: float) -> tuple[int, int, float] | None:
         """``(level, j, j*s)`` with ``(j + 1) s <= c`` and the largest ``j s``."""
@@ -251,9 +270,9 @@ class CollectiveSum(SubstreamIndex):
         t0 = now - condition.window_ms
         ids, _bound, _exact = self._candidate_ids(condition, t0)
         found = {}
-        by_id, names, holds = self.by_id, self.names, condition.holds
+        by_id, names, holds, to_float = self.by_id, self.names, condition.holds, self.fixed.to_float
         for i in ids:
-            value = by_id[i].sum_after(t0)
+            value = to_float(by_id[i].sum_after(t0))
             if holds(value):
                 found[names[i]] = value
         return found
@@ -272,22 +291,29 @@ class CollectiveSum(SubstreamIndex):
             guard = self._smallest_guarantee(condition.low, strict=not condition.low_inclusive)
             if guard is not None:
                 sure = self._ids(self.indexes.get(guard), t0)
-        by_id, holds = self.by_id, condition.holds
-        matched = sure | {i for i in ids - sure if holds(by_id[i].sum_after(t0))}
+        by_id, holds, to_float = self.by_id, condition.holds, self.fixed.to_float
+        matched = sure | {i for i in ids - sure if holds(to_float(by_id[i].sum_after(t0)))}
         names = self.names
         return {names[i] for i in matched}
 
     # -- state ---------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        """Per-key element arrays only; the stamp indexes are rebuilt from them."""
+        """Per-key element arrays only; the stamp indexes are rebuilt from them.
+
+        Each element's value is one float's units (a difference of exact positions), so it
+        is stored exactly; the base only aligns the stamps' blocks, any base will do.
+        """
         parts = [struct.pack("<Idqi", self.p, self.unit, self.bucket_ms, len(self.names))]
+        to_float = self.fixed.to_float
         for name in self.names:
             sub = self.substreams[name]
             encoded = name.encode()
-            parts.append(struct.pack("<HId", len(encoded), len(sub.ts), sub.base) + encoded)
+            base = to_float(sub.base)
+            parts.append(struct.pack("<HId", len(encoded), len(sub.ts), base if base < math.inf else 0.0) + encoded)
             parts.append(np.asarray(sub.ts, dtype=np.int64).tobytes())
-            parts.append(np.diff(np.asarray([sub.base, *sub.ends], dtype=np.float64)).tobytes())
+            values = [to_float(b - a) for a, b in zip([sub.base, *sub.ends], sub.ends)]
+            parts.append(np.asarray(values, dtype=np.float64).tobytes())
         return b"".join(parts)
 
     @classmethod
@@ -305,7 +331,7 @@ class CollectiveSum(SubstreamIndex):
             values = np.frombuffer(blob, dtype=np.float64, count=n, offset=offset)
             offset += 8 * n
             sub = index._substream(name)
-            sub.base = base  # replaying from the base reproduces the expanded positions and every stamp
+            sub.base = index._units(base)  # replaying from the base reproduces the expanded positions, every stamp
             for t, v in zip(ts.tolist(), values.tolist(), strict=True):
                 index.add(name, t, v)
         return index

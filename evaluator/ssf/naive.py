@@ -1,7 +1,8 @@
 """The naive per-key approach to substream filters: visit every key at every lookup.
 
-Each key keeps its timestamps, prefix sums and values, so a key's window SUM
-costs a binary search and its MAX/MIN a scan of the window; a lookup costs
+Each key keeps its timestamps and values; a key's window SUM is ``math.fsum`` of
+the window's values (exact, like the collective indexes' sums, and computed
+independently of them) and its MAX/MIN a scan of the window; a lookup costs
 O(keys). This is the baseline the collective indexes are measured against and an
 independent oracle for their tests.
 """
@@ -9,6 +10,7 @@ independent oracle for their tests.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 from evaluator.spec import Condition
@@ -19,8 +21,6 @@ from evaluator.ssf.base import SubstreamIndex
 class _Series:
     ts: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
-    sums: list[float] = field(default_factory=list)  # prefix sums after each element
-    base: float = 0.0
 
 
 class NaiveSubstreams(SubstreamIndex):
@@ -34,14 +34,12 @@ class NaiveSubstreams(SubstreamIndex):
         s = self.series.setdefault(key, _Series())
         s.ts.append(ts)
         s.values.append(value)
-        s.sums.append((s.sums[-1] if s.sums else s.base) + value)
 
     def expire(self, before_ts: int) -> None:
         for s in self.series.values():
             i = bisect.bisect_right(s.ts, before_ts)
             if i:
-                s.base = s.sums[i - 1]
-                del s.ts[:i], s.values[:i], s.sums[:i]
+                del s.ts[:i], s.values[:i]
 
     def value(self, key: str, duration: int, now: int) -> float | None:
         s = self.series.get(key)
@@ -49,11 +47,11 @@ class NaiveSubstreams(SubstreamIndex):
             return None if self.agg in ("MAX", "MIN") else 0.0
         i = bisect.bisect_right(s.ts, now - duration)
         j = bisect.bisect_right(s.ts, now)
-        if self.agg in ("SUM", "COUNT"):
-            return (s.sums[j - 1] if j else s.base) - (s.sums[i - 1] if i else s.base)
-        if i >= j:
-            return None
         window = s.values[i:j]
+        if self.agg in ("SUM", "COUNT"):
+            return math.fsum(window)
+        if not window:
+            return None
         return max(window) if self.agg == "MAX" else min(window)
 
     def query(self, condition: Condition, now: int) -> dict[str, float]:

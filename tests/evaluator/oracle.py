@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import math
+from collections import defaultdict
 
 from evaluator.spec import Aggregate, Condition, Expr, SubscriptionSpec
 
@@ -12,13 +11,17 @@ Event = tuple[str, int, float, float]  # key, ts, price, volume
 
 
 def term_of(term: Expr, window: list[Event]) -> float | None:
-    """One aggregate of a window of events, given in arrival order, by its definition."""
+    """One aggregate of a window of events, given in arrival order, by its definition.
+
+    SUM and AVG are ``math.fsum`` of the raw values (correctly rounded), never a difference of
+    running sums as the evaluator's structures keep them: their precision is what is tested.
+    """
     _, aggregate, attribute, q = term
     series = [e[2] if attribute == "price" else e[3] for e in window]
     if aggregate == "COUNT":
         return float(len(window))
     if aggregate == "SUM":
-        return float(sum(series))
+        return math.fsum(series)
     if not series:
         return None
     if aggregate == "QUANTILE":  # the smallest value with at least q of the values at or below it
@@ -26,7 +29,7 @@ def term_of(term: Expr, window: list[Event]) -> float | None:
         return next(v for v in ordered if sum(x <= v for x in ordered) >= round(q * len(ordered), 9))
     if aggregate == "LAST":  # the newest event; among equal times, the last to arrive
         return max(enumerate(window), key=lambda ie: (ie[1][1], ie[0]))[1][2 if attribute == "price" else 3]
-    return {"AVG": sum(series) / len(series), "MIN": min(series), "MAX": max(series)}[aggregate]
+    return {"AVG": math.fsum(series) / len(series), "MIN": min(series), "MAX": max(series)}[aggregate]
 
 
 def expr_of(expr: Expr, window: list[Event]) -> float | None:
