@@ -151,8 +151,9 @@ def main() -> None:
     )
     with session_factory(settings.database_url)() as session:
         owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")
-        hooks = {name: Endpoint(owner_id=owner.id, kind="webhook", target=r.url, secret=SECRET)
-                 for name, r in receivers.items()}
+        hooks = {name: Endpoint(owner_id=owner.id, kind="webhook", target=r.url) for name, r in receivers.items()}
+        for hook in hooks.values():
+            hook.set_secret(settings, SECRET)
         mail = Endpoint(owner_id=owner.id, kind="email", target="ops@example.com")
         session.add_all([*hooks.values(), mail])
         session.commit()

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # --- Redis (match events, firing sets, counters; Celery broker) ---------
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tocsin"
+    deployment_id: str | None = Field(
+        None, description="namespaces every Redis key; default: the id created with the database (read at start)"
+    )
     celery_broker_url: str | None = None  # defaults to redis_url
 
     # --- Subscriptions store ---------------------------------------------------
@@ -36,6 +39,9 @@ class Settings(BaseSettings):
 
     # --- Local state -----------------------------------------------------------
     data_dir: Path = Path("var")
+    secret_key: SecretStr | None = Field(
+        None, description="Fernet key encrypting endpoint secrets at rest; default: generated in data_dir/secret.key"
+    )
 
     # --- Spark job ---------------------------------------------------------------
     spark_master: str = "local[2]"
@@ -122,6 +128,20 @@ class Settings(BaseSettings):
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
 
+    @field_validator("secret_key")
+    @classmethod
+    def _fernet_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            from cryptography.fernet import Fernet
+
+            try:
+                Fernet(key.get_secret_value().encode())
+            except ValueError:
+                raise ValueError("must be a Fernet key (32 url-safe base64-encoded bytes); "
+                                 "make one with: python -c 'from cryptography.fernet import Fernet; "
+                                 "print(Fernet.generate_key().decode())'") from None
+        return key
+
     @property
     def broker_url(self) -> str:
         return self.celery_broker_url or self.redis_url
@@ -150,9 +170,18 @@ class Settings(BaseSettings):
             env[f"TOCSIN_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
         return env
 
+    @property
+    def deployment(self) -> str:
+        """This deployment's id: the setting, else the one its database was created with (read once)."""
+        if self.deployment_id is None:
+            from subscriptions.db import deployment_id
+
+            self.deployment_id = deployment_id(self.database_url)  # children configured from here inherit it
+        return self.deployment_id
+
     def redis_key(self, *parts: str | int) -> str:
-        """Namespaced Redis key: ``tocsin:part:part``."""
-        return ":".join([self.redis_prefix, *map(str, parts)])
+        """Namespaced Redis key: ``<prefix>:<deployment>:part:part``, so deployments sharing a Redis never meet."""
+        return ":".join([self.redis_prefix, self.deployment, *map(str, parts)])
 
 
 @lru_cache

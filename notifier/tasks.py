@@ -71,7 +71,7 @@ def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
         return cached[1]
     with session_scope(settings.database_url) as session:
         endpoint = session.get(Endpoint, endpoint_id)
-        target = Target(endpoint.kind, endpoint.target, endpoint.secret) if endpoint else None
+        target = Target(endpoint.kind, endpoint.target, endpoint.signing_secret(settings)) if endpoint else None
     _targets[key] = (time.monotonic(), target)
     return target
 

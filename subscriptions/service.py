@@ -125,7 +125,8 @@ class SubscriptionService:
         if self._count(Endpoint) >= self.settings.user_max_endpoints:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
         secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
-        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target, secret=secret)
+        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target)
+        endpoint.set_secret(self.settings, secret)
         self.session.add(endpoint)
         self.session.commit()
         return endpoint
@@ -145,7 +146,7 @@ class SubscriptionService:
         endpoint = self.get_endpoint(endpoint_id)
         if endpoint.kind != "webhook":
             raise FieldError("kind", "only webhook endpoints have a secret")
-        endpoint.secret = secrets.token_urlsafe(32)
+        endpoint.set_secret(self.settings, secrets.token_urlsafe(32))
         self.session.commit()
         return endpoint
 
