@@ -98,6 +98,55 @@ class CatalogPublisher:
         return self.publish(self.catalog(version)) if version else False
 
 
+def _dead_letters_of(client: redis.Redis, keys: RedisKeys, field: str, value: int) -> list[str]:
+    """Ids of the dead letters whose ``field`` (``subscription_id`` or ``endpoint_id``) is ``value``."""
+    found = []
+    for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500):
+        letter = json.loads(raw)
+        if (letter["notification"].get("subscription_id") if field == "subscription_id" else letter.get(field)) == value:
+            found.append(letter_id)
+    return found
+
+
+def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
+    """Remove every piece of Redis state keyed by a deleted subscription's id.
+
+    Its firing set, history, counters, policy state and delivery log; the de-duplication and decision
+    marks of the alerts in its history; and its dead letters (replaying one would deliver an alert of a
+    subscription that no longer exists). The evaluator forgets its own firing state when the next
+    catalog lacks the id; ids are never reused, so nothing can inherit any of it.
+    """
+    history = keys.history(subscription_id)
+    marks: list[str] = []
+    for _, fields in client.xrange(history):
+        alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
+        marks += [keys.alert_mark(alert_id), keys.decision(alert_id)]
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.firing(subscription_id), keys.key_states(subscription_id), history,
+                keys.counters(subscription_id), keys.delivery_log(subscription_id))
+    for first in range(0, len(marks), 1_000):
+        pipe.delete(*marks[first:first + 1_000])
+    letters = _dead_letters_of(client, keys, "subscription_id", subscription_id)
+    if letters:
+        pipe.hdel(keys.dead_letters, *letters)
+    pipe.execute()
+
+
+def forget_endpoint(client: redis.Redis, keys: RedisKeys, endpoint_id: int) -> None:
+    """Remove a deleted endpoint's delivery log and dead letters.
+
+    Its ``delivered``/``sending`` marks are left to expire: they are keyed by notification, finding
+    them would scan the keyspace, and as ids are never reused they can match nothing new. Queued
+    deliveries to it are dropped by the worker, which finds no endpoint.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.endpoint_log(endpoint_id))
+    letters = _dead_letters_of(client, keys, "endpoint_id", endpoint_id)
+    if letters:
+        pipe.hdel(keys.dead_letters, *letters)
+    pipe.execute()
+
+
 def checked_condition(text: str, settings: Settings) -> Condition:
     """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
     condition = parse_condition(text)
@@ -153,6 +202,7 @@ class SubscriptionService:
     def delete_endpoint(self, endpoint_id: int) -> None:
         self.session.delete(self.get_endpoint(endpoint_id))
         self.session.commit()
+        forget_endpoint(self.redis, self.keys, endpoint_id)
 
     # -- subscriptions ---------------------------------------------------------------
 
@@ -212,8 +262,7 @@ class SubscriptionService:
     def delete(self, subscription_id: int) -> None:
         self.session.delete(self.get(subscription_id))
         self.catalogs.commit_change()
-        self.redis.delete(self.keys.firing(subscription_id), self.keys.key_states(subscription_id),
-                          self.keys.history(subscription_id), self.keys.counters(subscription_id))
+        forget_subscription(self.redis, self.keys, subscription_id)
 
     def get(self, subscription_id: int) -> Subscription:
         subscription = self.session.get(Subscription, subscription_id)
