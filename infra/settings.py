@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     login_lockout_s: int = Field(900, ge=1, description="how long failed logins are counted, and the lock-out")
     user_max_subscriptions: int = Field(1_000, ge=0)
     user_max_endpoints: int = Field(50, ge=0)
+    subscription_max_keys: int = Field(
+        1_000, ge=1, description="keys one subscription may name (bounds what one change adds to the catalog)"
+    )
     user_max_tokens: int = Field(20, ge=0)
     dashboard_sample_s: float = Field(2.0, gt=0, description="how often the web app samples operator metrics")
     dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")

@@ -40,8 +40,7 @@ return 0
 def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> bool:
     """Publish ``catalog`` for the evaluator unless Redis already holds a newer one."""
     script = client.register_script(_PUBLISH_IF_NEWER)
-    payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
-    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, payload]))
+    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, catalog.encode()]))
 
 
 class CatalogPublisher:
@@ -237,6 +236,9 @@ class SubscriptionService:
 
     def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
         condition = self._condition(data.condition)
+        limit = self.settings.subscription_max_keys
+        if data.keys is not None and len(data.keys) > limit:  # every evaluator worker holds the whole catalog
+            raise FieldError("keys", f"at most {limit} keys per subscription (null watches every key)")
         subscription.name = data.name
         subscription.condition = format_condition(condition)
         subscription.condition_spec = condition.to_dict()
