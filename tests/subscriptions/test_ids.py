@@ -52,3 +52,15 @@ def test_deleting_the_newest_row_never_frees_its_id(database_url: str) -> None:
             session.add(again)
             session.commit()
             assert again.id > deleted, f"{model.__tablename__} reused id {deleted}"
+
+
+def test_the_database_is_created_with_a_deployment_id_every_process_reads(database_url: str) -> None:
+    from infra.settings import Settings
+    from subscriptions.db import deployment_id
+
+    settings = Settings(database_url=database_url)
+    assert settings.redis_key("alerts") == f"{settings.redis_prefix}:{deployment_id(database_url)}:alerts"
+    assert settings.to_env()["TOCSIN_DEPLOYMENT_ID"] == settings.deployment  # children need no lookup
+    assert Settings(database_url=database_url).deployment == settings.deployment
+    pinned = Settings(database_url=database_url, deployment_id="elsewhere")
+    assert pinned.redis_key("alerts") == f"{settings.redis_prefix}:elsewhere:alerts"
