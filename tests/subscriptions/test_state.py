@@ -70,6 +70,9 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
         service.delete(sid)
         service.delete_endpoint(endpoint.id)
     assert _keys_naming(redis_client, settings, sid, endpoint.id) == []
+    # The evaluator, not yet reading the new catalog, writes one more transition: the dispatcher cleans up.
+    _fire(settings, sid, 1_700_000_120_000)
+    assert _keys_naming(redis_client, settings, sid, endpoint.id) == []
     assert redis_client.exists(keys.decision(alert["alert_id"]), keys.alert_mark(alert["alert_id"])) == 0
     assert records.dead_letters() == []
 
