@@ -69,6 +69,10 @@ def test_upgrading_encrypts_existing_plaintext_secrets_and_keeps_every_row(
         connection.execute(text("insert into subscriptions values (1, 1, 's', 'COUNT OVER 1s > 1', '{}', null, 1, "
                                 "'{}', '2026-01-01', '2026-01-01')"))
         connection.execute(text("insert into subscription_endpoints values (1, 1)"))
+    with old.connect() as connection:  # foreign keys on: refused before anything cascades
+        connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+        with pytest.raises(RuntimeError, match="foreign keys off"):
+            command.upgrade(alembic_config(connection), "head")
     old.dispose()
     try:
         engine = engine_for(url)
@@ -77,5 +81,8 @@ def test_upgrading_encrypts_existing_plaintext_secrets_and_keeps_every_row(
             stored = connection.execute(text("select secret_encrypted from endpoints")).scalar()
         assert "plaintext" not in stored
         assert Fernet(key.encode()).decrypt(stored.encode()) == b"old plaintext secret"
+        with create_engine(url).begin() as connection:  # and back (foreign keys off, as the alembic CLI has them)
+            command.downgrade(alembic_config(connection), "0001")
+            assert connection.execute(text("select secret from endpoints")).scalar() == "old plaintext secret"
     finally:
         get_settings.cache_clear()

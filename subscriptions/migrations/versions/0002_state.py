@@ -25,8 +25,15 @@ def _settings():  # noqa: ANN202
     return get_settings()
 
 
+def _foreign_keys_off(bind) -> None:  # noqa: ANN001
+    """Recreating a parent table with foreign keys on would cascade-delete its children's rows."""
+    if bind.dialect.name == "sqlite" and bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
+        raise RuntimeError("run this migration with SQLite foreign keys off (subscriptions.db.migrate does)")
+
+
 def upgrade() -> None:
     bind = op.get_bind()
+    _foreign_keys_off(bind)
     deployment = op.create_table(
         "deployment",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -61,6 +68,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     bind = op.get_bind()
+    _foreign_keys_off(bind)
     with op.batch_alter_table("endpoints") as batch:
         batch.add_column(sa.Column("secret", sa.String(length=128), nullable=True))
     endpoints = sa.table("endpoints", sa.column("id", sa.Integer), sa.column("secret", sa.String),
