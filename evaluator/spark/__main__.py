@@ -48,6 +48,7 @@ def _json_text(value: object) -> str:
 def main() -> None:
     configure_logging()
     settings = get_settings()
+    log.info("deployment", id=settings.deployment)  # read once here: Spark's workers get it with their settings
     serve_metrics(settings.metrics_port_evaluator)
     ensure_topics(settings)
     spark = spark_session(settings)
