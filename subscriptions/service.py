@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 
 import redis
@@ -97,14 +98,13 @@ class CatalogPublisher:
         return self.publish(self.catalog(version)) if version else False
 
 
-def _dead_letters_of(client: redis.Redis, keys: RedisKeys, field: str, value: int) -> list[str]:
-    """Ids of the dead letters whose ``field`` (``subscription_id`` or ``endpoint_id``) is ``value``."""
-    found = []
-    for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500):
-        letter = json.loads(raw)
-        if (letter["notification"].get("subscription_id") if field == "subscription_id" else letter.get(field)) == value:
-            found.append(letter_id)
-    return found
+def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.Pipeline,
+                       matches: Callable[[dict], bool]) -> None:
+    """Queue, in ``pipe``, the removal of the dead letters ``matches`` picks."""
+    letters = [letter_id for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500)
+               if matches(json.loads(raw))]
+    if letters:
+        pipe.hdel(keys.dead_letters, *letters)
 
 
 def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
@@ -125,9 +125,8 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
                 keys.counters(subscription_id), keys.delivery_log(subscription_id))
     for first in range(0, len(marks), 1_000):
         pipe.delete(*marks[first:first + 1_000])
-    letters = _dead_letters_of(client, keys, "subscription_id", subscription_id)
-    if letters:
-        pipe.hdel(keys.dead_letters, *letters)
+    _drop_dead_letters(client, keys, pipe,
+                       lambda letter: letter["notification"].get("subscription_id") == subscription_id)
     pipe.execute()
 
 
@@ -140,9 +139,7 @@ def forget_endpoint(client: redis.Redis, keys: RedisKeys, endpoint_id: int) -> N
     """
     pipe = client.pipeline(transaction=False)
     pipe.delete(keys.endpoint_log(endpoint_id))
-    letters = _dead_letters_of(client, keys, "endpoint_id", endpoint_id)
-    if letters:
-        pipe.hdel(keys.dead_letters, *letters)
+    _drop_dead_letters(client, keys, pipe, lambda letter: letter["endpoint_id"] == endpoint_id)
     pipe.execute()
 
 
