@@ -147,7 +147,7 @@ def main() -> None:
     sink = MailSink()
     settings = Settings(
         redis_url=f"redis://127.0.0.1:{redis_port}/0", redis_prefix="bench", database_url=f"sqlite:///{work}/db.sqlite",
-        webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
+        data_dir=work, webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
     )
     with session_factory(settings.database_url)() as session:
         owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")
