@@ -35,12 +35,14 @@ def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> N
                 publisher.heartbeat(base + 4_000)
             wait(query, lambda: any(t["subscription_id"] == first for t in transitions(settings)), timeout_s=60)
 
+            before = len(transitions(settings))
             service.delete(first)  # at once, before the evaluator can have seen the catalog without it
             second = service.create(data).id
             assert second != first
             with EventPublisher(settings) as publisher:
                 publisher.heartbeat(base + 5_000)
-            wait(query, lambda: any(t["subscription_id"] == second for t in transitions(settings)), timeout_s=60)
+            wait(query, lambda: any(t["subscription_id"] == second and t["state"] == "firing"
+                                    for t in transitions(settings)[before:]), timeout_s=60)
         finally:
             query.stop()
     got = [(t["subscription_id"], t["state"]) for t in transitions(settings)]
