@@ -147,14 +147,15 @@ def main() -> None:
     sink = MailSink()
     settings = Settings(
         redis_url=f"redis://127.0.0.1:{redis_port}/0", redis_prefix="bench", database_url=f"sqlite:///{work}/db.sqlite",
-        webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
+        data_dir=work, webhook_allow_hosts=["127.0.0.1"], smtp_port=sink.bound_port, metrics_port_worker=0,
         # One tenant, one endpoint per receiver: lift the isolation caps to measure the workers themselves.
         delivery_endpoint_concurrency=64, delivery_owner_concurrency=64,
     )
     with session_factory(settings.database_url)() as session:
         owner = AccountService(session, settings).sign_up("bench@example.com", "benchmark password")
-        hooks = {name: Endpoint(owner_id=owner.id, kind="webhook", target=r.url, secret=SECRET)
-                 for name, r in receivers.items()}
+        hooks = {name: Endpoint(owner_id=owner.id, kind="webhook", target=r.url) for name, r in receivers.items()}
+        for hook in hooks.values():
+            hook.set_secret(settings, SECRET)
         mail = Endpoint(owner_id=owner.id, kind="email", target="ops@example.com")
         session.add_all([*hooks.values(), mail])
         session.commit()

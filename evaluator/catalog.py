@@ -6,6 +6,8 @@ decides when to reload it.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,3 +48,15 @@ class Catalog:
     @classmethod
     def from_dict(cls, data: dict) -> Catalog:
         return cls(int(data["version"]), tuple(SubscriptionSpec.from_dict(s) for s in data["subscriptions"]))
+
+    def encode(self) -> bytes:
+        """The snapshot as published: compact JSON without absent fields, zlib-compressed (key lists repeat a lot)."""
+        data = self.to_dict()
+        for spec in data["subscriptions"]:
+            spec["condition"] = {k: v for k, v in spec["condition"].items() if v is not None or k == "attribute"}
+        return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Catalog:
+        """A published snapshot (plain JSON, as published before compression, is read too)."""
+        return cls.from_dict(json.loads(raw if raw[:1] == b"{" else zlib.decompress(raw)))

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # --- Redis (match events, firing sets, counters; Celery broker) ---------
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "tocsin"
+    deployment_id: str | None = Field(
+        None, description="namespaces every Redis key; default: the id created with the database (read at start)"
+    )
     celery_broker_url: str | None = None  # defaults to redis_url
 
     # --- Subscriptions store ---------------------------------------------------
@@ -36,6 +39,9 @@ class Settings(BaseSettings):
 
     # --- Local state -----------------------------------------------------------
     data_dir: Path = Path("var")
+    secret_key: SecretStr | None = Field(
+        None, description="Fernet key encrypting endpoint secrets at rest; default: generated in data_dir/secret.key"
+    )
 
     # --- Spark job ---------------------------------------------------------------
     spark_master: str = "local[2]"
@@ -109,6 +115,9 @@ class Settings(BaseSettings):
     login_lockout_s: int = Field(900, ge=1, description="how long failed logins are counted, and the lock-out")
     user_max_subscriptions: int = Field(1_000, ge=0)
     user_max_endpoints: int = Field(50, ge=0)
+    subscription_max_keys: int = Field(
+        1_000, ge=1, description="keys one subscription may name (bounds what one change adds to the catalog)"
+    )
     user_max_tokens: int = Field(20, ge=0)
     # Limits a public service needs (see web.limits); rates in the notation of `limits`: "10/minute", "5 per hour".
     request_max_bytes: int = Field(1_048_576, ge=1_024, description="largest request body; larger ones get a 413")
@@ -200,6 +209,20 @@ class Settings(BaseSettings):
         parse(rate)
         return rate
 
+    @field_validator("secret_key")
+    @classmethod
+    def _fernet_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            from cryptography.fernet import Fernet
+
+            try:
+                Fernet(key.get_secret_value().encode())
+            except ValueError:
+                raise ValueError("must be a Fernet key (32 url-safe base64-encoded bytes); "
+                                 "make one with: python -c 'from cryptography.fernet import Fernet; "
+                                 "print(Fernet.generate_key().decode())'") from None
+        return key
+
     @property
     def broker_url(self) -> str:
         return self.celery_broker_url or self.redis_url
@@ -228,9 +251,18 @@ class Settings(BaseSettings):
             env[f"TOCSIN_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
         return env
 
+    @property
+    def deployment(self) -> str:
+        """This deployment's id: the setting, else the one its database was created with (read once)."""
+        if self.deployment_id is None:
+            from subscriptions.db import deployment_id
+
+            self.deployment_id = deployment_id(self.database_url)  # children configured from here inherit it
+        return self.deployment_id
+
     def redis_key(self, *parts: str | int) -> str:
-        """Namespaced Redis key: ``tocsin:part:part``."""
-        return ":".join([self.redis_prefix, *map(str, parts)])
+        """Namespaced Redis key: ``<prefix>:<deployment>:part:part``, so deployments sharing a Redis never meet."""
+        return ":".join([self.redis_prefix, self.deployment, *map(str, parts)])
 
 
 @lru_cache

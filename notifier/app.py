@@ -40,7 +40,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     lanes = {lane: lane_queue(settings, lane) for lane in LANES}
     app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks"])
-    app.conf.update(
+    # Lazily: the queue's name carries the deployment id, read from the database, which importing
+    # this module (for the task's name) must not open.
+    app.add_defaults(lambda: dict(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -58,7 +60,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
             "global_keyprefix": settings.redis_key("celery") + ":",
         },
         worker_hijack_root_logger=False,
-    )
+    ))
     return app
 
 

@@ -39,6 +39,7 @@ from notifier.notification import build_notification, notification_id
 from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.models import Subscription
+from subscriptions.service import forget_subscription
 
 log = structlog.get_logger("dispatcher")
 
@@ -126,6 +127,8 @@ class Dispatcher:
         subscription = session.get(Subscription, alerts[0]["subscription_id"])
         if subscription is None:
             TRANSITIONS.labels("no_subscription").inc(len(alerts))
+            # Deleted (ids are never reused): what the evaluator wrote before it saw the new catalog goes too.
+            forget_subscription(self.redis, self.keys, alerts[0]["subscription_id"])
         else:
             policy = AlertPolicy.model_validate(subscription.policy or {})
             assigned = self.decide(subscription.id, policy, alerts)

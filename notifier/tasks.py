@@ -91,7 +91,7 @@ def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
         endpoint = session.get(Endpoint, endpoint_id)
         if endpoint is None:
             return None
-        return Target(endpoint.kind, endpoint.target, endpoint.secret, endpoint.owner_id,
+        return Target(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
                       binding(endpoint)["generation"])
 
 

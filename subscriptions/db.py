@@ -55,12 +55,33 @@ def _file_lock(database: str | None) -> Iterator[None]:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision, one process at a time."""
+    """Bring the schema to the newest revision, one process at a time.
+
+    SQLite migrations that recreate a table (``batch_alter_table``) run with foreign keys off, or
+    dropping the old table would cascade-delete its children; they are checked afterwards.
+    """
     sqlite = engine.dialect.name == "sqlite"
-    with _file_lock(engine.url.database) if sqlite else nullcontext(), engine.begin() as connection:
-        if engine.dialect.name == "postgresql":
-            connection.execute(text("select pg_advisory_xact_lock(:id)"), {"id": _PG_MIGRATION_LOCK})
-        _upgrade(connection)
+    with _file_lock(engine.url.database) if sqlite else nullcontext(), engine.connect() as connection:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")  # outside a transaction, or it is ignored
+            connection.commit()
+        try:
+            with connection.begin():
+                if not sqlite:
+                    connection.execute(text("select pg_advisory_xact_lock(:id)"), {"id": _PG_MIGRATION_LOCK})
+                _upgrade(connection)
+                if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
+                    raise SchemaError("a migration left rows pointing at missing rows")
+        finally:
+            if sqlite:
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
+
+
+def deployment_id(url: str) -> str:
+    """The id this database was created with (see ``models.Deployment``)."""
+    with engine_for(url).connect() as connection:
+        return connection.execute(text("select deployment_id from deployment")).scalar_one()
 
 
 @lru_cache(maxsize=8)

@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, Boolean, Column, DateTime, ForeignKey, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from infra.settings import Settings
+from subscriptions import vault
+
 ROLES = ("user", "operator")
+
+#: Ids of these tables reach Redis keys, queued deliveries and the evaluator's state, so a deleted row's id is
+#: never handed out again: AUTOINCREMENT on SQLite (PostgreSQL's sequences never go back).
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
 
 
 def utcnow() -> datetime:
@@ -22,6 +29,7 @@ class User(Base):
     """A subscriber. ``operator`` users also see the platform's load and handle dead letters."""
 
     __tablename__ = "users"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     email: Mapped[str] = mapped_column(String(320), unique=True)  # stored lower-cased
@@ -38,6 +46,7 @@ class ApiToken(Base):
     """A bearer token for the HTTP API; only its SHA-256 is stored, the token is shown once."""
 
     __tablename__ = "api_tokens"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -71,20 +80,37 @@ subscription_endpoints = Table(
 
 
 class Endpoint(Base):
-    """Where alerts go: a webhook URL whose requests are signed with ``secret``, or an e-mail address."""
+    """Where alerts go: a webhook URL whose requests are signed with a secret, or an e-mail address.
+
+    The secret is stored encrypted (``subscriptions.vault``); :meth:`signing_secret` is the one place
+    that decrypts it. ``secret`` holds the plaintext only on the object that created or rotated it,
+    so that it can be shown once.
+    """
 
     __tablename__ = "endpoints"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     target: Mapped[str] = mapped_column(String(2048))
-    secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    secret_encrypted: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    secret = None  # not stored: the new plaintext, on the object that set it (str | None)
+
+    def set_secret(self, settings: Settings, secret: str | None) -> None:
+        self.secret = secret
+        self.secret_encrypted = vault.seal(settings, secret) if secret is not None else None
+
+    def signing_secret(self, settings: Settings) -> str | None:
+        """The webhook secret in plaintext, for the notifier to sign with."""
+        return vault.reveal(settings, self.secret_encrypted) if self.secret_encrypted is not None else None
 
 
 class Subscription(Base):
     __tablename__ = "subscriptions"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -124,3 +150,16 @@ class Invitation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Deployment(Base):
+    """The one row naming this database's deployment; Redis keys are namespaced by it.
+
+    Created with the database (migration ``0002_state``), so a fresh database on an old
+    Redis, or two deployments sharing one Redis, never see each other's state.
+    """
+
+    __tablename__ = "deployment"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(String(32), unique=True)

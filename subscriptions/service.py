@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 
 import redis
@@ -41,8 +42,7 @@ return 0
 def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> bool:
     """Publish ``catalog`` for the evaluator unless Redis already holds a newer one."""
     script = client.register_script(_PUBLISH_IF_NEWER)
-    payload = json.dumps(catalog.to_dict(), separators=(",", ":"))
-    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, payload]))
+    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, catalog.encode()]))
 
 
 class CatalogPublisher:
@@ -99,6 +99,51 @@ class CatalogPublisher:
         return self.publish(self.catalog(version)) if version else False
 
 
+def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.Pipeline,
+                       matches: Callable[[dict], bool]) -> None:
+    """Queue, in ``pipe``, the removal of the dead letters ``matches`` picks."""
+    letters = [letter_id for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500)
+               if matches(json.loads(raw))]
+    if letters:
+        pipe.hdel(keys.dead_letters, *letters)
+
+
+def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
+    """Remove every piece of Redis state keyed by a deleted subscription's id.
+
+    Its firing set, history, counters, policy state and delivery log; the de-duplication and decision
+    marks of the alerts in its history; and its dead letters (replaying one would deliver an alert of a
+    subscription that no longer exists). The evaluator forgets its own firing state when the next
+    catalog lacks the id; ids are never reused, so nothing can inherit any of it.
+    """
+    history = keys.history(subscription_id)
+    marks: list[str] = []
+    for _, fields in client.xrange(history):
+        alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
+        marks += [keys.alert_mark(alert_id), keys.decision(alert_id)]
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.firing(subscription_id), keys.key_states(subscription_id), history,
+                keys.counters(subscription_id), keys.delivery_log(subscription_id))
+    for first in range(0, len(marks), 1_000):
+        pipe.delete(*marks[first:first + 1_000])
+    _drop_dead_letters(client, keys, pipe,
+                       lambda letter: letter["notification"].get("subscription_id") == subscription_id)
+    pipe.execute()
+
+
+def forget_endpoint(client: redis.Redis, keys: RedisKeys, endpoint_id: int) -> None:
+    """Remove a deleted endpoint's delivery log and dead letters.
+
+    Its ``delivered``/``sending`` marks are left to expire: they are keyed by notification, finding
+    them would scan the keyspace, and as ids are never reused they can match nothing new. Queued
+    deliveries to it are dropped by the worker, which finds no endpoint.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.endpoint_log(endpoint_id))
+    _drop_dead_letters(client, keys, pipe, lambda letter: letter["endpoint_id"] == endpoint_id)
+    pipe.execute()
+
+
 def checked_condition(text: str, settings: Settings) -> Condition:
     """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
     condition = parse_condition(text)
@@ -127,7 +172,8 @@ class SubscriptionService:
         if self._count(Endpoint) >= self.settings.user_max_endpoints:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
         secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
-        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target, secret=secret)
+        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target)
+        endpoint.set_secret(self.settings, secret)
         self.session.add(endpoint)
         self.session.commit()
         return endpoint
@@ -147,13 +193,14 @@ class SubscriptionService:
         endpoint = self.get_endpoint(endpoint_id)
         if endpoint.kind != "webhook":
             raise FieldError("kind", "only webhook endpoints have a secret")
-        endpoint.secret = secrets.token_urlsafe(32)
+        endpoint.set_secret(self.settings, secrets.token_urlsafe(32))
         self.session.commit()
         return endpoint
 
     def delete_endpoint(self, endpoint_id: int) -> None:
         self.session.delete(self.get_endpoint(endpoint_id))
         self.session.commit()
+        forget_endpoint(self.redis, self.keys, endpoint_id)
 
     # -- subscriptions ---------------------------------------------------------------
 
@@ -189,6 +236,9 @@ class SubscriptionService:
 
     def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
         condition = self._condition(data.condition)
+        limit = self.settings.subscription_max_keys
+        if data.keys is not None and len(data.keys) > limit:  # every evaluator worker holds the whole catalog
+            raise FieldError("keys", f"at most {limit} keys per subscription (null watches every key)")
         subscription.name = data.name
         subscription.condition = format_condition(condition)
         subscription.condition_spec = condition.to_dict()
@@ -214,8 +264,7 @@ class SubscriptionService:
     def delete(self, subscription_id: int) -> None:
         self.session.delete(self.get(subscription_id))
         self.catalogs.commit_change()
-        self.redis.delete(self.keys.firing(subscription_id), self.keys.key_states(subscription_id),
-                          self.keys.history(subscription_id), self.keys.counters(subscription_id))
+        forget_subscription(self.redis, self.keys, subscription_id)
 
     def get(self, subscription_id: int) -> Subscription:
         subscription = self.session.get(Subscription, subscription_id)

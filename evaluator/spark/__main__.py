@@ -102,6 +102,7 @@ def _record_start(stats: redis.Redis, keys: RedisKeys) -> None:
 def main() -> None:
     configure_logging()
     settings = get_settings()
+    log.info("deployment", id=settings.deployment)  # read once here: Spark's workers get it with their settings
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

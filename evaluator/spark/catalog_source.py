@@ -54,5 +54,5 @@ class CatalogSource:
             if version != self._catalog.version:
                 raw = self.redis.get(self.keys.catalog_snapshot)
                 if raw is not None:
-                    self._catalog = Catalog.from_dict(json.loads(raw))
+                    self._catalog = Catalog.decode(raw)
         return self._catalog

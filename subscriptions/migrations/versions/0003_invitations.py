@@ -1,7 +1,7 @@
 """invitations: an operator's single-use, expiring invitation to sign up with a role
 
 Revision ID: 0003_invitations
-Revises: 0001
+Revises: 0002_state
 """
 
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0003_invitations'
-down_revision = '0001'
+down_revision = '0002_state'
 branch_labels = None
 depends_on = None
 

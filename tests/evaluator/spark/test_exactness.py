@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query, evaluated_through
 from evaluator.spec import SubscriptionSpec
 from infra.redis_schema import RedisKeys
@@ -167,4 +167,4 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
     assert set(got) == set(expected), "alerts were lost or invented across the crash"
     assert len(expected) > 100 and set(expected) == oracle(events, SPECS, last, settings.pane_ms, HORIZON)
     assert {t["alert_id"] for t in transitions(crashing)} == {t["alert_id"] for t in transitions(reference)}
-    assert json.loads(client.get(RedisKeys(crashing).catalog_snapshot))["version"] == 1
+    assert Catalog.decode(client.get(RedisKeys(crashing).catalog_snapshot)).version == 1

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -16,7 +14,7 @@ from tests.users import api_client, new_user, sign_in
 
 def published(settings: Settings) -> Catalog:
     raw = redis.Redis.from_url(settings.redis_url).get(RedisKeys(settings).catalog_snapshot)
-    return Catalog.from_dict(json.loads(raw)) if raw else Catalog.empty()
+    return Catalog.decode(raw) if raw else Catalog.empty()
 
 
 def make_endpoint(api: TestClient) -> dict:
