@@ -70,7 +70,7 @@ def binding(endpoint: Endpoint) -> dict:
     worker's check both come here), over the secret as stored.
     """
     return {"owner_id": endpoint.owner_id,
-            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret)}
+            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret_encrypted)}
 
 
 def enqueue(celery: Celery, notification: dict, endpoint_id: int, bound: dict) -> None:
