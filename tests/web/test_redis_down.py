@@ -1,0 +1,60 @@
+"""With its Redis stopped, the web app says so: a 503 with Retry-After, not a 500 (real server, real Redis)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.services import ManagedProcess, free_port, start_redis
+from infra.settings import Settings
+from tests.servers import serving
+from tests.users import PASSWORD, new_user
+from web.app import create_app
+
+HTML = {"accept": "text/html"}
+
+
+@pytest.fixture
+def own_redis(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, ManagedProcess]]:
+    """A Redis of this test's own, to stop."""
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis", tmp_path / "redis.log")
+    yield settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0"}), server
+    server.stop()
+
+
+def _csrf(client: httpx.Client, page: str) -> str:
+    return re.search(r'name="csrf_token" value="([^"]+)"', client.get(page).text)[1]
+
+
+def test_with_redis_stopped_sign_in_sign_up_previews_and_test_alerts_answer_503(own_redis) -> None:  # noqa: ANN001
+    settings, server = own_redis
+    user, token = new_user(settings)
+    bearer = {"Authorization": f"Bearer {token}"}
+    with serving(create_app(settings)) as url, httpx.Client(base_url=url, timeout=30) as client, \
+            httpx.Client(base_url=url, timeout=30) as browser:
+        endpoint = client.post("/api/endpoints", json={"kind": "webhook", "target": "http://127.0.0.1:9/x"},
+                               headers=bearer).json()
+        login_csrf, signup_csrf = _csrf(browser, "/login"), _csrf(browser, "/signup")
+        server.stop()
+        answers = {
+            "api sign-in": client.post("/api/auth/login", json={"email": user.email, "password": PASSWORD}),
+            "api token": client.post("/api/auth/token", json={"email": user.email, "password": PASSWORD,
+                                                               "name": "t"}),
+            "api sign-up": client.post("/api/auth/signup", json={"email": "new@example.com", "password": PASSWORD}),
+            "api preview": client.post("/api/conditions/preview", json={"condition": "SUM(volume) OVER 1m > 1"},
+                                       headers=bearer),
+            "api test alert": client.post(f"/api/endpoints/{endpoint['id']}/test", headers=bearer),
+            "page sign-in": browser.post("/login", data={"email": user.email, "password": PASSWORD,
+                                                         "csrf_token": login_csrf}, headers=HTML),
+            "page sign-up": browser.post("/signup", data={"email": "new2@example.com", "password": PASSWORD,
+                                                          "csrf_token": signup_csrf}, headers=HTML),
+        }
+    got = {name: (r.status_code, r.headers.get("retry-after")) for name, r in answers.items()}
+    assert got == {name: (503, "5") for name in answers}, {n: r.text[:200] for n, r in answers.items()}
+    assert "unavailable" in answers["api sign-in"].json()["detail"]
+    assert "unavailable" in answers["page sign-in"].text
