@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +61,21 @@ def test_with_redis_stopped_sign_in_sign_up_previews_and_test_alerts_answer_503(
     assert got == {name: (503, "5") for name in answers}, {n: r.text[:200] for n, r in answers.items()}
     assert "unavailable" in answers["api sign-in"].json()["detail"]
     assert "unavailable" in answers["page sign-in"].text
+
+
+@pytest.mark.timeout(120)
+def test_with_redis_hung_sign_in_answers_503_within_the_redis_timeout(own_redis) -> None:  # noqa: ANN001
+    # A stopped process (SIGSTOP) accepts connections and never answers: redis-py's default 5 s
+    # socket timeouts (kept by the web app's clients) make that a 503, not a request that waits forever.
+    settings, server = own_redis
+    user, _ = new_user(settings)
+    with serving(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            answer = client.post("/api/auth/login", json={"email": user.email, "password": PASSWORD})
+            elapsed = time.monotonic() - started
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+    assert elapsed < 30, elapsed  # generous: a few Redis calls, each bounded by its 5 s timeout
