@@ -54,6 +54,12 @@ return 1
 """
 
 
+_DELETE_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
 def _json(value: dict) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -244,15 +250,18 @@ class DeliveryRecords:
 
         The letter is enqueued before it is removed: a crash in between leaves a
         letter that is replayed twice at worst, which the delivered mark absorbs.
+        Only the letter as read is removed: if the replayed delivery already failed
+        for good again (a fast worker), its new letter under the same id stays.
         """
-        letter = self.dead_letter(letter_id)
-        if letter is None:
+        raw = self.redis.hget(self.keys.dead_letters, letter_id)
+        if raw is None:
             return False
+        letter = json.loads(raw)
         mark = self.keys.delivered(letter["notification"].get("notification_id"), letter["endpoint_id"])
         if self.redis.get(mark) != "delivered":  # a dead (not a delivered) delivery may run again
             self.redis.delete(mark)
         enqueue(celery, letter["notification"], letter["endpoint_id"], letter.get("binding") or {})
-        self.redis.hdel(self.keys.dead_letters, letter_id)
+        self.redis.eval(_DELETE_IF_UNCHANGED, 1, self.keys.dead_letters, letter_id, raw)
         return True
 
     def discard(self, letter_id: str) -> bool:
