@@ -386,7 +386,7 @@ async def preview_fragment(request: Request, principal: Page, settings: Settings
                            limiter: LimiterDep, condition: Annotated[str, Form()] = "",
                            keys: Annotated[str, Form()] = "") -> HTMLResponse:
     try:
-        limit_previews(limiter, request, principal.user.id)
+        await run_in_threadpool(limit_previews, limiter, request, principal.user.id)  # Redis, off the loop
     except HTTPException as exc:
         response = render(request, "_preview.html", principal, result=None, error=exc.detail,
                           status_code=exc.status_code)

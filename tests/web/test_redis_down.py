@@ -7,6 +7,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -79,3 +80,27 @@ def test_with_redis_hung_sign_in_answers_503_within_the_redis_timeout(own_redis)
             os.killpg(server.process.pid, signal.SIGCONT)
     assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
     assert elapsed < 30, elapsed  # generous: a few Redis calls, each bounded by its 5 s timeout
+
+
+@pytest.mark.timeout(180)
+def test_a_hung_redis_does_not_freeze_the_server_for_requests_that_do_not_need_it(own_redis) -> None:  # noqa: ANN001
+    # Previews are async routes: a rate-limit check made on the event loop would block every
+    # other request for as long as Redis does not answer.
+    settings, server = own_redis
+    user, token = new_user(settings)
+    bearer = {"Authorization": f"Bearer {token}"}
+    with serving(create_app(settings)) as url, httpx.Client(base_url=url, timeout=120) as client:
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                previews = [pool.submit(client.post, "/api/conditions/preview", headers=bearer,
+                                        json={"condition": "SUM(volume) OVER 1m > 1"}) for _ in range(4)]
+                time.sleep(1)  # the previews wait for Redis
+                started = time.monotonic()
+                health = client.get("/healthz")
+                waited = time.monotonic() - started
+                codes = [p.result().status_code for p in previews]
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+    assert health.status_code == 200 and codes == [503] * 4
+    assert waited < 3, waited  # not behind the previews' 5 s Redis timeouts
