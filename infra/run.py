@@ -47,7 +47,9 @@ def _listening(address: str) -> bool:
 def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
     """The platform's own processes; docker-compose.yml runs the same modules."""
     return [
-        ("web", python_module("uvicorn", "web.main:app", "--host", settings.web_host, "--port", str(settings.web_port))),
+        # --no-proxy-headers: uvicorn would otherwise take X-Forwarded-For from any local peer as the client address.
+        ("web", python_module("uvicorn", "web.main:app", "--host", settings.web_host, "--port", str(settings.web_port),
+                              "--no-proxy-headers")),
         ("worker", python_module("notifier.worker", "--lane", "alerts", "--pool", "threads", "--concurrency", "8",
                                  "--loglevel", third_party_level(), "--without-gossip", "--without-mingle")),
         ("worker-tests", python_module("notifier.worker", "--lane", "tests", "--pool", "threads", "--concurrency", "2",

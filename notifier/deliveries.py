@@ -3,8 +3,9 @@
 - ``deliveries:<subscription>``: the newest attempts (and policy suppressions) of a
   subscription, newest first, for its delivery log, and ``deliveries:endpoint:<id>``,
   the newest attempts at one endpoint (test alerts included);
-- ``delivered:<notification>:<endpoint>``: set once a delivery succeeded, so a
-  redelivered task never sends twice, and ``sending:<notification>:<endpoint>``,
+- ``delivered:<notification>:<endpoint>``: set once a delivery ended for good
+  (``delivered``, ``dead`` or ``dropped``), so a redelivered copy of its task
+  never sends twice nor runs again after its dead letter was written, and ``sending:<notification>:<endpoint>``,
   held while one copy of a task is sending, so two copies never send at once;
 - ``deliveries:dead``: a hash of deliveries that failed for good, by
   ``<notification>:<endpoint>``, kept until an operator replays or discards them;
@@ -50,6 +51,12 @@ for _, key in ipairs(KEYS) do
   redis.call('PEXPIRE', key, ttl)
 end
 return 1
+"""
+
+
+_DELETE_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
 """
 
 
@@ -130,9 +137,13 @@ class DeliveryRecords:
                                                                      number, outcome))
         pipe.execute()
 
+    def _finished(self, pipe: redis.client.Pipeline, notification_id: str, endpoint_id: int, outcome: str) -> None:
+        """Mark the delivery's final outcome, in the caller's transaction: later copies of its task do nothing."""
+        pipe.set(self.keys.delivered(notification_id, endpoint_id), outcome, ex=DELIVERED_MARK_TTL_S)
+
     def delivered(self, notification: dict, endpoint_id: int, kind: str, attempt: Attempt, number: int) -> None:
         pipe = self.redis.pipeline()
-        pipe.set(self.keys.delivered(notification["notification_id"], endpoint_id), "1", ex=DELIVERED_MARK_TTL_S)
+        self._finished(pipe, notification["notification_id"], endpoint_id, "delivered")
         self._log(pipe, notification["subscription_id"],
                   self._entry(notification, endpoint_id, kind, attempt, number, "delivered"))
         pipe.execute()
@@ -144,8 +155,28 @@ class DeliveryRecords:
                   **entry, "binding": bound or {}, "dead_at": time.time()}
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.dead_letters, letter["id"], _json(letter))
+        self._finished(pipe, notification["notification_id"], endpoint_id, "dead")
         self._log(pipe, notification["subscription_id"], entry)
         pipe.execute()
+
+    def malformed(self, payload: dict, reason: str) -> str:
+        """Dead-letter a task whose arguments are not a delivery (no notification id, no endpoint, ...).
+
+        Nothing of it can be trusted, so it is kept whole (for the operator to read)
+        under an id derived from its content; returns that id.
+        """
+        raw = json.dumps(payload, sort_keys=True, default=repr)
+        notification = payload.get("notification")
+        letter = {"id": f"malformed:{hashlib.sha256(raw.encode()).hexdigest()[:16]}",
+                  "notification": notification if isinstance(notification, dict) else {},
+                  "endpoint_id": payload.get("endpoint_id"), "kind": None, "keys": [], "state": None,
+                  "attempt": payload.get("attempt"), "outcome": "dead", "error": f"malformed task: {reason}",
+                  "payload": raw[:10_000], "binding": {}, "dead_at": time.time()}
+        pipe = self.redis.pipeline()
+        pipe.hset(self.keys.dead_letters, letter["id"], _json(letter))
+        pipe.hincrby(self.keys.delivery_stats, "dead", 1)
+        pipe.execute()
+        return letter["id"]
 
     def dropped(self, notification: dict, endpoint_id: int, reason: str, number: int) -> None:
         """Log that a delivery was dropped because its endpoint is gone or changed.
@@ -156,6 +187,7 @@ class DeliveryRecords:
         entry = {**self._entry(notification, endpoint_id, None, Attempt(False, False, 0.0, error=reason), number,
                                "dropped"), "reason": reason}
         pipe = self.redis.pipeline()
+        self._finished(pipe, notification["notification_id"], endpoint_id, "dropped")
         self._log(pipe, notification["subscription_id"], entry, endpoint_log=False)
         pipe.execute()
 
@@ -165,7 +197,7 @@ class DeliveryRecords:
                                           "state": alert["state"], "outcome": "suppressed", "reason": reason})
 
     def claim(self, notification_id: str, endpoint_id: int, ttl_s: float) -> tuple[bool, bool]:
-        """(claimed, already delivered), in one round trip.
+        """(claimed, already finished: delivered, dead-lettered or dropped), in one round trip.
 
         Only one copy of a delivery is in flight at a time; a dead holder's claim
         expires after ``ttl_s``.
@@ -218,12 +250,18 @@ class DeliveryRecords:
 
         The letter is enqueued before it is removed: a crash in between leaves a
         letter that is replayed twice at worst, which the delivered mark absorbs.
+        Only the letter as read is removed: if the replayed delivery already failed
+        for good again (a fast worker), its new letter under the same id stays.
         """
-        letter = self.dead_letter(letter_id)
-        if letter is None:
+        raw = self.redis.hget(self.keys.dead_letters, letter_id)
+        if raw is None:
             return False
+        letter = json.loads(raw)
+        mark = self.keys.delivered(letter["notification"].get("notification_id"), letter["endpoint_id"])
+        if self.redis.get(mark) != "delivered":  # a dead (not a delivered) delivery may run again
+            self.redis.delete(mark)
         enqueue(celery, letter["notification"], letter["endpoint_id"], letter.get("binding") or {})
-        self.redis.hdel(self.keys.dead_letters, letter_id)
+        self.redis.eval(_DELETE_IF_UNCHANGED, 1, self.keys.dead_letters, letter_id, raw)
         return True
 
     def discard(self, letter_id: str) -> bool:

@@ -1,9 +1,10 @@
 """The delivery task: one notification to one endpoint, retried with backoff, every attempt recorded.
 
 Tasks are acknowledged late and may be redelivered (a worker killed mid-task, a
-dispatcher re-handling what it had not acknowledged), so a delivery is marked
-done per ``notification id + endpoint`` and a marked delivery is never sent
-again. A delivery that exhausts its retries, or is refused for good, goes to the
+dispatcher re-handling what it had not acknowledged, a retry held past the
+visibility timeout), so a delivery's final outcome (delivered, dead-lettered,
+dropped) is marked per ``notification id + endpoint`` and a marked delivery never
+runs again. A task whose arguments are not a delivery is dead-lettered whole. A delivery that exhausts its retries, or is refused for good, goes to the
 dead-letter set, from which operators replay it.
 
 Never silence: whatever goes wrong in a task - a receiver's odd reply, a
@@ -123,16 +124,48 @@ def claim_ttl_s(settings: Settings) -> float:
     return max(settings.webhook_total_timeout_s, 2 * settings.smtp_timeout_s) + 5
 
 
+def malformed_reason(notification: object, endpoint_id: object, attempt: object, deferrals: object,
+                     extra: tuple, unknown: dict) -> str | None:
+    """Why these task arguments are not a delivery the task can run and record, if they are not."""
+    if extra or unknown:
+        return f"unexpected arguments {list(extra) + sorted(unknown)!r}"[:500]
+    if not isinstance(notification, dict):
+        return f"notification is {type(notification).__name__}, not an object"
+    if not isinstance(notification.get("notification_id"), str) or not notification["notification_id"]:
+        return "notification has no notification_id"
+    if not isinstance(notification.get("subscription_id"), int | None):
+        return "notification has no valid subscription_id"
+    if not isinstance(notification.get("state"), str):
+        return "notification has no state"
+    alerts = notification.get("alerts")
+    if not isinstance(alerts, list) or not alerts or not all(isinstance(a, dict) and "key" in a for a in alerts):
+        return "notification has no alerts with keys"
+    if type(endpoint_id) is not int or endpoint_id < 1:
+        return f"endpoint_id {endpoint_id!r} is not an id"
+    if type(attempt) is not int or attempt < 1 or type(deferrals) is not int or deferrals < 0:
+        return "attempt and deferrals must be counts"
+    return None
+
+
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
-def deliver(self: Task, notification: dict, endpoint_id: int, owner_id: int | None = None,
-            generation: str | None = None, attempt: int = 1, deferrals: int = 0) -> str:
+def deliver(self: Task, notification: dict | None = None, endpoint_id: int | None = None, *extra: object,
+            owner_id: int | None = None, generation: str | None = None, attempt: int = 1, deferrals: int = 0,
+            **unknown: object) -> str:
     settings = get_settings()
     records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
+    reason = malformed_reason(notification, endpoint_id, attempt, deferrals, extra, unknown)
+    if reason is not None:  # never silence: a task that is not a delivery is a dead letter, with why
+        letter = records.malformed({"notification": notification, "endpoint_id": endpoint_id, "extra": extra,
+                                    "owner_id": owner_id, "generation": generation, "attempt": attempt,
+                                    **unknown}, reason)
+        ATTEMPTS.labels("unknown", "dead").inc()
+        log.error("delivery_malformed", reason=reason, dead_letter=letter)
+        return "malformed"
     delivery = _Delivery(self, settings, records, notification, endpoint_id,
                          {"owner_id": owner_id, "generation": generation}, attempt, deferrals)
     nid = notification["notification_id"]
-    claimed, delivered = records.claim(nid, endpoint_id, claim_ttl_s(settings))
-    if delivered:
+    claimed, finished = records.claim(nid, endpoint_id, claim_ttl_s(settings))
+    if finished:
         return "duplicate"
     if not claimed:
         # Another copy is sending right now (or died doing so): look again once it must be done.

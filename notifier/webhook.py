@@ -128,6 +128,26 @@ def _resolve(host: str, port: int, deadline: _Deadline) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Global unicast, and so is any IPv4 address carried inside it (mapped, 6to4, Teredo, NAT64).
+
+    A NAT64 or 6to4 address is "global" by itself but reaches the IPv4 address it
+    embeds: ``64:ff9b::a00:1`` is 10.0.0.1 on a network with a NAT64 gateway.
+    """
+    if not address.is_global or address.is_multicast:
+        return False
+    if address.version == 6:
+        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
+        if embedded is None and any(address in net for net in _NAT64):
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if embedded is not None:
+            return _public(embedded)
+    return True
+
+
 def check_destination(url: str, allow_hosts: list[str] | tuple[str, ...], deadline_s: float = 10.0) -> Destination:
     """Resolve the URL's host once and approve its addresses, or refuse it.
 
@@ -148,7 +168,7 @@ def check_destination(url: str, allow_hosts: list[str] | tuple[str, ...], deadli
             address = ipaddress.ip_address(raw.split("%", 1)[0])
             if raw in allow_hosts or str(address) in allow_hosts:
                 continue
-            if not address.is_global or address.is_multicast:
+            if not _public(address):
                 raise DestinationRefused(f"{host} resolves to non-public address {address}")
     if not addresses:
         raise DestinationUnresolved(f"cannot resolve {host}: no addresses")

@@ -21,7 +21,7 @@ from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import ui
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
-from web.limits import BodySizeLimit, RateLimiter
+from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
 
 STATIC = Path(__file__).parent / "static"
@@ -94,6 +94,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ConditionError)
     async def bad_condition(_request: Request, exc: ConditionError) -> JSONResponse:
         return _field_error("condition", str(exc))
+
+    async def store_down(request: Request, _exc: Exception) -> JSONResponse:
+        return await ui.http_error(request, unavailable())
+
+    for error in STORE_DOWN:
+        app.add_exception_handler(error, store_down)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -13,8 +13,11 @@ import math
 import time
 from typing import Annotated
 
+import kombu.exceptions
+import redis
 from fastapi import Depends, HTTPException, Request, status
 from limits import RateLimitItem, RateLimitItemPerSecond, parse
+from limits.errors import StorageError
 from limits.storage import RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,19 +26,36 @@ from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 
 
+STORE_DOWN = (redis.RedisError, StorageError, kombu.exceptions.OperationalError)
+"""What the Redis client, the rate limiter's storage and Celery's producer raise when Redis is down or hung."""
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def unavailable() -> HTTPException:
+    """A 503 that says why and when to come back, for a request that needs Redis while it is down."""
+    return HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                         f"temporarily unavailable (the service's Redis does not answer); "
+                         f"try again in {UNAVAILABLE_RETRY_AFTER_S} s",
+                         headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})
+
+
 class RateLimiter:
     """Named rate limits over one Redis, under this deployment's key prefix."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        storage = RedisStorage(settings.redis_url, key_prefix=RedisKeys(settings).rate_limits)
+        storage = RedisStorage(settings.redis_url, key_prefix=RedisKeys(settings).rate_limits, wrap_exceptions=True)
         self.limiter = FixedWindowRateLimiter(storage)
 
     def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:
         """Count one hit; 429 with Retry-After when it is one too many."""
         item = parse(rate) if isinstance(rate, str) else rate
-        if not self.limiter.hit(item, *identifiers):
-            reset_at = self.limiter.get_window_stats(item, *identifiers).reset_time
+        try:
+            allowed = self.limiter.hit(item, *identifiers)
+            reset_at = None if allowed else self.limiter.get_window_stats(item, *identifiers).reset_time
+        except STORE_DOWN as exc:  # a limit that cannot be counted is not passed: 503, never a 500
+            raise unavailable() from exc
+        if reset_at is not None:
             retry = max(math.ceil(reset_at - time.time()), 1)
             raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"too many {what}; try again in {retry} s",
                                 headers={"Retry-After": str(retry)})
@@ -49,7 +69,10 @@ class RateLimiter:
         self.hit(self._lockout(), "login", email, what="failed logins")
 
     def login_succeeded(self, email: str) -> None:
-        self.limiter.clear(self._lockout(), "login", email)
+        try:
+            self.limiter.clear(self._lockout(), "login", email)
+        except STORE_DOWN as exc:
+            raise unavailable() from exc
 
     def _lockout(self) -> RateLimitItem:
         return RateLimitItemPerSecond(self.settings.login_max_failures, self.settings.login_lockout_s)

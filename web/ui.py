@@ -77,7 +77,7 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
         return RedirectResponse(f"/login?next={target}", status_code=status.HTTP_303_SEE_OTHER)
     if wants_page and not request.headers.get("hx-request"):
         return TEMPLATES.TemplateResponse(request, "error.html", {"error": exc.detail, "code": exc.status_code},
-                                          status_code=exc.status_code)
+                                          status_code=exc.status_code, headers=exc.headers)
     return await http_exception_handler(request, exc)
 
 
@@ -136,10 +136,15 @@ PRE_SESSION_COOKIE = "tocsin_csrf"
 FORM_EXPIRED = "the form expired; please try again"
 
 
-def _anonymous_form(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-    """A sign-in or sign-up page with its pre-session CSRF token (the cookie is set if missing)."""
+def _anonymous_form(request: Request, template: str, status_code: int = 200, headers: dict | None = None,
+                    **context: Any) -> HTMLResponse:
+    """A sign-in or sign-up page with its pre-session CSRF token (the cookie is set if missing).
+
+    ``headers``: those of the error shown, so a 429 or 503 keeps its Retry-After.
+    """
     token = request.cookies.get(PRE_SESSION_COOKIE) or secrets.token_urlsafe(32)
     response = render(request, template, status_code=status_code, csrf=token, **context)
+    response.headers.update(headers or {})
     response.set_cookie(PRE_SESSION_COOKIE, token, httponly=True, samesite="strict", path="/",
                         secure=request.app.state.settings.session_cookie_secure)
     return response
@@ -165,7 +170,7 @@ def login(request: Request, accounts: AccountsDep, limiter: LimiterDep, settings
         user = check_password(accounts, limiter, request, email, password)
     except HTTPException as exc:
         return _anonymous_form(request, "login.html", error=exc.detail, email=email, next=_safe_next(next),
-                               status_code=exc.status_code)
+                               status_code=exc.status_code, headers=exc.headers)
     response = RedirectResponse(_safe_next(next), status_code=status.HTTP_303_SEE_OTHER)
     sign_in(response, accounts, settings, user)
     return response
@@ -197,7 +202,7 @@ def signup(request: Request, accounts: AccountsDep, settings: SettingsDep, limit
         return _anonymous_form(request, "signup.html", errors={exc.field: str(exc)}, status_code=code, **form)
     except HTTPException as exc:
         return _anonymous_form(request, "signup.html", errors={"form": exc.detail}, status_code=exc.status_code,
-                               **form)
+                               headers=exc.headers, **form)
     except Conflict as exc:
         return _anonymous_form(request, "signup.html", errors={"email": str(exc)}, status_code=409, **form)
     response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
@@ -382,9 +387,12 @@ async def preview_fragment(request: Request, principal: Page, settings: Settings
                            limiter: LimiterDep, condition: Annotated[str, Form()] = "",
                            keys: Annotated[str, Form()] = "") -> HTMLResponse:
     try:
-        limit_previews(limiter, request, principal.user.id)
+        await run_in_threadpool(limit_previews, limiter, request, principal.user.id)  # Redis, off the loop
     except HTTPException as exc:
-        return render(request, "_preview.html", principal, result=None, error=exc.detail, status_code=exc.status_code)
+        response = render(request, "_preview.html", principal, result=None, error=exc.detail,
+                          status_code=exc.status_code)
+        response.headers.update(exc.headers or {})
+        return response
     try:
         result = await preview_matches(condition, keys.replace(",", " ").split() or None, settings, redis_client)
     except ConditionError as exc:

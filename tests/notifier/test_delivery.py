@@ -340,3 +340,56 @@ def test_an_unexpected_failure_is_recorded_retried_and_dead_lettered(settings, s
     assert _outcomes(records, subscription_id) == ["retry", "retry", "dead"]
     assert letter["error"].startswith("internal error: ValueError") and letter["attempt"] == 3
     assert sink.messages == []
+
+
+def test_a_redelivered_copy_of_a_dead_lettered_delivery_does_not_run_again(settings, service, redis_client,  # noqa: ANN001
+                                                                           tmp_path) -> None:
+    # A retry held past the visibility timeout comes back as a second copy; the first copy's
+    # delivery already ended in a dead letter, so the copy must do nothing.
+    refusing, sentinel = WebhookReceiver(fail_first=10**6, fail_status=410), WebhookReceiver()
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=refusing.url))
+    other = service.create_endpoint(EndpointIn(kind="webhook", target=sentinel.url))
+    subscription_id = _subscription(service, [endpoint.id, other.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    celery = make_celery(settings)
+    try:
+        with running(settings, tmp_path / "logs", ("worker", worker_args(concurrency=1))):
+            _send(celery, _notification(subscription_id), endpoint)
+            _eventually(lambda: records.dead_letters())
+            _send(celery, _notification(subscription_id), endpoint)  # the redelivered copy
+            _send(celery, _notification(subscription_id), other)  # one thread, FIFO: arrives after the copy ran
+            sentinel.wait_for(lambda r: True)
+    finally:
+        refusing.close()
+        sentinel.close()
+    assert refusing.attempts == 1 and len(records.dead_letters()) == 1
+    assert _outcomes(records, subscription_id) == ["dead", "delivered"]
+
+
+def test_a_malformed_task_is_dead_lettered_with_its_reason(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+    receiver = WebhookReceiver()
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    celery = make_celery(settings)
+    no_id = {k: v for k, v in _notification(subscription_id).items() if k != "notification_id"}
+    no_state = {k: v for k, v in _notification(subscription_id, "MSFT").items() if k != "state"}
+    malformed = [((no_id, endpoint.id), {}), ((), {}), (("not a notification", endpoint.id), {}),
+                 ((no_state, endpoint.id), {}), ((_notification(subscription_id, "X"), "1"), {}),
+                 ((_notification(subscription_id, "Y"), endpoint.id), {"surprise": 1})]
+    try:
+        with worker(settings, tmp_path / "logs"):
+            for args, kwargs in malformed:
+                celery.send_task(DELIVER_TASK, args=args, kwargs=kwargs)
+            letters = _eventually(lambda: len(records.dead_letters()) == len(malformed) and records.dead_letters())
+            _send(celery, _notification(subscription_id), endpoint)  # the worker goes on delivering
+            receiver.wait_for(lambda r: True)
+    finally:
+        receiver.close()
+    reasons = sorted(letter["error"] for letter in letters)
+    assert reasons == sorted([
+        "malformed task: notification has no notification_id", "malformed task: notification is NoneType, not an object",
+        "malformed task: notification is str, not an object", "malformed task: notification has no state",
+        "malformed task: endpoint_id '1' is not an id", "malformed task: unexpected arguments ['surprise']"])
+    assert "delivery_malformed" in (tmp_path / "logs" / "worker.log").read_text()
+    assert receiver.attempts == 1

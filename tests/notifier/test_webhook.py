@@ -41,7 +41,11 @@ def test_signature_verifies_and_rejects_tampering_and_replay() -> None:
 @pytest.mark.parametrize(
     "url",
     ["http://127.0.0.1/x", "http://localhost/x", "http://10.0.0.1/", "http://169.254.169.254/latest", "http://[::1]/",
-     "ftp://example.com/", "http://192.168.1.1/", "http://[::ffff:127.0.0.1]/", "not a url"],
+     "ftp://example.com/", "http://192.168.1.1/", "http://[::ffff:127.0.0.1]/", "not a url",
+     "http://2130706433/", "http://0x7f.1/", "http://017700000001/", "http://127.1/", "http://0/",
+     # IPv4 carried in IPv6: NAT64 (well-known and local-use prefixes) and 6to4 reach the private IPv4 inside
+     "http://[64:ff9b::a00:1]/", "http://[64:ff9b::7f00:1]/", "http://[64:ff9b:1::a9fe:a9fe]/",
+     "http://[2002:a00:1::1]/", "http://[2002:7f00:1::1]/"],
 )
 def test_ssrf_guard_refuses_non_public_destinations(url: str) -> None:
     with pytest.raises(DestinationRefused):
@@ -206,7 +210,9 @@ NOW = 1_800_000_000.0
 
 @pytest.mark.parametrize(("header", "expected"), [
     (None, None), ("", None), ("7", 7.0), ("2.5", 2.5), ("nan", None), ("NaN", None), ("inf", None),
-    ("-inf", None), ("-5", 0.0), ("1e300", 1e300), ("soon", None),
+    ("-inf", None), ("-5", 0.0), ("1e300", 1e300), ("soon", None), ("1e309", None), ("-1e309", None),
+    ("9" * 30, 1e30), ("1" * 5000, None), ("0x10", None), ("Sat, 01 Jan 10000 00:00:00 GMT", None),
+    ("Fri, 31 Dec 9999 23:59:59 GMT", 253402300799.0 - NOW), ("Mon, 32 Foo 2020", None),
     (format_datetime(datetime.fromtimestamp(NOW + 30, UTC), usegmt=True), 30.0),
     (format_datetime(datetime.fromtimestamp(NOW, UTC) - timedelta(days=1), usegmt=True), 0.0),
 ])

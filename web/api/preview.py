@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from ingest.model import Key
@@ -34,5 +35,5 @@ async def preview_condition(data: ConditionIn, request: Request, settings: Setti
     ``complete`` is false when some shard did not answer within ``preview_timeout_s``
     (the evaluator is down or behind); ``matches`` lists the most extreme values first.
     """
-    limit_previews(limiter, request, user.id)
+    await run_in_threadpool(limit_previews, limiter, request, user.id)  # Redis, off the event loop
     return await preview_matches(data.condition, data.keys, settings, redis_client)

@@ -38,6 +38,20 @@ def test_parallel_wrong_passwords_get_at_most_max_failures_checks(settings: Sett
         assert right.status_code == 429 and int(right.headers["retry-after"]) > 0  # locked: even the right one
 
 
+def test_the_lock_out_is_one_per_address_whatever_its_case_or_surrounding_spaces(settings: Settings) -> None:
+    settings = settings.model_copy(update={"login_max_failures": 5, "rate_sign_in_client": "1000/minute"})
+    user, _ = new_user(settings)
+    local, domain = user.email.split("@")
+    variants = [user.email.upper(), f" {user.email}", f"{user.email}\t", local.title() + "@" + domain.upper(),
+                f"\u00a0{user.email}"]
+    with serving(create_app(settings)) as url:
+        codes = _in_parallel(url, [("POST", "/api/auth/login", {"email": variants[i % len(variants)],
+                                                                 "password": f"guess {i}"}) for i in range(PARALLEL)])
+        assert codes.count(401) <= 5 and codes.count(401) + codes.count(429) == PARALLEL, codes
+        right = httpx.post(f"{url}/api/auth/login", json={"email": user.email, "password": PASSWORD})
+        assert right.status_code == 429
+
+
 def test_parallel_creates_stop_exactly_at_the_quota(settings: Settings) -> None:
     settings = settings.model_copy(update={"user_max_subscriptions": 5, "user_max_endpoints": 4,
                                            "user_max_tokens": 3})
