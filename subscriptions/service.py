@@ -101,11 +101,15 @@ class CatalogPublisher:
 
 def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.Pipeline,
                        matches: Callable[[dict], bool]) -> None:
-    """Queue, in ``pipe``, the removal of the dead letters ``matches`` picks."""
-    letters = [letter_id for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500)
-               if matches(json.loads(raw))]
+    """Queue, in ``pipe``, the removal of the dead letters ``matches`` picks, with their final-outcome marks."""
+    letters = {letter_id: letter for letter_id, raw in client.hscan_iter(keys.dead_letters, count=500)
+               if matches(letter := json.loads(raw))}
     if letters:
         pipe.hdel(keys.dead_letters, *letters)
+        marks = [keys.delivered(letter["notification"]["notification_id"], letter["endpoint_id"])
+                 for letter in letters.values() if letter.get("notification", {}).get("notification_id")]
+        if marks:
+            pipe.delete(*marks)
 
 
 def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:

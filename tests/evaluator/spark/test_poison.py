@@ -21,6 +21,8 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher
 from tests.evaluator.oracle import oracle
+from web.ops import sample_once
+from web.watchdog import open_incidents
 from tests.evaluator.spark.test_exactness import (
     BASE,
     HORIZON,
@@ -99,8 +101,15 @@ def test_poison_and_future_records_cost_only_themselves(spark, settings: Setting
     from evaluator.spark.job import build_query
 
     query = build_query(spark, run)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    watched = run.model_copy(update={"dashboard_sample_s": 0.3, "watchdog_min_records": 100})
+
+    def done() -> bool:  # the dead man's switch samples and judges as the web app would, all along
+        sample_once(watched, client)
+        return evaluated_everything(run, last, run.spark_shuffle_partitions)
+
     try:
-        wait_until(lambda: evaluated_everything(run, last, run.spark_shuffle_partitions), query=query)
+        wait_until(done, query=query)
         assert query.isActive and query.exception() is None
         assert query.lastProgress["batchId"] >= 3, "several batches, the bad records among them"
     finally:
@@ -128,3 +137,5 @@ def test_poison_and_future_records_cost_only_themselves(spark, settings: Setting
     assert int(stats["future_heartbeats_refused"]) == len(partitions)
     assert int(stats["dead_lettered"]) == len(bad)
     assert int(stats.get("invalid_events_dropped", 0)) == 0
+    assert len(client.lrange(RedisKeys(watched).ops_samples, 0, -1)) >= 3
+    assert open_incidents(client, watched) == {}, "refused future records and poison must not trip the switch"

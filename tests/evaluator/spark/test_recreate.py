@@ -14,7 +14,7 @@ from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import SubscriptionService
-from tests.evaluator.spark.test_job import transitions, wait
+from tests.evaluator.spark.test_job import recent_base, transitions, wait
 
 pytestmark = pytest.mark.spark
 
@@ -23,7 +23,7 @@ def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> N
     ensure_topics(settings)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     data = SubscriptionIn(name="busy", condition="COUNT(*) OVER 5s >= 2")
-    base = 1_800_000_000_000
+    base = recent_base()
     with session_factory(settings.database_url)() as session:
         service = SubscriptionService(session, settings, client, owner)
         first = service.create(data).id
