@@ -128,13 +128,23 @@ def main() -> None:
         _follow(query, stats, keys, stop)
     finally:
         stop.set()
-        try:
-            _shut_down(spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S)
-        except Exception as exc:  # noqa: BLE001 - e.g. the JVM was killed with us: nothing left to stop
-            log.warning("evaluator_stop_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            stopping.unlink(missing_ok=True)
-            log.info("evaluator_stopped")
+        # Spark's own stop can hang on a loaded machine (seen once in the full suite): it runs on a thread we
+        # wait for only until shortly before the runner's timeout, so the log always says how the stop ended.
+        stopper = threading.Thread(target=_shut_down_logged, daemon=True, args=(
+            spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S))
+        stopper.start()
+        stopper.join(max(settings.evaluator_stop_timeout_s - STOP_MARGIN_S / 3, 1.0))
+        if stopper.is_alive():
+            log.warning("evaluator_stop_incomplete", reason="Spark did not stop in time; the runner ends its JVM")
+        stopping.unlink(missing_ok=True)
+        log.info("evaluator_stopped")
+
+
+def _shut_down_logged(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects
+    try:
+        _shut_down(spark, query, stopping, wait_s)
+    except Exception as exc:  # noqa: BLE001 - e.g. the JVM was killed with us: nothing left to stop
+        log.warning("evaluator_stop_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _shut_down(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects

@@ -22,7 +22,7 @@ from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
 
-pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]  # lifecycle: run in CI
 
 ROOT = Path(__file__).resolve().parents[2]
 

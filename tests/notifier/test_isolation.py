@@ -26,7 +26,7 @@ from subscriptions.service import SubscriptionService
 from tests.processes import running, worker_args
 from tests.users import new_user
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # fault injection: run in CI
 
 HOSTILE_DELIVERIES = 3
 TEST_ALERTS = 3

@@ -8,10 +8,14 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from infra.settings import Settings
 from tests.servers import serving
 from web.app import create_app
+
+
+pytestmark = pytest.mark.slow  # a 200 MB upload: run in CI
 
 MB = 1024 * 1024
 

@@ -19,6 +19,9 @@ from tests.servers import serving
 from tests.users import PASSWORD, new_user
 from web.app import create_app
 
+
+pytestmark = pytest.mark.slow  # fault injection (Redis stopped and hung): run in CI
+
 HTML = {"accept": "text/html"}
 
 

@@ -128,6 +128,7 @@ def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path
         assert (t["value"] is None and expected_value is None) or t["value"] == pytest.approx(expected_value)
 
 
+@pytest.mark.slow  # fault injection: run in CI
 def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, settings: Settings,  # noqa: ANN001
                                                                         tmp_path: Path) -> None:
     ensure_topics(settings)
