@@ -128,7 +128,7 @@ def main() -> None:
         _follow(query, stats, keys, stop)
     finally:
         stop.set()
-        # Spark's own stop can hang on a loaded machine (seen once in the full suite): it runs on a thread we
+        # Spark's own stop could hang (a JVM under memory pressure, a stuck task): it runs on a thread we
         # wait for only until shortly before the runner's timeout, so the log always says how the stop ended.
         stopper = threading.Thread(target=_shut_down_logged, daemon=True, args=(
             spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S))

@@ -53,7 +53,8 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     runner = subprocess.Popen(
         [sys.executable, "-m", "infra.run"],
         cwd=ROOT,
-        env={**os.environ, **settings.to_env()},
+        # the platform's default log levels, not the quieter ones the test session sets for its SparkSession
+        env={**{k: v for k, v in os.environ.items() if k != "TOCSIN_LOG_LEVEL"}, **settings.to_env()},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
