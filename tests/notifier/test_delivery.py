@@ -96,6 +96,7 @@ def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, r
     assert retry["attempt"] == 1 and records.log(subscription_id)[0]["attempt"] == 4
 
 
+@pytest.mark.slow  # fault injection (SIGKILL): run in CI
 def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
     # The first request hangs for a while and is then refused: the worker dies while it waits.
     receiver = WebhookReceiver(fail_first=1, slow_first=1, slow_s=3)
