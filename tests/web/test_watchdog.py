@@ -5,7 +5,6 @@ endpoint gets exactly one "firing" and, after recovery, one "resolved" through a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,19 +19,11 @@ from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
 from subscriptions.schemas import EndpointIn
 from subscriptions.service import SubscriptionService
+from tests.notifier.test_delivery import _eventually
 from tests.processes import running, worker_args
 from tests.users import api_client, new_user, sign_in
 
 pytestmark = pytest.mark.e2e
-
-
-def _eventually(check: Callable[[], object], timeout_s: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s}s: {check.__doc__ or check}")
 
 
 def _firing(metrics: str, rule: str) -> float:
