@@ -29,6 +29,14 @@ def recent_base() -> int:
     return (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
 
 
+def publish_busy_key(settings: Settings, base: int) -> None:
+    """Three events of key ``A`` in the pane at ``base`` and a heartbeat past it: ``COUNT(*) OVER 5s >= 2`` fires."""
+    with EventPublisher(settings) as publisher:
+        for i in range(3):
+            publisher.publish(Event(key="A", ts=base + i * 100, price=10, volume=1))
+        publisher.heartbeat(base + 4_000)
+
+
 def publish_catalog(settings: Settings, *specs: SubscriptionSpec, version: int = 1) -> None:
     assert publish(redis.Redis.from_url(settings.redis_url), RedisKeys(settings), Catalog(version, specs))
 
@@ -111,10 +119,7 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
     base = recent_base()
     query = build_query(spark, settings)
     try:
-        with EventPublisher(settings) as publisher:
-            for i in range(3):
-                publisher.publish(Event(key="A", ts=base + i * 100, price=10, volume=1))
-            publisher.heartbeat(base + 4_000)
+        publish_busy_key(settings, base)
         wait(query, lambda: {(t["subscription_id"], t["state"]) for t in transitions(settings)} == {(1, "firing")})
 
         # Without restarting the query: subscription 1 goes away (no resolution), 2 arrives and fires at once.

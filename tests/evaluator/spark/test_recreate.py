@@ -9,12 +9,11 @@ from evaluator.spark.job import build_query
 from infra.redis_schema import RedisKeys
 from infra.settings import Settings
 from ingest.kafka import ensure_topics
-from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import SubscriptionService
-from tests.evaluator.spark.test_job import recent_base, transitions, wait
+from tests.evaluator.spark.test_job import publish_busy_key, recent_base, transitions, wait
 
 pytestmark = pytest.mark.spark
 
@@ -29,10 +28,7 @@ def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> N
         first = service.create(data).id
         query = build_query(spark, settings)
         try:
-            with EventPublisher(settings) as publisher:
-                for i in range(3):
-                    publisher.publish(Event(key="A", ts=base + i * 100, price=10, volume=1))
-                publisher.heartbeat(base + 4_000)
+            publish_busy_key(settings, base)
             wait(query, lambda: any(t["subscription_id"] == first for t in transitions(settings)), timeout_s=60)
 
             before = len(transitions(settings))
