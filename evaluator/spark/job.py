@@ -86,6 +86,13 @@ def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
     return tuple(first[p] for p in sorted(first)[:shards])
 
 
+def _add_totals(pipe: redis.client.Pipeline, keys: RedisKeys, counts: dict[str, int]) -> None:
+    """Add each non-zero count to its total in ``stats:evaluator`` (the parser's and the shards' counters)."""
+    for name, n in counts.items():
+        if n:
+            pipe.hincrby(keys.evaluator_stats, name, n)
+
+
 class PaneParser:
     """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
 
@@ -153,12 +160,9 @@ class PaneParser:
                 for letter in dead:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
-                counts = {"dead_lettered": len(dead), **refused}
-                source_ = _catalog_source(self.settings)
-                pipe = source_.redis.pipeline(transaction=False)
-                for name, n in counts.items():
-                    if n:
-                        pipe.hincrby(source_.keys.evaluator_stats, name, n)
+                stats = _catalog_source(self.settings)  # its Redis client and key names
+                pipe = stats.redis.pipeline(transaction=False)
+                _add_totals(pipe, stats.keys, {"dead_lettered": len(dead), **refused})
                 pipe.execute()
             yield self._frame(events, progress)
 
@@ -315,12 +319,11 @@ class ShardProcessor(StatefulProcessor):
 
         keys = source.keys
         pipe = source.redis.pipeline(transaction=False)
-        for name, value in (("late_events_applied", stats.late_events), ("late_events_dropped", stats.dropped_events),
-                            ("invalid_events_dropped", stats.invalid_events),
-                            ("boundaries", stats.boundaries), ("candidates", stats.candidates),
-                            ("matches", stats.matches), (f"shard_restore_{how}", 1)):
-            if value:
-                pipe.hincrby(keys.evaluator_stats, name, value)
+        _add_totals(pipe, keys, {
+            "late_events_applied": stats.late_events, "late_events_dropped": stats.dropped_events,
+            "invalid_events_dropped": stats.invalid_events, "boundaries": stats.boundaries,
+            "candidates": stats.candidates, "matches": stats.matches, f"shard_restore_{how}": 1,
+        })
         for stage, seconds in (("restore", restored - started), ("evaluate", evaluated - restored),
                                ("persist", persisted - evaluated)):
             pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
