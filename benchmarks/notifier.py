@@ -32,10 +32,10 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import percentiles, table  # noqa: E402
-from infra.mailsink import MailSink  # noqa: E402
-from infra.receiver import Received, WebhookReceiver  # noqa: E402
-from infra.services import free_port, python_module, spawn, start_redis  # noqa: E402
-from infra.settings import Settings  # noqa: E402
+from devstack.mailsink import MailSink  # noqa: E402
+from devstack.receiver import Received, WebhookReceiver  # noqa: E402
+from devstack.services import free_port, python_module, spawn, start_redis  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
 from notifier.email import render, send_email  # noqa: E402
 from notifier.notification import build_notification, notification_id  # noqa: E402

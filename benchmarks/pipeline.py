@@ -47,9 +47,9 @@ from evaluator.catalog import Catalog  # noqa: E402
 from evaluator.spark.job import build_query, evaluated_through  # noqa: E402
 from evaluator.spark.session import spark_session  # noqa: E402
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec  # noqa: E402
-from infra.redis_schema import RedisKeys  # noqa: E402
-from infra.services import free_port, start_redis, start_tansu  # noqa: E402
-from infra.settings import Settings  # noqa: E402
+from core.redis_schema import RedisKeys  # noqa: E402
+from devstack.services import free_port, start_redis, start_tansu  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from ingest.kafka import ensure_topics  # noqa: E402
 from ingest.model import Event  # noqa: E402
 from ingest.publisher import EventPublisher  # noqa: E402

@@ -9,9 +9,9 @@ from pathlib import Path
 import structlog
 from tqdm import tqdm
 
-from infra.logs import configure_logging
-from infra.metrics import serve_metrics
-from infra.settings import get_settings
+from core.logs import configure_logging
+from core.metrics import serve_metrics
+from core.settings import get_settings
 from ingest.kafka import ensure_topics
 from ingest.market import MarketGenerator
 from ingest.publisher import EventPublisher

@@ -17,7 +17,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from infra.settings import Settings
+from core.settings import Settings
 
 
 def ensure_topics(settings: Settings, topics: dict[str, int] | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from infra.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 
 #: The numeric attributes an event carries; conditions may aggregate over any of them.
 ATTRIBUTES: tuple[str, ...] = ("price", "volume")

@@ -12,7 +12,7 @@ import structlog
 from kafka import KafkaProducer
 from prometheus_client import Counter
 
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.model import DeadLetter, Event, Heartbeat, parse_event
 
 log = structlog.get_logger(__name__)

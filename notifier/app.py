@@ -17,7 +17,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from infra.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 
 DELIVER_TASK = "tocsin.deliver"
 LANES = ("alerts", "tests")

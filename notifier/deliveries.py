@@ -28,7 +28,7 @@ import time
 import redis
 from celery import Celery
 
-from infra.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import test_notification

@@ -29,10 +29,10 @@ from prometheus_client import Counter, Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from infra.logs import configure_logging
-from infra.metrics import serve_metrics
-from infra.redis_schema import NOTIFIER_GROUP, RedisKeys
-from infra.settings import Settings, get_settings
+from core.logs import configure_logging
+from core.metrics import serve_metrics
+from core.redis_schema import NOTIFIER_GROUP, RedisKeys
+from core.settings import Settings, get_settings
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.notification import build_notification, notification_id

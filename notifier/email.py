@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from infra.settings import Settings
+from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.notification import summary
 

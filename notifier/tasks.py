@@ -34,9 +34,9 @@ from celery.exceptions import Retry
 from celery.signals import worker_ready
 from prometheus_client import Counter, Histogram
 
-from infra.metrics import serve_metrics
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings, get_settings
+from core.metrics import serve_metrics
+from core.redis_schema import RedisKeys
+from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords, binding

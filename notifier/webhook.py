@@ -75,7 +75,7 @@ class WebhookLimits:
     ca_file: Path | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> WebhookLimits:  # noqa: ANN401 - infra.settings.Settings
+    def from_settings(cls, settings: Any) -> WebhookLimits:  # noqa: ANN401 - core.settings.Settings
         return cls(settings.webhook_connect_timeout_s, settings.webhook_read_timeout_s,
                    settings.webhook_total_timeout_s, settings.webhook_max_response_bytes,
                    tuple(settings.webhook_allow_hosts), settings.webhook_ca_file)

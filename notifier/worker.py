@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infra.settings import get_settings
+from core.settings import get_settings
 from notifier.app import LANES, app, lane_queue
 
 

@@ -20,7 +20,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from infra.settings import Settings
+from core.settings import Settings
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.models import ROLES, ApiToken, Invitation, User, WebSession
 

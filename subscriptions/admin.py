@@ -13,7 +13,7 @@ import sys
 
 from sqlalchemy import func, select
 
-from infra.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, NotFound

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from infra.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys
 
 _SCAN_CHUNK = 500
 _STREAM_PART_MAX = 2**64 - 1

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, Boolean, Column, DateTime, ForeignKey, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from infra.settings import Settings
+from core.settings import Settings
 from subscriptions import vault
 
 ROLES = ("user", "operator")

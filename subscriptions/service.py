@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from evaluator.catalog import Catalog
 from evaluator.spec import Condition, SubscriptionSpec
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.policy import AlertPolicy
 from subscriptions.accounts import lock_owner
 from subscriptions.errors import FieldError, Forbidden, NotFound

@@ -13,7 +13,7 @@ from functools import lru_cache
 from cryptography.fernet import Fernet, InvalidToken
 from pydantic import SecretStr
 
-from infra.settings import Settings
+from core.settings import Settings
 
 KEY_FILE = "secret.key"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.services import free_port, start_redis, start_tansu
-from infra.settings import Settings
+from devstack.services import free_port, start_redis, start_tansu
+from core.settings import Settings
 from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from infra.services import free_port
+from devstack.services import free_port
 
 
 @contextmanager

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from evaluator.spark.job import build_query
-from infra.services import python_module
-from infra.settings import Settings
+from devstack.services import python_module
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from notifier.webhook import SIGNATURE_HEADER, verify
 from tests.processes import running, worker_args
-from infra.receiver import WebhookReceiver
+from devstack.receiver import WebhookReceiver
 from tests.users import api_client, new_user
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from infra.settings import Settings
+from core.settings import Settings
 
 PASSWORD = "correct horse battery"
 
@@ -57,7 +57,7 @@ def evaluator_running(settings: Settings) -> None:
 
     import redis
 
-    from infra.redis_schema import RedisKeys, shard_clock_field
+    from core.redis_schema import RedisKeys, shard_clock_field
 
     now = time.time()
     redis.Redis.from_url(settings.redis_url).hset(RedisKeys(settings).evaluator_stats, mapping={

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
 
-from infra.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 from notifier.app import make_celery
 from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fastapi import HTTPException, Request, Response, status
 
-from infra.settings import Settings
+from core.settings import Settings
 from subscriptions.accounts import AccountService
 from subscriptions.models import User, WebSession
 from subscriptions.schemas import EMAIL_ADDRESS

@@ -20,9 +20,9 @@ import redis
 from fastapi.concurrency import run_in_threadpool
 
 from evaluator.spec import Condition
-from infra.evaluator_status import EvaluatorStatus, evaluator_status
-from infra.redis_schema import PREVIEW_SHOWN, RedisKeys
-from infra.settings import Settings
+from core.evaluator_status import EvaluatorStatus, evaluator_status
+from core.redis_schema import PREVIEW_SHOWN, RedisKeys
+from core.settings import Settings
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
 

@@ -19,8 +19,8 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.deliveries import DeliveryRecords
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory

@@ -22,8 +22,8 @@ from limits.storage import RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 
 
 STORE_DOWN = (redis.RedisError, StorageError, kombu.exceptions.OperationalError)

@@ -27,8 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evaluator.spec import Aggregate, Condition
-from infra.redis_schema import RedisKeys, shard_clocks
-from infra.settings import Settings
+from core.redis_schema import RedisKeys, shard_clocks
+from core.settings import Settings
 from ingest.kafka import LogEndProbe
 from subscriptions.language import format_duration, format_expr
 from subscriptions.models import Subscription

@@ -24,8 +24,8 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor

@@ -36,8 +36,8 @@ import structlog
 from celery import Celery
 from prometheus_client import Gauge
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.app import DELIVER_TASK
 from notifier.notification import build_notification, notification_id
 

@@ -8,7 +8,7 @@ itself and the log ends with one ``evaluator_stopped`` line. Only a batch still
 running after ``evaluator_stop_timeout_s`` (less a margin) is interrupted. From its start the driver records its
 start (``evaluator:starts``, for the dead man's switch's restart rule) and beats a
 heartbeat into ``stats:evaluator`` every second, so that "down" and "starting"
-can be told apart (``infra.evaluator_status``).
+can be told apart (``core.evaluator_status``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from prometheus_client import Gauge
 from evaluator.spark.job import build_query
 from evaluator.spark.session import spark_session
 from evaluator.spark.source import stop_file
-from infra.logs import configure_logging
-from infra.metrics import serve_metrics
-from infra.redis_schema import RedisKeys
-from infra.settings import get_settings
+from core.logs import configure_logging
+from core.metrics import serve_metrics
+from core.redis_schema import RedisKeys
+from core.settings import get_settings
 from ingest.kafka import ensure_topics
 
 log = structlog.get_logger("evaluator")

@@ -16,8 +16,8 @@ import redis
 
 from evaluator.catalog import Catalog
 from evaluator.spec import Condition
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 
 
 class CatalogSource:

@@ -39,8 +39,8 @@ from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
 from evaluator.spark.source import stop_file
-from infra.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
-from infra.settings import Settings
+from core.redis_schema import HISTORY_LENGTH, PREVIEW_SHOWN, RedisKeys, shard_clock_field, shard_clocks
+from core.settings import Settings
 from ingest.kafka import new_consumer, partitions_of
 from ingest.model import ATTRIBUTES, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 

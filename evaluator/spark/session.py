@@ -8,7 +8,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from evaluator.spark.source import KafkaDataSource
-from infra.settings import Settings
+from core.settings import Settings
 
 
 def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> SparkSession:

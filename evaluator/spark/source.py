@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 if TYPE_CHECKING:
-    from infra.settings import Settings
+    from core.settings import Settings
 
 SOURCE_NAME = "tocsin_kafka"
 

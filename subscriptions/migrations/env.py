@@ -25,7 +25,7 @@ connection = context.config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    from infra.settings import get_settings
+    from core.settings import get_settings
 
     with create_engine(get_settings().database_url).begin() as own:
         _run(own)

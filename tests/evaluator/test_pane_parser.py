@@ -11,8 +11,8 @@ import redis
 
 from evaluator.spark import job
 from evaluator.spark.job import NO_PARTITION, PaneParser
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from tests.ingest.test_publisher import read_topic

@@ -9,7 +9,7 @@ import math
 import random
 
 from evaluator.spark.job import PaneParser
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.model import ATTRIBUTES
 
 PANE_VALUES = {

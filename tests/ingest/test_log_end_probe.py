@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.kafka import LogEndProbe, ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher

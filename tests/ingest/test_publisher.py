@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.__main__ import run_replay
 from ingest.kafka import ensure_topics, new_consumer, topic_end_offsets
 

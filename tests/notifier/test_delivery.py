@@ -14,10 +14,10 @@ from sqlalchemy import text
 
 from evaluator.transition import alert_id
 from evaluator.spark.job import RedisAlertSink
-from infra.mailsink import MailSink
-from infra.receiver import WebhookReceiver
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from devstack.mailsink import MailSink
+from devstack.receiver import WebhookReceiver
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.app import DELIVER_TASK, make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.mailsink import MailSink, self_signed_certificate
-from infra.services import free_port
-from infra.settings import Settings
+from devstack.mailsink import MailSink, self_signed_certificate
+from devstack.services import free_port
+from core.settings import Settings
 from notifier.email import render, send_email
 from notifier.notification import build_notification, notification_id
 

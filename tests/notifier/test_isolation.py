@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from infra.receiver import WebhookReceiver
-from infra.redis_schema import RedisKeys
+from devstack.receiver import WebhookReceiver
+from core.redis_schema import RedisKeys
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue, enqueue_test_alert
 from notifier.notification import build_notification, notification_id

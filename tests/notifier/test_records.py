@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords
 from notifier.notification import build_notification, notification_id

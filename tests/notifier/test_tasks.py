@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infra.settings import Settings
+from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.deliveries import endpoint_generation
 from notifier.email import header_text, render

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import trustme
 
-from infra.receiver import WebhookReceiver
+from devstack.receiver import WebhookReceiver
 from notifier.webhook import (
     DestinationRefused,
     DestinationUnresolved,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.settings import Settings
+from core.settings import Settings
 from subscriptions import admin
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory

@@ -5,8 +5,8 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from tests.web.api.test_api import published
 
 MAX_KEY = "K" * 60

@@ -55,7 +55,7 @@ def test_deleting_the_newest_row_never_frees_its_id(database_url: str) -> None:
 
 
 def test_the_database_is_created_with_a_deployment_id_every_process_reads(database_url: str) -> None:
-    from infra.settings import Settings
+    from core.settings import Settings
     from subscriptions.db import deployment_id
 
     settings = Settings(database_url=database_url)

@@ -10,7 +10,7 @@ from cryptography.fernet import Fernet
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
-from infra.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 from subscriptions.db import alembic_config, engine_for, session_factory
 from subscriptions.models import Endpoint
 from subscriptions.schemas import EndpointIn

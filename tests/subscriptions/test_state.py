@@ -8,8 +8,8 @@ import redis
 
 from evaluator.spark.job import RedisAlertSink
 from evaluator.transition import alert_id
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from notifier.app import make_celery
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
 from web.ui import PRE_SESSION_COOKIE
 

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.servers import serving
 from web.app import create_app
 

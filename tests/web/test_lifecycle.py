@@ -7,8 +7,8 @@ import time
 
 import redis
 
-from infra.redis_schema import RedisKeys, shard_clock_field
-from infra.settings import Settings
+from core.redis_schema import RedisKeys, shard_clock_field
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from tests.users import api_client, new_user
 

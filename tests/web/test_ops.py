@@ -7,8 +7,8 @@ import time
 
 import redis
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from ingest.kafka import ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher

@@ -6,7 +6,7 @@ import re
 
 from evaluator.spark.job import RedisAlertSink
 from evaluator.transition import alert_id
-from infra.settings import Settings
+from core.settings import Settings
 from tests.users import api_client, new_user, sign_in
 
 HTML = {"accept": "text/html"}

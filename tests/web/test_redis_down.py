@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.services import ManagedProcess, free_port, start_redis
-from infra.settings import Settings
+from devstack.services import ManagedProcess, free_port, start_redis
+from core.settings import Settings
 from tests.servers import serving
 from tests.users import PASSWORD, new_user
 from web.app import create_app

@@ -12,7 +12,7 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from tests.servers import serving
 from tests.users import PASSWORD, new_user

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infra.evaluator_status import evaluator_status
-from infra.settings import Settings
+from core.evaluator_status import evaluator_status
+from core.settings import Settings
 from web.watchdog import RuleStatus, changes, degraded, down, evaluate, notification, restarting, stalled
 
 SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window_s=300, watchdog_max_refused_share=0.05,

@@ -9,9 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from infra.evaluator_status import evaluator_status
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.evaluator_status import evaluator_status
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from ingest.kafka import topic_end_offsets
 from subscriptions.db import engine_for
 from web.deps import RedisDep, SettingsDep

@@ -20,7 +20,7 @@ NEVER_REUSED = ("users", "api_tokens", "endpoints", "subscriptions")
 
 def _settings():  # noqa: ANN202
     """The running process's settings: the key that encrypts existing secrets."""
-    from infra.settings import get_settings
+    from core.settings import get_settings
 
     return get_settings()
 

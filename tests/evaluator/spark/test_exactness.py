@@ -12,9 +12,9 @@ import redis
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query, evaluated_through
 from evaluator.spec import SubscriptionSpec
-from infra.redis_schema import RedisKeys
-from infra.services import python_module, spawn
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from devstack.services import python_module, spawn
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher

@@ -12,8 +12,8 @@ from kafka import KafkaProducer
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
 from evaluator.spec import SubscriptionSpec
-from infra.redis_schema import RedisKeys, shard_clocks
-from infra.settings import Settings
+from core.redis_schema import RedisKeys, shard_clocks
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher

@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from evaluator.spark.job import build_query
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory

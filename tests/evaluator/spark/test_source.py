@@ -9,7 +9,7 @@ from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from evaluator.spark.source import KafkaStreamReader, split_limit
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.kafka import ensure_topics, topic_end_offsets
 
 pytestmark = pytest.mark.spark

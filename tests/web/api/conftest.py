@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.databases import postgres_database
 
 

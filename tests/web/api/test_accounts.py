@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from evaluator.spark.job import RedisAlertSink
 from evaluator.transition import alert_id
-from infra.settings import Settings
+from core.settings import Settings
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
 from web.deps import SESSION_COOKIE
 from notifier.app import lane_queue

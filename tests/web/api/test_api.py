@@ -7,8 +7,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from evaluator.catalog import Catalog
-from infra.redis_schema import RedisKeys
-from infra.settings import Settings
+from core.redis_schema import RedisKeys
+from core.settings import Settings
 from tests.users import api_client, new_user, sign_in
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.users import api_client, form_csrf, new_user, sign_in
 from web import ui
 from web.deps import CSRF_HEADER, SESSION_COOKIE

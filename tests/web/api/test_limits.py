@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.servers import serving
 from tests.users import PASSWORD, api_client, new_user, sign_in
 from web.app import create_app

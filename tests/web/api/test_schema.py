@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
-from infra.settings import Settings
+from core.settings import Settings
 from ingest.kafka import ensure_topics
 from tests.users import evaluator_running, new_user
 from web.app import create_app

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.settings import Settings
+from core.settings import Settings
 from tests.users import api_client, new_user
 
 HUGE_ID = 2**63

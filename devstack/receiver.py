@@ -5,7 +5,7 @@ like a hostile receiver (answer one byte per second, forever, or stream an
 endless body), or to serve HTTPS; it records every request it accepted with its
 arrival time (and the TLS server names clients asked for). Run as a module it
 prints each verified notification:
-``python -m infra.receiver --port 8099 --secret <endpoint secret>``.
+``python -m devstack.receiver --port 8099 --secret <endpoint secret>``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Optionally it offers STARTTLS or implicit TLS with a certificate of its own and
 requires a login, so the notifier's TLS and auth options are exercised for real.
 Run as a module it prints each message's subject:
-``python -m infra.mailsink --port 1025``.
+``python -m devstack.mailsink --port 1025``.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class MailSink:
 
 
 def _free_port() -> int:
-    from infra.services import free_port
+    from devstack.services import free_port
 
     return free_port()
 

@@ -16,8 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from infra.services import free_port
-from infra.settings import Settings
+from devstack.services import free_port
+from core.settings import Settings
 from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
@@ -51,7 +51,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         feed_symbols=50,
     )
     runner = subprocess.Popen(
-        [sys.executable, "-m", "infra.run"],
+        [sys.executable, "-m", "devstack.run"],
         cwd=ROOT,
         # the platform's default log levels, not the quieter ones the test session sets for its SparkSession
         env={**{k: v for k, v in os.environ.items() if k != "TOCSIN_LOG_LEVEL"}, **settings.to_env()},
@@ -73,7 +73,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         children = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(_cmdline(c) for c in children)
         for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests", "notifier.dispatcher", "evaluator.spark", "ingest feed",
-                     "infra.mailsink"):
+                     "devstack.mailsink"):
             assert part in names, f"{part} is not running"
         deadline = time.monotonic() + 60
         while sum(topic_end_offsets(settings, settings.events_topic).values()) == 0:

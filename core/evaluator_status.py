@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.redis_schema import shard_clocks
-from infra.settings import Settings
+from core.redis_schema import shard_clocks
+from core.settings import Settings
 
 
 @dataclass(frozen=True)
