@@ -34,8 +34,8 @@ from core.metrics import serve_metrics
 from core.redis_schema import NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
-from notifier.deliveries import DeliveryRecords, binding, enqueue
-from notifier.notification import build_notification, notification_id
+from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
+from notifier.notification import Notification, make_notification, notification_id
 from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.models import Subscription
@@ -137,7 +137,7 @@ class Dispatcher:
                 if assigned[alert["alert_id"]] is not None:
                     by_notification[assigned[alert["alert_id"]]].append(alert)
             for nid, members in by_notification.items():
-                self.enqueue(build_notification(_info(subscription), members, nid), subscription)
+                self.enqueue(make_notification(_info(subscription), members, nid), subscription)
         self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
 
     def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict]) -> dict[str, str | None]:
@@ -170,10 +170,10 @@ class Dispatcher:
         pipe.execute()
         return assigned
 
-    def enqueue(self, notification: dict, subscription: Subscription) -> None:
+    def enqueue(self, notification: Notification, subscription: Subscription) -> None:
         for endpoint in subscription.endpoints:
-            enqueue(self.celery, notification, endpoint.id, binding(endpoint))
-        NOTIFICATIONS.labels("reminder" if notification["reminder"] else notification["state"]).inc()
+            enqueue_notification(self.celery, notification, endpoint.id, binding(endpoint))
+        NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
 
     def remind(self, session: Session) -> int:
         """Remind subscribers of keys still firing whose re-notify interval has passed."""
@@ -200,7 +200,7 @@ class Dispatcher:
                 continue
             for members in [due] if policy.group else [[a] for a in due]:
                 nid = notification_id([a["alert_id"] for a in members], reminder_at=now)
-                self.enqueue(build_notification(_info(subscription), members, nid, reminder=True), subscription)
+                self.enqueue(make_notification(_info(subscription), members, nid, reminder=True), subscription)
                 sent += 1
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
             self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
