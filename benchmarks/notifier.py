@@ -32,14 +32,14 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import percentiles, table  # noqa: E402
+from core.settings import Settings  # noqa: E402
 from devstack.mailsink import MailSink  # noqa: E402
 from devstack.receiver import Received, WebhookReceiver  # noqa: E402
 from devstack.services import free_port, python_module, spawn, start_redis  # noqa: E402
-from core.settings import Settings  # noqa: E402
 from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
-from notifier.email import render, send_email  # noqa: E402
+from notifier.channels.email import render, send_email  # noqa: E402
+from notifier.channels.webhook import WebhookLimits, post_webhook  # noqa: E402
 from notifier.notification import build_notification, notification_id  # noqa: E402
-from notifier.webhook import WebhookLimits, post_webhook  # noqa: E402
 from subscriptions.accounts import AccountService  # noqa: E402
 from subscriptions.db import session_factory  # noqa: E402
 from subscriptions.models import Endpoint  # noqa: E402

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from devstack.services import free_port, start_redis, start_tansu
+import notifier.channels  # noqa: F401 - fills the endpoint-kind registry, as the web app and the worker do at start
 from core.settings import Settings
 from tests.users import api_client, new_user
 

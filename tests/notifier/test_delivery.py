@@ -12,12 +12,12 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from evaluator.transition import alert_id
-from evaluator.spark.job import RedisAlertSink
-from devstack.mailsink import MailSink
-from devstack.receiver import WebhookReceiver
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from devstack.mailsink import MailSink
+from devstack.receiver import WebhookReceiver
+from evaluator.spark.job import RedisAlertSink
+from evaluator.transition import alert_id
 from notifier.app import DELIVER_TASK, make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher
@@ -208,7 +208,7 @@ def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, red
 
 
 def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> None:  # noqa: ANN001
-    from notifier.webhook import SIGNATURE_HEADER, verify
+    from notifier.channels.webhook import SIGNATURE_HEADER, verify
 
     receiver = WebhookReceiver()
     user, token = new_user(settings)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import socket
 import time
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 
 import psutil
@@ -11,7 +11,7 @@ import pytest
 import trustme
 
 from devstack.receiver import WebhookReceiver
-from notifier.webhook import (
+from notifier.channels.webhook import (
     DestinationRefused,
     DestinationUnresolved,
     WebhookLimits,
