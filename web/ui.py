@@ -26,6 +26,7 @@ from starlette.datastructures import FormData
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from notifier.channels import endpoint_kinds
 from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
@@ -54,6 +55,7 @@ from web.watchdog import banner, open_incidents
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
+TEMPLATES.env.globals["endpoint_kinds"] = lambda: {kind.name: kind for kind in endpoint_kinds()}  # default first
 TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
 
 router = APIRouter(include_in_schema=False)
