@@ -12,6 +12,7 @@ import json
 import secrets
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any, cast
 
 import redis
 from sqlalchemy import func, select
@@ -123,7 +124,8 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
     """
     history = keys.history(subscription_id)
     marks: list[str] = []
-    for _, fields in client.xrange(history):
+    entries = cast("list[tuple[object, dict[Any, Any]]]", client.xrange(history))  # a sync client: a list, never None
+    for _, fields in entries:
         alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
         marks += [keys.alert_mark(alert_id), keys.decision(alert_id)]
     pipe = client.pipeline(transaction=False)
