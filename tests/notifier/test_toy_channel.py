@@ -101,6 +101,21 @@ def test_a_channel_of_one_class_is_offered_accepted_and_delivers_test_alerts(
     assert entry["kind"] == "toy" and entry["outcome"] == "delivered"
 
 
+def test_a_kind_no_worker_serves_is_dead_lettered_not_sent_some_other_way(
+        toy_channel: None, api: TestClient, settings: Settings, redis_client: redis.Redis, tmp_path: Path) -> None:
+    target = tmp_path / "alerts.jsonl"
+    eid = api.post("/api/endpoints", json={"kind": "toy", "target": str(target)}).json()["id"]
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    with running(settings, tmp_path / "logs", ("worker", worker_args())):  # a plain worker: no toy channel
+        assert api.post(f"/api/endpoints/{eid}/test").status_code == 202
+        deadline = time.monotonic() + 60
+        while not records.dead_letters() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    [letter] = records.dead_letters()
+    assert letter["error"] == "no channel for kind 'toy'" and letter["kind"] == "toy" and letter["attempt"] == 1
+    assert not target.exists()
+
+
 if __name__ == "__main__":  # a delivery worker that also knows the toy channel
     from notifier.worker import main
 
