@@ -9,6 +9,9 @@ dispatcher, the test-alert button, the watchdog) and the delivery task: its
 :meth:`~Notification.to_json` object is what Celery carries, what a webhook
 receives and what a dead letter keeps; the task reads it back with
 :meth:`~Notification.from_json`, which names what is wrong with anything else.
+Fields it does not declare (a newer producer's, a benchmark's timestamp) and
+fields a producer left out travel through as they came: receivers get exactly
+what was enqueued.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class MalformedNotificationError(ValueError):
 class AlertLine(BaseModel):
     """One alert of a notification, as the transition stream reported it."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
 
     alert_id: str
     key: str
@@ -47,7 +50,7 @@ class AlertLine(BaseModel):
 class Notification(BaseModel):
     """The notification a delivery task delivers: typed, immutable, the same JSON both ways."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
 
     notification_id: str = Field(min_length=1)
     subscription_id: int | None  # None: not a subscription's (test alerts, the watchdog)
@@ -58,18 +61,14 @@ class Notification(BaseModel):
     evaluated_at: int | float | None
     created_at: int | float
     alerts: tuple[AlertLine, ...] = Field(min_length=1, strict=False)  # a JSON list, not strictly a tuple
-    # Set on some notifications only, and then present in their JSON (absent otherwise):
+    # Set on some notifications only, and only then present in their JSON:
     test: bool = False  # the "send test alert" button's: travels in the tests lane
     operator: bool = False  # the watchdog's, to operators
     watchdog: dict[str, Any] | None = None  # the watchdog's incident: rule, since, detail
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object (a dict of JSON values) Celery carries and receivers get."""
-        data = self.model_dump(mode="json")
-        for optional in ("test", "operator", "watchdog"):
-            if not data[optional]:
-                del data[optional]
-        return data
+        """The JSON object (a dict of JSON values) Celery carries and receivers get: the fields that were given."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
     @classmethod
     def from_json(cls, data: object) -> Notification:
