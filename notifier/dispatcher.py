@@ -36,9 +36,10 @@ from core.settings import Settings, get_settings
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.notification import build_notification, notification_id
-from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
+from notifier.policy import KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.models import Subscription
+from subscriptions.policy import AlertPolicy
 from subscriptions.service import forget_subscription
 
 log = structlog.get_logger("dispatcher")
