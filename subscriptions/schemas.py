@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ingest.model import Key
-from notifier.policy import AlertPolicy
 from subscriptions.language import parse_condition
+from subscriptions.policy import AlertPolicy
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 

@@ -27,11 +27,11 @@ from starlette.datastructures import FormData
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.deliveries import enqueue_test_alert
-from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.models import ROLES, Subscription
+from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
 from subscriptions.service import SubscriptionService, checked_condition
 from web.auth import check_password, sign_in, sign_out, wrong_current_password

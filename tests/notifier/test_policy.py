@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notifier.notification import build_notification, notification_id, summary
-from notifier.policy import NOTIFY, AlertPolicy, KeyState, decide, reminder_due
+from notifier.policy import NOTIFY, KeyState, decide, reminder_due
+from subscriptions.policy import AlertPolicy
 
 T0 = 1_800_000_000.0
 
