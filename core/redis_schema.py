@@ -28,7 +28,6 @@ from core.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
-PREVIEW_SHOWN = 50  # keys a preview lists (per shard, then in all), most extreme values first; totals count all
 
 
 def shard_clock_field(shard: int) -> str:

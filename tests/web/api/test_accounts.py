@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from evaluator.spark.job import RedisAlertSink
+from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from core.settings import Settings
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
