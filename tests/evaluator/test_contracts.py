@@ -1,4 +1,4 @@
-"""What crosses a process boundary survives its own serialisation: transitions, previews, index snapshots."""
+"""What crosses a process boundary survives its own serialisation: transitions, previews, shard state."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from evaluator.collective import CollectiveIndexes
 from evaluator.preview import PREVIEW_SHOWN, PreviewAnswer, PreviewRequest
+from evaluator.shard import Delta
 from evaluator.spec import Aggregate, Condition
 from evaluator.transition import STATES, Transition, alert_id
 from subscriptions.language import parse_condition
+from tests.evaluator.test_shard import pane_rows
 
 texts = st.text(max_size=12)
 times = st.integers(0, 2**53)
@@ -98,3 +100,17 @@ def test_indexes_restored_from_their_parts_answer_as_before(steps, aggregate, th
     assert restored.matching(condition, now) == indexes.matching(condition, now)
     with pytest.raises(ValueError, match="index parts"):
         CollectiveIndexes.from_parts(ATTRS, parts[:-1])
+
+
+@given(st.lists(st.tuples(st.sampled_from("ABCD"), st.integers(0, 10**6), finite, finite), max_size=30),
+       st.dictionaries(st.integers(0, 7), times, max_size=4), st.none() | times, st.none() | times,
+       st.lists(st.tuples(st.integers(1, 99), st.sampled_from("ABCD"), st.sampled_from(STATES)), max_size=10),
+       st.lists(st.integers(1, 99), max_size=5), st.booleans())
+def test_a_shard_delta_reads_back_as_written(events, progress, evaluated_at, applied_until, changes, dropped,
+                                            stale) -> None:
+    delta = Delta(pane_rows(events), progress, evaluated_at, applied_until, changes, dropped, stale)
+    blob = delta.to_bytes()
+    back = Delta.from_bytes(blob)
+    assert (back.progress, back.evaluated_at, back.applied_until, back.changes, back.dropped_subscriptions,
+            back.stale) == (progress, evaluated_at, applied_until, changes, dropped, stale)
+    assert back.rows.keys.tolist() == delta.rows.keys.tolist() and back.to_bytes() == blob
