@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import percentiles, table  # noqa: E402
 from evaluator.catalog import Catalog  # noqa: E402
-from evaluator.spark.job import build_query, evaluated_through  # noqa: E402
+from evaluator.spark.job import build_query  # noqa: E402
+from evaluator.spark.sink import evaluated_through  # noqa: E402
 from evaluator.spark.session import spark_session  # noqa: E402
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec  # noqa: E402
 from core.redis_schema import RedisKeys  # noqa: E402

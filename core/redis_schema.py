@@ -13,6 +13,8 @@
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
 - ``deliveries:*``, ``delivered:*``, ``sending:*`` and ``inflight:*``: see ``notifier.deliveries``;
+- ``celery:*``: the Celery broker's keys, among them each delivery lane's queue
+  (:func:`lane_queue`, :func:`celery_queue_keys`; see ``notifier.app``);
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``), and
   ``ops:watchdog``: the dead man's switch's open incidents (see ``web.watchdog``);
 - ``evaluator:starts``: when the evaluator job last started (newest first);
@@ -28,7 +30,28 @@ from core.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
-PREVIEW_SHOWN = 50  # keys a preview lists (per shard, then in all), most extreme values first; totals count all
+
+
+LANES = ("alerts", "tests")  # the delivery lanes, each a Celery queue of its own (see ``notifier.app``)
+
+
+def lane_queue(settings: Settings, lane: str) -> str:
+    """The broker queue of a delivery lane."""
+    if lane not in LANES:
+        raise ValueError(f"unknown delivery lane {lane!r}; lanes: {', '.join(LANES)}")
+    base = settings.redis_key("deliveries")
+    return base if lane == "alerts" else f"{base}:{lane}"
+
+
+def celery_key_prefix(settings: Settings) -> str:
+    """The prefix of every key the Celery broker writes (its Redis transport's ``global_keyprefix``)."""
+    return settings.redis_key("celery") + ":"
+
+
+def celery_queue_keys(settings: Settings, lane: str = "alerts") -> tuple[str, str]:
+    """The Redis list a lane's queue lives in, and the hash of tasks workers hold unacknowledged."""
+    prefix = celery_key_prefix(settings)
+    return prefix + lane_queue(settings, lane), prefix + "unacked"
 
 
 def shard_clock_field(shard: int) -> str:

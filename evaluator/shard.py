@@ -479,10 +479,7 @@ class ShardEvaluator:
                     del self.firing[sid]
 
     def snapshot(self) -> bytes:
-        indexes = self.indexes
-        parts = [indexes.count.to_bytes()]
-        for a in self.config.attributes:
-            parts += [indexes.sums[a].to_bytes(), indexes.maxs[a].to_bytes(), indexes.mins[a].to_bytes()]
+        parts = self.indexes.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
@@ -497,11 +494,7 @@ class ShardEvaluator:
             parts.append(blob[offset : offset + size])
             offset += size
         shard = cls(config)
-        shard.indexes.count = CollectiveSum.from_bytes(parts[0])
-        for i, a in enumerate(config.attributes):
-            shard.indexes.sums[a] = CollectiveSum.from_bytes(parts[1 + 3 * i])
-            shard.indexes.maxs[a] = CollectiveExtreme.from_bytes(parts[2 + 3 * i])
-            shard.indexes.mins[a] = CollectiveExtreme.from_bytes(parts[3 + 3 * i])
+        shard.indexes = CollectiveIndexes.from_parts(config.attributes, parts[:-3])
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms)
         shard.pending = PaneRows.from_bytes(parts[-2])
         meta = json.loads(parts[-1])

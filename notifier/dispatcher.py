@@ -33,6 +33,7 @@ from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_schema import NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
+from evaluator.transition import Transition
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, endpoint_generation, enqueue
 from notifier.notification import build_notification, notification_id
@@ -101,7 +102,7 @@ class Dispatcher:
         now = time.monotonic()
         for _stream, entries in response or []:
             for entry_id, fields in entries:
-                alert = json.loads(fields["alert"])
+                alert = Transition.from_json(fields["alert"]).to_dict()
                 key = (alert["subscription_id"], alert["evaluated_at"], alert["state"])
                 self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
                 read += 1
@@ -191,7 +192,7 @@ class Dispatcher:
         sent = 0
         for route in routes_with_reminders(session):
             policy = route.policy
-            firing = {k: json.loads(v) for k, v in self.redis.hgetall(self.keys.firing(route.subscription_id)).items()}
+            firing = {k: Transition.from_json(v).to_dict() for k, v in self.redis.hgetall(self.keys.firing(route.subscription_id)).items()}
             if not firing:
                 continue
             keys = sorted(firing)

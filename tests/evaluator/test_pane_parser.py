@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import redis
 
-from evaluator.spark import job
-from evaluator.spark.job import NO_PARTITION, PaneParser
+from evaluator.spark import parse
+from evaluator.spark.parse import NO_PARTITION, PaneParser
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from ingest.kafka import ensure_topics
@@ -28,14 +28,14 @@ def frame(values: list[bytes], now: int = NOW) -> pd.DataFrame:
 def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     ensure_topics(settings)
-    real = job.parse_record
+    real = parse.parse_record
 
     def fragile(value, source, limits):  # noqa: ANN001, ANN202 - a parser bug that one record triggers
         if b"boom" in value:
             raise RuntimeError("boom")
         return real(value, source, limits)
 
-    monkeypatch.setattr(job, "parse_record", fragile)
+    monkeypatch.setattr(parse, "parse_record", fragile)
     skew = settings.max_future_skew_ms
     records = [
         Event(key="A", ts=NOW - 5_000, price=1, volume=2).to_json(),

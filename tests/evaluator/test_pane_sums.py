@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 
-from evaluator.spark.job import PaneParser
+from evaluator.spark.parse import PaneParser
 from core.settings import Settings
 from ingest.model import ATTRIBUTES
 

@@ -13,7 +13,7 @@ import redis
 from sqlalchemy import text
 
 from evaluator.transition import alert_id
-from evaluator.spark.job import RedisAlertSink
+from evaluator.spark.sink import RedisAlertSink
 from devstack.mailsink import MailSink
 from devstack.receiver import WebhookReceiver
 from core.redis_schema import RedisKeys

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import redis
 
-from evaluator.spark.job import RedisAlertSink
+from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from core.redis_schema import RedisKeys
 from core.settings import Settings

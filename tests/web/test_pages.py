@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from evaluator.spark.job import RedisAlertSink
+from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from core.settings import Settings
 from tests.users import api_client, new_user, sign_in

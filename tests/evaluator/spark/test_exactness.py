@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from evaluator.catalog import Catalog
-from evaluator.spark.job import build_query, evaluated_through
+from evaluator.spark.job import build_query
+from evaluator.spark.sink import evaluated_through
 from evaluator.spec import SubscriptionSpec
 from core.redis_schema import RedisKeys
 from devstack.services import python_module, spawn

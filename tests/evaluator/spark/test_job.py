@@ -100,7 +100,7 @@ def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:  # no
 
 
 def test_sink_is_idempotent(settings: Settings) -> None:
-    from evaluator.spark.job import RedisAlertSink
+    from evaluator.spark.sink import RedisAlertSink
 
     sink = RedisAlertSink(settings)
     row = {"alert_id": "abc", "subscription_id": 1, "key": "K", "state": "firing", "value": 1.0,

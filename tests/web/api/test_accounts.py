@@ -5,13 +5,12 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from evaluator.spark.job import RedisAlertSink
-from evaluator.transition import alert_id
+from core.redis_schema import celery_queue_keys, lane_queue
 from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
 from web.deps import SESSION_COOKIE
-from notifier.app import lane_queue
-from web.ops import celery_queue_keys
 
 CONDITION = "SUM(volume) OVER 5m > 100"
 
