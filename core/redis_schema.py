@@ -4,6 +4,7 @@
   evaluator loads (written by the subscriptions service);
 - ``alerts``: a Stream of transitions (written by the evaluator sink, consumed by
   the notifier's dispatcher in the ``notifier`` group);
+- ``alerts:dead``: stream entries the dispatcher could not read as a transition, with the reason;
 - ``alert:<id>``: de-duplication marks, so a replayed micro-batch adds nothing;
 - ``firing:<subscription>``: a hash key -> latest firing transition;
 - ``history:<subscription>``: a Stream of the subscription's newest transitions
@@ -70,6 +71,7 @@ class RedisKeys:
         self.catalog_version = k("subscriptions", "version")
         self.catalog_snapshot = k("subscriptions", "snapshot")
         self.alerts_stream = k("alerts")
+        self.alerts_dead = k("alerts", "dead")  # stream entries the dispatcher could not read, with the reason
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
-from core.redis_schema import NOTIFIER_GROUP, RedisKeys
+from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
 from evaluator.transition import Transition
 from notifier.app import make_celery
@@ -102,12 +102,34 @@ class Dispatcher:
         now = time.monotonic()
         for _stream, entries in response or []:
             for entry_id, fields in entries:
-                alert = Transition.from_json(fields["alert"]).to_dict()
+                alert = self._parse(entry_id, fields)
+                if alert is None:
+                    continue
                 key = (alert["subscription_id"], alert["evaluated_at"], alert["state"])
                 self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
                 read += 1
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return read
+
+    def _parse(self, entry_id: str, fields: dict[str, str]) -> dict | None:
+        """The entry's transition, or None once a malformed entry is dead-lettered with its reason and acknowledged.
+
+        Only the evaluator's sink writes the stream, but one bad entry must not stop every alert behind it:
+        a dispatcher that raised here would re-read the same pending entry after each restart, forever.
+        """
+        try:
+            return Transition.from_json(fields["alert"]).to_dict()
+        except (KeyError, ValueError, TypeError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
+            pipe = self.redis.pipeline()
+            pipe.xadd(self.keys.alerts_dead, {"entry_id": entry_id, "reason": reason, "entry": raw},
+                      maxlen=HISTORY_LENGTH, approximate=True)
+            pipe.xack(self.keys.alerts_stream, NOTIFIER_GROUP, entry_id)
+            pipe.execute()
+            TRANSITIONS.labels("malformed").inc()
+            log.error("malformed_transition_dead_lettered", entry_id=entry_id, reason=reason)
+            return None
 
     def flush(self, force: bool = False) -> int:
         """Dispatch the groups that waited long enough (all of them if ``force``)."""
