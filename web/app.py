@@ -19,10 +19,11 @@ from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
-from web import ui
+from web import pages
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
+from web.pages.common import http_error as page_or_json_error
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
-                   ops.router, health.router, ui.router):
+                   ops.router, health.router, pages.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -96,13 +97,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _field_error("condition", str(exc))
 
     async def store_down(request: Request, _exc: Exception) -> JSONResponse:
-        return await ui.http_error(request, unavailable())
+        return await page_or_json_error(request, unavailable())
 
     for error in STORE_DOWN:
         app.add_exception_handler(error, store_down)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return await ui.http_error(request, exc)
+        return await page_or_json_error(request, exc)
 
     return app

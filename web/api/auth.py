@@ -1,7 +1,7 @@
 """Accounts: sign-up (open, or by an operator's invitation), sign-in (session cookie + CSRF token), API tokens.
 
 Sign-in and sign-up take JSON only (a cross-site HTML form cannot send it), and
-the HTML forms carry a pre-session CSRF token (see ``web.ui``).
+the HTML forms carry a pre-session CSRF token (see ``web.pages.auth``).
 """
 
 from __future__ import annotations
