@@ -3,6 +3,9 @@
 - materialise-none: keep the raw values, fold the window at every lookup, O(W);
 - materialise-all: keep every registered window's answer current, O(#windows) per update;
 - aggregate tree (PSoup-style): a balanced tree over the ring, O(log N) update and lookup.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures against it and the tests use it as an oracle.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ up to it (prefix) and from it to the block end (suffix). A window of width
 blocks. With γ-partitioning the requested widths are split into classes
 ``[D, γ D)``, each with its own landmark spacing, so every lookup combines at most
 ``γ + 1`` values: O(1) for a constant γ, at O(1) amortised update per class.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures it and ``tests/evaluator/asw`` checks it.
 """
 
 from __future__ import annotations
