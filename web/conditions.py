@@ -19,12 +19,14 @@ from typing import Any
 import redis
 from fastapi.concurrency import run_in_threadpool
 
-from evaluator.spec import Condition
 from core.evaluator_status import EvaluatorStatus, evaluator_status
+from core.redis_replies import text_hash
 from core.redis_schema import PREVIEW_SHOWN, RedisKeys
 from core.settings import Settings
+from evaluator.spec import Condition
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
+
 
 def describe(text: str, settings: Settings) -> dict[str, Any]:
     """The canonical text and a plain-words reading of a condition; ConditionError if it is not valid."""
@@ -35,7 +37,7 @@ def describe(text: str, settings: Settings) -> dict[str, Any]:
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
-    status = evaluator_status(client.hgetall(keys.evaluator_stats), settings, time.time())
+    status = evaluator_status(text_hash(client.hgetall(keys.evaluator_stats)), settings, time.time())
     shards = status.shards
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)
