@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import redis
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
+from starlette.middleware.base import RequestResponseEndpoint
 
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
@@ -40,13 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # noqa: ANN202
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-        with session_factory(settings.database_url)() as session:
-            try:
-                CatalogPublisher(session, settings, app.state.redis).republish()
-            except redis.RedisError:
-                pass  # readiness reports it; the catalog is published again on the next change
+        # Redis down: readiness reports it, and the catalog is published again on the next change.
+        with session_factory(settings.database_url)() as session, suppress(redis.RedisError):
+            CatalogPublisher(session, settings, app.state.redis).republish()
         sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
         sampler.cancel()
@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.middleware("http")
-    async def measure(request: Request, call_next):  # noqa: ANN001, ANN202
+    async def measure(request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
@@ -96,14 +96,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def bad_condition(_request: Request, exc: ConditionError) -> JSONResponse:
         return _field_error("condition", str(exc))
 
-    async def store_down(request: Request, _exc: Exception) -> JSONResponse:
+    async def store_down(request: Request, _exc: Exception) -> Response:
         return await page_or_json_error(request, unavailable())
 
     for error in STORE_DOWN:
         app.add_exception_handler(error, store_down)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         return await page_or_json_error(request, exc)
 
     return app

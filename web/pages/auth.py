@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, HTTPException, Request, status
@@ -29,7 +30,7 @@ def _safe_next(target: str | None) -> str:
     return target if target and target.startswith("/") and not target.startswith("//") else "/"
 
 
-def _anonymous_form(request: Request, template: str, status_code: int = 200, headers: dict | None = None,
+def _anonymous_form(request: Request, template: str, status_code: int = 200, headers: Mapping[str, str] | None = None,
                     **context: Any) -> HTMLResponse:
     """A sign-in or sign-up page with its pre-session CSRF token (the cookie is set if missing).
 
@@ -45,18 +46,20 @@ def _anonymous_form(request: Request, template: str, status_code: int = 200, hea
 
 def _pre_session_csrf_ok(request: Request, sent: str) -> bool:
     cookie = request.cookies.get(PRE_SESSION_COOKIE)
-    return bool(cookie) and hmac.compare_digest(sent.encode(), cookie.encode())
+    if not cookie:
+        return False
+    return hmac.compare_digest(sent.encode(), cookie.encode())
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_page(request: Request, next: str = "/") -> HTMLResponse:  # noqa: A002
+def login_page(request: Request, next: str = "/") -> HTMLResponse:  # noqa: A002 -- the ?next= of the sign-in link
     return _anonymous_form(request, "login.html", next=_safe_next(next))
 
 
 @router.post("/login")
 def login(request: Request, accounts: AccountsDep, limiter: LimiterDep, settings: SettingsDep,
           email: Annotated[str, Form()] = "", password: Annotated[str, Form()] = "",
-          next: Annotated[str, Form()] = "/", csrf_token: Annotated[str, Form()] = "") -> Response:  # noqa: A002
+          next: Annotated[str, Form()] = "/", csrf_token: Annotated[str, Form()] = "") -> Response:  # noqa: A002 -- the form field
     try:
         if not _pre_session_csrf_ok(request, csrf_token):
             raise HTTPException(status.HTTP_403_FORBIDDEN, FORM_EXPIRED)
@@ -79,7 +82,7 @@ def signup_page(request: Request, settings: SettingsDep, invitation: str = "") -
 def signup(request: Request, accounts: AccountsDep, settings: SettingsDep, limiter: LimiterDep,
            email: Annotated[str, Form()] = "", password: Annotated[str, Form()] = "",
            invitation: Annotated[str, Form()] = "", csrf_token: Annotated[str, Form()] = "") -> Response:
-    form = {"email": email, "invitation": invitation}
+    form: dict[str, Any] = {"email": email, "invitation": invitation}
     if not settings.signup_open and not invitation:
         return _anonymous_form(request, "signup.html", closed=True, errors={}, status_code=403, **form)
     try:

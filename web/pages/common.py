@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from core.redis_schema import RedisKeys
+from subscriptions.models import WebSession
 from subscriptions.service import SubscriptionService
 from web.deps import DbDep, Principal, PrincipalDep, RedisDep, SettingsDep
 
@@ -27,14 +29,20 @@ TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", 
 TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
 
 
-def page_principal(principal: PrincipalDep) -> Principal:
-    """Pages are for browser sessions (an API token is no sign-in to the UI)."""
+@dataclass(frozen=True)
+class PagePrincipal(Principal):
+    """The caller of a page: always a browser session (an API token is no sign-in to the UI)."""
+
+    web_session: WebSession
+
+
+def page_principal(principal: PrincipalDep) -> PagePrincipal:
     if principal is None or principal.web_session is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "sign in")
-    return principal
+    return PagePrincipal(principal.user, principal.web_session)
 
 
-Page = Annotated[Principal, Depends(page_principal)]
+Page = Annotated[PagePrincipal, Depends(page_principal)]
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -49,7 +57,7 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return await http_exception_handler(request, exc)
 
 
-def render(request: Request, template: str, principal: Principal | None = None, status_code: int = 200,
+def render(request: Request, template: str, principal: PagePrincipal | None = None, status_code: int = 200,
            **context: Any) -> HTMLResponse:
     return TEMPLATES.TemplateResponse(request, template, {
         "user": principal.user if principal else None,
@@ -82,11 +90,11 @@ def form_errors(exc: ValidationError) -> dict[str, str]:
 FLASH_TTL_S = 300
 
 
-def flash(redis_client: redis.Redis, keys: RedisKeys, principal: Principal, **shown: Any) -> None:
+def flash(redis_client: redis.Redis, keys: RedisKeys, principal: PagePrincipal, **shown: Any) -> None:
     """Keep something to show once on the next page: a page from a POST is never what a reload shows."""
     redis_client.set(keys.flash(principal.web_session.id), json.dumps(shown), ex=FLASH_TTL_S)
 
 
-def take_flash(redis_client: redis.Redis, keys: RedisKeys, principal: Principal) -> dict:
+def take_flash(redis_client: redis.Redis, keys: RedisKeys, principal: PagePrincipal) -> dict:
     raw = redis_client.getdel(keys.flash(principal.web_session.id))
     return json.loads(raw) if raw else {}

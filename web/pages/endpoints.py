@@ -66,7 +66,7 @@ def test_endpoint(request: Request, endpoint_id: IdPath, principal: Page, servic
 
 
 @router.post("/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: IdPath, principal: Page, service: PageService) -> Response:
+def delete_endpoint(endpoint_id: IdPath, service: PageService) -> Response:
     service.delete_endpoint(endpoint_id)
     return Response(headers={"HX-Redirect": "/endpoints"})
 

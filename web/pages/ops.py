@@ -9,15 +9,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from core.redis_schema import RedisKeys
 from subscriptions.models import ROLES
-from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, Principal, RecordsDep, RedisDep, SettingsDep
+from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, RecordsDep, RedisDep, SettingsDep
 from web.ops import samples, subscription_load
-from web.pages.common import Page, flash, render, take_flash
+from web.pages.common import Page, PagePrincipal, flash, render, take_flash
 from web.watchdog import banner, open_incidents
 
 router = APIRouter(include_in_schema=False)
 
 
-def _operator(principal: Principal) -> None:
+def _operator(principal: PagePrincipal) -> None:
     if not principal.user.is_operator:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "operators only")
 
@@ -27,7 +27,7 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
              records: RecordsDep) -> HTMLResponse:
     _operator(principal)
     return render(request, "ops.html", principal, load=subscription_load(session),
-                  latest=(samples(redis_client, settings, 1) or [None])[0],
+                  latest=next(iter(samples(redis_client, settings, 1)), None),
                   dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
                   invitation=take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),
                   invitation_ttl=f"{settings.invitation_ttl_s // 3600} h",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -19,8 +20,8 @@ from subscriptions.language import ConditionError
 from subscriptions.models import Subscription
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import SubscriptionService, checked_condition
-from web.deps import IdPath, KeysDep, Principal, RecordsDep, RedisDep, SettingsDep
-from web.pages.common import Page, PageService, form_errors, render
+from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, SettingsDep
+from web.pages.common import Page, PagePrincipal, PageService, form_errors, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -62,7 +63,7 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
     """The form's values as typed, and the subscription or every error at once (the window checks included)."""
     keys_text = str(form.get("keys", "")).replace(",", " ")
     endpoint_ids = [str(e) for e in form.getlist("endpoint_ids")]  # pydantic checks them (ASCII digits, range)
-    values = {
+    values: dict[str, Any] = {
         "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
         "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in endpoint_ids if re.fullmatch(r"[0-9]{1,10}", e)],
         "active": form.get("active") == "on", "cooldown_s": form.get("cooldown_s") or 0,
@@ -88,7 +89,7 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
     return values, data if not errors else None, errors
 
 
-async def _save_subscription(request: Request, principal: Principal, service: SubscriptionService,
+async def _save_subscription(request: Request, principal: PagePrincipal, service: SubscriptionService,
                              subscription_id: int | None) -> Response:
     form = await request.form()
 
@@ -130,7 +131,7 @@ async def update_subscription(request: Request, subscription_id: IdPath, princip
 
 # After the edit route: ``{action}`` would match ``edit`` too.
 @router.post("/subscriptions/{subscription_id}/{action}")
-def subscription_action(subscription_id: IdPath, action: str, principal: Page, service: PageService) -> Response:
+def subscription_action(subscription_id: IdPath, action: str, service: PageService) -> Response:
     if action == "pause":
         service.set_active(subscription_id, False)
     elif action == "resume":
