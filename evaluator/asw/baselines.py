@@ -37,10 +37,10 @@ class MaterializeAll(WindowStructure):
 
     def __init__(self, agg: Agg | str, capacity: int, **options: Any) -> None:
         super().__init__(agg, capacity, **options)
-        self.widths = sorted(set(int(w) for w in options.get("widths") or [1]))
+        self.widths = sorted({int(w) for w in options.get("widths") or [1]})
         if self.widths[-1] > self.capacity:
             raise ValueError("a width exceeds the capacity")
-        self.answers = {w: self.monoid.identity for w in self.widths}
+        self.answers = dict.fromkeys(self.widths, self.monoid.identity)
         self.deques: dict[int, deque] = {w: deque() for w in self.widths}  # MIN/MAX: monotone deques
 
     def append(self, value: float) -> None:

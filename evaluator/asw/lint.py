@@ -27,7 +27,7 @@ def gamma_partition(widths: Iterable[int], gamma: float) -> list[int]:
     if gamma <= 1:
         raise ValueError("γ must exceed 1")
     spacings: list[int] = []
-    for w in sorted(set(int(w) for w in widths)):
+    for w in sorted({int(w) for w in widths}):
         if w <= 0:
             raise ValueError("widths must be positive")
         if not spacings or w >= gamma * spacings[-1]:
@@ -38,7 +38,7 @@ def gamma_partition(widths: Iterable[int], gamma: float) -> list[int]:
 class _Landmarks:
     """One class: landmarks every ``spacing`` positions."""
 
-    __slots__ = ("spacing", "prefix", "suffix", "blocks", "bmask")
+    __slots__ = ("blocks", "bmask", "prefix", "spacing", "suffix")
 
     def __init__(self, spacing: int, capacity: int, identity: float) -> None:
         self.spacing = spacing
