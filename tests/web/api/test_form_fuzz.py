@@ -46,7 +46,7 @@ def _fields(route: APIRoute) -> st.SearchStrategy[dict]:
     names = [p.name for p in route.dependant.body_params + route.dependant.query_params if p.name != "csrf_token"]
     if route.path.startswith("/subscriptions/") and route.path.endswith(("/new", "/edit")):
         names += SUBSCRIPTION_FORM
-    return st.fixed_dictionaries({}, optional={name: field for name in [*names, "unknown"]})
+    return st.fixed_dictionaries({}, optional=dict.fromkeys([*names, "unknown"], field))
 
 
 def _path(route: APIRoute, ids: dict[str, list[int]]) -> st.SearchStrategy[str]:
