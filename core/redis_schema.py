@@ -22,7 +22,7 @@
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
-- ``flash:<session>``: a secret to show once on the next page (see ``web.ui``).
+- ``flash:<session>``: a secret to show once on the next page (see ``web.pages.common``).
 """
 
 from __future__ import annotations

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.spark.job import build_query
-from devstack.services import python_module
 from core.settings import Settings
+from devstack.receiver import WebhookReceiver
+from devstack.services import python_module
+from evaluator.spark.job import build_query
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from notifier.webhook import SIGNATURE_HEADER, verify
 from tests.processes import running, worker_args
-from devstack.receiver import WebhookReceiver
 from tests.users import api_client, new_user
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
 
-def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
+def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     receiver = WebhookReceiver()
     _, token = new_user(settings)

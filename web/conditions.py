@@ -19,6 +19,7 @@ import redis
 from fastapi.concurrency import run_in_threadpool
 
 from core.evaluator_status import EvaluatorStatus, evaluator_status
+from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.preview import PreviewAnswer, PreviewRequest, most_extreme
@@ -36,8 +37,7 @@ def describe(text: str, settings: Settings) -> dict[str, Any]:
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
-    stats: dict[str, str] = client.hgetall(keys.evaluator_stats)  # type: ignore[assignment]  # decode_responses=True
-    status = evaluator_status(stats, settings, time.time())
+    status = evaluator_status(text_hash(client.hgetall(keys.evaluator_stats)), settings, time.time())
     shards = status.shards
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)

@@ -30,7 +30,7 @@ events = st.lists(st.tuples(st.sampled_from("AB"), st.integers(0, 50), st.intege
 @settings(max_examples=200, deadline=None)
 @given(events, st.lists(st.integers(0, 60), max_size=4), st.integers(1, 40), st.integers(1, 60),
        st.sampled_from([0.1, 0.25, 0.5, 0.95, 1.0]), st.booleans())
-def test_quantile_and_last_equal_brute_force(stream, cuts, window, boundary, q, snapshot) -> None:  # noqa: ANN001
+def test_quantile_and_last_equal_brute_force(stream, cuts, window, boundary, q, snapshot) -> None:
     retention, horizon = 40, 60
     stream = [e for e in stream if e[1] < boundary]  # a shard holds the panes before the boundary it evaluates
     store = KeyValues(ATTRS, retention)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
 from devstack.mailsink import MailSink, self_signed_certificate
 from devstack.services import free_port
-from core.settings import Settings
 from notifier.email import render, send_email
 from notifier.notification import build_notification, notification_id
 

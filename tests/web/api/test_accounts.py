@@ -70,6 +70,16 @@ def test_cookie_requests_that_change_things_need_the_csrf_token(settings: Settin
         assert len(api.get("/api/endpoints").json()) == 3
 
 
+def test_a_csrf_token_that_is_not_ascii_is_refused_not_a_server_error(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as browser:
+        sign_in(browser, user.email)
+        del browser.headers["X-CSRF-Token"]
+        form = browser.post("/account/tokens", data={"name": "x", "csrf_token": "é"}, follow_redirects=False)
+        header = browser.post("/api/tokens", json={"name": "x"}, headers={"X-CSRF-Token": "é".encode()})
+        assert (form.status_code, header.status_code) == (403, 403)
+
+
 def test_failed_logins_lock_the_address_out(settings: Settings) -> None:
     settings = settings.model_copy(update={"login_max_failures": 3})
     user, _ = new_user(settings)
