@@ -60,6 +60,7 @@ class Param:
     expected: str  # what the parser says is missing
     valid: Callable[[float], bool]
     invalid: str  # why a value is refused; ``{value}`` is the value given
+    examples: tuple[float, ...]  # valid values, edge cases included: the property tests draw from them
 
 
 class Aggregation(ABC):
@@ -198,7 +199,8 @@ class Quantile(EventAggregate):
     summary = "the q-quantile: the smallest value with at least q of the window's values at or below it"
     words = "{q}th percentile of {attribute}"
     param = Param("q", "',' and the quantile's fraction, as in QUANTILE(price, 0.95)", lambda q: 0 < q <= 1,
-                  "a quantile's fraction is between 0 and 1 (0.95 for the 95th percentile), not {value:g}")
+                  "a quantile's fraction is between 0 and 1 (0.95 for the 95th percentile), not {value:g}",
+                  (0.1, 0.5, 0.9, 1.0))
     aliases: ClassVar[Mapping[str, float]] = {"MEDIAN": 0.5}
 
     @override
