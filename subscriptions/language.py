@@ -340,3 +340,23 @@ def explain(condition: Condition) -> str:
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
     return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+
+
+@dataclass(frozen=True)
+class LanguageHelp:
+    """What the form's help lists, read from the registries so it names every aggregate and comparison."""
+
+    aggregates: tuple[tuple[str, str], ...]  # (syntax, plain words)
+    aliases: tuple[tuple[str, str], ...]  # (alias, what it stands for)
+    comparisons: tuple[str, ...]
+    attributes: tuple[str, ...]
+
+
+def language_help() -> LanguageHelp:
+    return LanguageHelp(
+        aggregates=tuple((a.syntax, a.summary) for a in AGGREGATES.values()),
+        aliases=tuple((alias, format_term(Term(a.name, "attribute", param)))
+                      for alias, (a, param) in SPELLINGS.items() if alias != a.name),
+        comparisons=tuple(c.syntax.replace("{}", "x", 1).replace("{}", "y") for c in COMPARATORS),
+        attributes=ATTRIBUTES,
+    )

@@ -30,7 +30,7 @@ from notifier.deliveries import enqueue_test_alert
 from notifier.policy import AlertPolicy
 from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
-from subscriptions.language import ConditionError
+from subscriptions.language import ConditionError, language_help
 from subscriptions.models import ROLES, Subscription
 from subscriptions.schemas import EndpointIn, SignUpIn, SubscriptionIn, TokenIn
 from subscriptions.service import SubscriptionService, checked_condition
@@ -55,6 +55,7 @@ from web.watchdog import banner, open_incidents
 TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
 TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
+TEMPLATES.env.globals["language"] = language_help()  # the form's condition-language help, from the registries
 
 router = APIRouter(include_in_schema=False)
 

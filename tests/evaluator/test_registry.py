@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from evaluator.expr import OPERATORS, BinOp, Expr, Num, Term, expr_from_json, ex
 from evaluator.panerows import PaneRows
 from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
-from subscriptions.language import explain, format_condition, parse_condition
+from subscriptions.language import explain, format_condition, language_help, parse_condition
 from tests.evaluator.oracle import DEFINITIONS, oracle, value_of
 from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, run, streams
 
@@ -128,3 +129,14 @@ def test_aliases_parse_to_what_they_stand_for() -> None:
         if alias != aggregate.name:
             [term] = parse_condition(f"{alias}(price) OVER 1m > 1").terms
             assert term == Term(aggregate.name, "price", param)
+
+
+def test_the_readme_tables_name_every_aggregate_and_comparison() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    help_ = language_help()
+    for syntax, summary in help_.aggregates:
+        assert f"| `{syntax}` | {summary} |" in readme, f"add {syntax}'s row to the README's aggregate table"
+    for alias, meaning in help_.aliases:
+        assert f"| `{alias}(attribute)` | is `{meaning}` |" in readme
+    for comparison in help_.comparisons:
+        assert f"`{comparison}`" in readme, f"add `{comparison}` to the README's comparison table"
