@@ -1,9 +1,11 @@
 """What the evaluator is asked: conditions over sliding-window aggregates of substreams.
 
 A subscription asks, for every key in its key filter, whether
-``aggregate(attribute over the last window_ms of that key's events)`` lies in a
-range. These are plain frozen values so they cross process boundaries (Spark
-workers, Redis snapshots) as JSON.
+``aggregate(attribute over the last window_ms of that key's events)`` (or an
+expression over such aggregates, evaluator/expr.py) lies in the ranges its
+comparison accepts (evaluator/comparators.py). The aggregates are those declared
+in evaluator/aggregates.py. These are plain frozen values so they cross process
+boundaries (Spark workers, Redis snapshots) as JSON.
 """
 
 from __future__ import annotations
