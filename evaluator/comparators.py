@@ -58,7 +58,6 @@ COMPARATORS: tuple[Comparator, ...] = (
     Comparator("< {}", "is below {}", lambda t: (Range(high=t),)),
     Comparator("<= {}", "is at most {}", lambda t: (Range(high=t, high_inclusive=True),)),
     Comparator("BETWEEN {} AND {}", "is between {} and {}", lambda a, b: (Range(a, b, True, True),)),
-    Comparator("NOT BETWEEN {} AND {}", "is not between {} and {}", lambda a, b: (Range(high=a), Range(low=b))),
 )
 
 
