@@ -226,30 +226,7 @@ class Last(EventAggregate):
         return float(values[-1])
 
 
-class First(EventAggregate):
-    name = "FIRST"
-    summary = "the value of the oldest event"
-    words = "first {attribute}"
-
-    @override
-    def of_events(self, values: np.ndarray, param: float | None) -> float:
-        return float(values[0])
-
-
-class Spread(PaneAggregate):
-    name = "SPREAD"
-    summary = "the highest value minus the lowest"
-    words = "spread of {attribute}"
-
-    @override
-    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
-        high = sources.indexes.maxs[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # takes_attribute
-        low = sources.indexes.mins[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # takes_attribute
-        return None if high is None or low is None else high - low
-
-
-AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last(),
-                                                          First(), Spread())}
+AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last())}
 
 #: Every name the parser accepts, with the aggregate it means and the param an alias fixes.
 SPELLINGS: dict[str, tuple[Aggregation, float | None]] = {

@@ -37,8 +37,6 @@ DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float 
     "MAX": lambda window, series, q: max(series) if series else None,
     "QUANTILE": _quantile,
     "LAST": _last,
-    "FIRST": lambda window, series, q: series[min(range(len(window)), key=lambda i: (window[i][1], i))] if window else None,
-    "SPREAD": lambda window, series, q: max(series) - min(series) if series else None,
 }
 
 
