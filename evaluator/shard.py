@@ -89,8 +89,13 @@ class Group:
 
 
 def _value_key(c: Condition) -> tuple:
-    expression = _tuples(c.expression.to_json()) if c.expression is not None else None
-    return (c.aggregate, c.attribute, c.window_ms, c.q, expression, c.percent_of)
+    return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of)
+
+
+def _order(key: tuple) -> str:
+    """Groups are evaluated in this order (as when expressions were tuples), so transitions come in a stable order."""
+    expression = key[4]
+    return str((*key[:4], _tuples(expression.to_json()) if expression is not None else None, *key[5:]))
 
 
 def _tuples(value: object) -> object:
@@ -116,7 +121,7 @@ def group_subscriptions(catalog: Catalog) -> list[Group]:
     for spec in catalog.subscriptions:
         by[_value_key(spec.condition)].append(spec)
     groups = []
-    for _, specs in sorted(by.items(), key=lambda kv: str(kv[0])):
+    for _, specs in sorted(by.items(), key=lambda kv: _order(kv[0])):
         template = specs[0].condition
         accepted = tuple(s.condition.accepted for s in specs)
         ranges = _loosest([r for rs in accepted for r in rs])

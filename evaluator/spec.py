@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from evaluator.aggregates import AGGREGATES, check_term
 from evaluator.comparators import Range
-from evaluator.expr import OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
+from evaluator.expr import EXPR_TYPES, OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
 
 __all__ = ["OPERATORS", "Aggregate", "BinOp", "Condition", "Expr", "Num", "Range", "SubscriptionSpec", "Term",
            "combine", "expr_terms"]
@@ -65,7 +65,7 @@ class Condition:
             raise ValueError("window must be positive")
         if not isinstance(self.aggregate, Aggregate):
             object.__setattr__(self, "aggregate", Aggregate(self.aggregate))
-        if self.expression is not None and not isinstance(self.expression, Term | Num | BinOp):
+        if self.expression is not None and not isinstance(self.expression, EXPR_TYPES):
             object.__setattr__(self, "expression", expr_from_json(self.expression))  # the wire form, or a tuple
         if len(self.ranges) == 1:
             [r] = self.ranges
@@ -76,18 +76,20 @@ class Condition:
             raise ValueError("give bounds or ranges, not both")
         if self.low is None and self.high is None and not self.ranges:
             raise ValueError("a condition needs at least one bound")
-        if self.aggregate is Aggregate.EXPR and (not self.expression or not expr_terms(self.expression)):
-            raise ValueError("an expression needs at least one aggregate")
-        for term in self.terms:
+        if self.aggregate is Aggregate.EXPR:
+            terms = expr_terms(self.expression) if self.expression is not None else []
+            if not terms:
+                raise ValueError("an expression needs at least one aggregate")
+        else:
+            terms = [Term(self.aggregate.value, self.attribute, self.q)]
+        for term in terms:
             check_term(term)
-        object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else self.terms[0])
+        object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else terms[0])
 
     @property
     def terms(self) -> list[Term]:
         """The window aggregates this condition needs per key."""
-        if self.aggregate is Aggregate.EXPR:
-            return expr_terms(self.expression)  # type: ignore[arg-type]  # checked in __post_init__
-        return [Term(self.aggregate.value, self.attribute, self.q)]
+        return expr_terms(self.computes)
 
     @property
     def accepted(self) -> tuple[Range, ...]:
@@ -114,9 +116,12 @@ class Condition:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Condition:
-        return cls(**{**data, "aggregate": Aggregate(data["aggregate"]),
-                      "expression": expr_from_json(data["expression"]) if data.get("expression") else None,
-                      "ranges": tuple(Range(*r) for r in data.get("ranges", ()))})
+        kwargs = {**data, "aggregate": Aggregate(data["aggregate"])}
+        if data.get("expression"):
+            kwargs["expression"] = expr_from_json(data["expression"])
+        if data.get("ranges"):
+            kwargs["ranges"] = tuple(Range(*r) for r in data["ranges"])
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True, slots=True)
