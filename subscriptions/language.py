@@ -301,16 +301,13 @@ def format_duration(ms: int) -> str:
     return f"{ms}ms"
 
 
-_number = number_text
-
-
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
 def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
     """Text of an expression with only the parentheses it needs."""
     if isinstance(expr, Num):
-        return _number(expr.value)
+        return number_text(expr.value)
     if isinstance(expr, Term):
         return format_term(expr)
     level = _PRECEDENCE[expr.op]
@@ -324,7 +321,7 @@ def format_condition(condition: Condition) -> str:
     head = f"{format_expr(expression)} OVER {format_duration(condition.window_ms)}"  # type: ignore[arg-type]
     pct = "%" if condition.percent_of else ""
     comparator, thresholds = comparator_of(condition.accepted)
-    return f"{head} {comparator.syntax.format(*(f'{_number(t)}{pct}' for t in thresholds))}"
+    return f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
 
 
 def explain(condition: Condition) -> str:
@@ -336,7 +333,7 @@ def explain(condition: Condition) -> str:
         what = AGGREGATES[term.aggregate].describe(term)
     pct = "%" if condition.percent_of else ""
     comparator, thresholds = comparator_of(condition.accepted)
-    test = comparator.words.format(*(f"{_number(t)}{pct}" for t in thresholds))
+    test = comparator.words.format(*(f"{number_text(t)}{pct}" for t in thresholds))
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
     return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
