@@ -23,27 +23,49 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table  # noqa: E402
-from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone  # noqa: E402
-from evaluator.asw.bint import BaseIntervals  # noqa: E402
-from evaluator.asw.lint import LandmarkIntervals  # noqa: E402
-from evaluator.asw.quantile import QuantileIntervals  # noqa: E402
-from evaluator.asw.rint import RunningIntervals  # noqa: E402
-from evaluator.spec import Aggregate, Condition  # noqa: E402
-from evaluator.ssf.ci_sum import CollectiveSum  # noqa: E402
-from evaluator.ssf.naive import NaiveSubstreams  # noqa: E402
+from benchmarks.report import percentiles, table
+from evaluator.asw.base import WindowStructure
+from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone
+from evaluator.asw.bint import BaseIntervals
+from evaluator.asw.lint import LandmarkIntervals
+from evaluator.asw.quantile import QuantileIntervals
+from evaluator.asw.rint import RunningIntervals
+from evaluator.spec import Aggregate, Condition
+from evaluator.ssf.ci_sum import CollectiveSum
+from evaluator.ssf.naive import NaiveSubstreams
 
 MINUTE = 60_000
+T = TypeVar("T")
 
 
-def rate(step: Callable[[int], None], budget_s: float, batch: int = 256) -> float:
+class KeyIndex(Protocol):
+    """What Fig. 12 feeds: one event of one key."""
+
+    def add(self, key: str, ts: int, value: float) -> None: ...
+
+
+def _append_nth(s: WindowStructure, values: list[float], i: int) -> None:
+    s.append(values[i & 0xFFFF])
+
+
+def _lookup(s: WindowStructure, w: int, _i: int) -> float:
+    return s.lookup(w)
+
+
+def _median(s: QuantileIntervals, w: int, _i: int) -> float | None:
+    return s.quantile(w, 0.5)
+
+
+def rate(step: Callable[[int], object], budget_s: float, batch: int = 256) -> float:
     """Operations per second of ``step(i)`` over roughly ``budget_s`` seconds."""
     done, started = 0, time.perf_counter()
     while True:
@@ -55,7 +77,7 @@ def rate(step: Callable[[int], None], budget_s: float, batch: int = 256) -> floa
             return done / elapsed
 
 
-def memory_of(build: Callable[[], object]) -> tuple[object, int]:
+def memory_of(build: Callable[[], T]) -> tuple[T, int]:
     gc.collect()
     tracemalloc.start()
     obj = build()
@@ -70,7 +92,7 @@ def memory_of(build: Callable[[], object]) -> tuple[object, int]:
 def fig9(budget_s: float, operators: int) -> None:
     widths = list(range(1, operators + 1))
     capacity = operators
-    makers = {
+    makers: dict[str, Callable[[], WindowStructure]] = {
         "R-INT": lambda: RunningIntervals("SUM", capacity),
         "B-INT": lambda: BaseIntervals("SUM", capacity),
         "L-INT (γ=2)": lambda: LandmarkIntervals("SUM", capacity, widths=widths, gamma=2.0),
@@ -86,11 +108,11 @@ def fig9(budget_s: float, operators: int) -> None:
     for name, make in tqdm(makers.items(), desc="fig 9", file=sys.stderr, leave=False):
         structure, memory = memory_of(make)
         structure.extend(values[:capacity])  # full windows from the start
-        row: list[object] = [name]
+        row: list[Any] = [name]  # a table row: the name, then numbers
         for updates, lookup_count in ratios:
             period = updates + lookup_count
 
-            def step(i: int, s=structure, u=updates, p=period) -> None:  # noqa: ANN001
+            def step(i: int, s=structure, u=updates, p=period) -> None:
                 if i % p < u:
                     s.append(values[i & 4095])
                 else:
@@ -114,7 +136,7 @@ def fig9(budget_s: float, operators: int) -> None:
 def fig10_11(budget_s: float, sizes: list[int], windows: list[int]) -> None:
     rng = np.random.default_rng(10)
     values = rng.uniform(0, 100, size=1 << 16).tolist()
-    kinds = {
+    kinds: dict[str, Callable[[int], WindowStructure]] = {
         "R-INT": lambda n: RunningIntervals("SUM", n),
         "B-INT": lambda n: BaseIntervals("SUM", n),
         "B-INT-QNT": lambda n: QuantileIntervals("MIN", n),
@@ -124,21 +146,21 @@ def fig10_11(budget_s: float, sizes: list[int], windows: list[int]) -> None:
         urow: list[object] = [name]
         lrow: list[object] = [name]
         for n_max in sizes:
-            def full(m=make, n=n_max):  # noqa: ANN001, ANN202 - memory is measured with N_max elements held
+            def full(m=make, n=n_max):  # memory is measured with N_max elements held
                 s = m(n)
                 for start in range(0, n, len(values)):
                     s.extend(values[: min(len(values), n - start)])
                 return s
 
             structure, memory = memory_of(full)
-            urow += [rate(lambda i, s=structure: s.append(values[i & 0xFFFF]), budget_s), memory / 1024]
+            urow += [rate(partial(_append_nth, structure, values), budget_s), memory / 1024]
         for w in windows:
             structure = make(max(sizes))
             structure.extend(values[: min(max(sizes), 1 << 14)])
-            if name == "B-INT-QNT":
-                lrow.append(rate(lambda i, s=structure, w=w: s.quantile(w, 0.5), budget_s, batch=16))
+            if isinstance(structure, QuantileIntervals):  # B-INT-QNT
+                lrow.append(rate(partial(_median, structure, w), budget_s, batch=16))
             else:
-                lrow.append(rate(lambda i, s=structure, w=w: s.lookup(w), budget_s))
+                lrow.append(rate(partial(_lookup, structure, w), budget_s))
         update_rows.append(urow)
         lookup_rows.append(lrow)
     batched = RunningIntervals("SUM", max(sizes))
@@ -158,7 +180,7 @@ def fig10_11(budget_s: float, sizes: list[int], windows: list[int]) -> None:
     for n_max in sizes:
         header += [f"N={n_max} upd/s", f"N={n_max} KiB"]
     table("Fig. 10 — update rate (one core) and memory vs N_max", header, update_rows)
-    table("Fig. 11 — lookup rate vs window W (N_max = %d; B-INT-QNT: median)" % max(sizes),
+    table(f"Fig. 11 — lookup rate vs window W (N_max = {max(sizes)}; B-INT-QNT: median)",
           ["structure"] + [f"W={w} lookups/s" for w in windows], lookup_rows)
 
 
@@ -193,7 +215,7 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
             queries.append(Condition(Aggregate.COUNT, None, w, low=float(np.percentile(counts, q))))
     lookups = [queries[i % len(queries)] for i in rng.permutation(ops).tolist()]
 
-    def run(index_factory: Callable[[], object], lookup: Callable) -> tuple[float, list[float], float, int]:
+    def run(index_factory: Callable[[], KeyIndex], lookup: Callable) -> tuple[float, list[float], float, int]:
         index = index_factory()
         for key, t in stream[:warm]:
             index.add(key, t, 1.0)
@@ -215,7 +237,7 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
     naive_time, naive_lat, naive_sel, _ = run(lambda: NaiveSubstreams("COUNT"), NaiveSubstreams.query)
     rows.append(["naive per key", "-", 2 * ops / naive_time, naive_sel, *percentiles(naive_lat), "-", 1.0])
     for p in tqdm(ps, desc="fig 12", file=sys.stderr, leave=False):
-        elapsed, latencies, sel, _ = run(lambda p=p: CollectiveSum(p=p, bucket_ms=bucket_ms), CollectiveSum.matching_keys)
+        elapsed, latencies, sel, _ = run(partial(CollectiveSum, p=p, bucket_ms=bucket_ms), CollectiveSum.matching_keys)
         probe = CollectiveSum(p=p, bucket_ms=bucket_ms)
         for key, t in stream[: warm + ops]:
             probe.add(key, t, 1.0)

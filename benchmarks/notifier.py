@@ -31,18 +31,18 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from devstack.mailsink import MailSink  # noqa: E402
-from devstack.receiver import Received, WebhookReceiver  # noqa: E402
-from devstack.services import free_port, python_module, spawn, start_redis  # noqa: E402
-from notifier.app import DELIVER_TASK, make_celery  # noqa: E402
-from notifier.channels.email import render, send_email  # noqa: E402
-from notifier.channels.webhook import WebhookLimits, post_webhook  # noqa: E402
-from notifier.notification import build_notification, notification_id  # noqa: E402
-from subscriptions.accounts import AccountService  # noqa: E402
-from subscriptions.db import session_factory  # noqa: E402
-from subscriptions.models import Endpoint  # noqa: E402
+from benchmarks.report import percentiles, table
+from core.settings import Settings
+from devstack.mailsink import MailSink
+from devstack.receiver import Received, WebhookReceiver
+from devstack.services import free_port, python_module, spawn, start_redis
+from notifier.app import DELIVER_TASK, make_celery
+from notifier.channels.email import render, send_email
+from notifier.channels.webhook import WebhookLimits, post_webhook
+from notifier.notification import build_notification, notification_id
+from subscriptions.accounts import AccountService
+from subscriptions.db import session_factory
+from subscriptions.models import Endpoint
 
 RUN = f"{time.time():.0f}"
 SECRET = "s" * 32
@@ -81,7 +81,7 @@ class Arrivals:
         raise TimeoutError(f"{label}: {len(ids) - done} of {len(ids)} deliveries missing after {timeout_s}s")
 
 
-def burst(celery, endpoint_id: int, arrivals: Arrivals, n: int, tag: str) -> tuple[float, list[float]]:  # noqa: ANN001
+def burst(celery, endpoint_id: int, arrivals: Arrivals, n: int, tag: str) -> tuple[float, list[float]]:
     payloads = [notification(i, tag) for i in range(n)]
     started = time.time()
     for p in payloads:
@@ -93,7 +93,7 @@ def burst(celery, endpoint_id: int, arrivals: Arrivals, n: int, tag: str) -> tup
     return n / (finished - started), [arrivals.at[p["notification_id"]] - p["enqueued_at"] for p in payloads]
 
 
-def paced(celery, endpoint_id: int, arrivals: Arrivals, rate: float, seconds: float, tag: str) -> list[float]:  # noqa: ANN001
+def paced(celery, endpoint_id: int, arrivals: Arrivals, rate: float, seconds: float, tag: str) -> list[float]:
     payloads, started = [], time.perf_counter()
     for i in range(int(rate * seconds)):
         time.sleep(max(0.0, started + i / rate - time.perf_counter()))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import random
 import sys
@@ -42,18 +43,20 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table  # noqa: E402
-from evaluator.catalog import Catalog  # noqa: E402
-from evaluator.spark.job import build_query, evaluated_through  # noqa: E402
-from evaluator.spark.session import spark_session  # noqa: E402
-from evaluator.spec import Aggregate, Condition, SubscriptionSpec  # noqa: E402
-from core.redis_schema import RedisKeys  # noqa: E402
-from devstack.services import free_port, start_redis, start_tansu  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from ingest.kafka import ensure_topics  # noqa: E402
-from ingest.model import Event  # noqa: E402
-from ingest.publisher import EventPublisher  # noqa: E402
-from subscriptions.service import publish_catalog  # noqa: E402
+from benchmarks.report import percentiles, table
+from core.redis_replies import text_entries, text_hash
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from devstack.services import free_port, start_redis, start_tansu
+from evaluator.catalog import Catalog
+from evaluator.spark.job import build_query
+from evaluator.spark.session import spark_session
+from evaluator.spark.sink import evaluated_through
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from ingest.kafka import ensure_topics
+from ingest.model import Event
+from ingest.publisher import EventPublisher
+from subscriptions.service import publish_catalog
 
 SECOND = 1_000
 WARM_UP_LIMIT_S = 900
@@ -64,7 +67,7 @@ def key_names(n: int) -> list[str]:
     return [f"S{i:05d}" for i in range(n)]
 
 
-def stream(keys: list[str], rate: int, seconds: int, start_ms: int, seed: int = 5):  # noqa: ANN201
+def stream(keys: list[str], rate: int, seconds: int, start_ms: int, seed: int = 5):
     """(key, ts, price, volume), time ordered per key, ``rate`` per event-second, Zipf-popular keys."""
     rng = random.Random(seed)
     weights = [1 / (i + 1) ** 0.8 for i in range(len(keys))]
@@ -133,14 +136,12 @@ def tree_rss_mb() -> float:
     me = psutil.Process()
     total = 0
     for p in [me, *me.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):  # a child that just exited
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total / 2**20
 
 
-def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int], rate: int,  # noqa: ANN001
+def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int], rate: int,
                    budget_s: float, mode: str) -> dict:
     settings = base.model_copy(update={
         "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}", "evaluator_mode": mode,
@@ -153,15 +154,16 @@ def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int
     last_ts = event_times[-1]
     warm_up_events = 3 * rate
     query = build_query(spark, settings)
-    first = last = None
+    first: tuple[float, int] | None = None
+    last: tuple[float, int] | None = None
     started = time.monotonic()
     try:
         with tqdm(total=len(event_times), desc=f"{mode} {len(specs):,} subs", unit="event", leave=False) as bar:
             # The budget runs from the end of the warm-up, which may take long with many first firings.
             while time.monotonic() - (first[0] if first else started) < (budget_s if first else WARM_UP_LIMIT_S):
-                if query.exception():
-                    raise query.exception()
-                clock = evaluated_through(client.hgetall(stats_key), shards)
+                if (failed := query.exception()) is not None:
+                    raise failed
+                clock = evaluated_through(text_hash(client.hgetall(stats_key)), shards)
                 now = time.monotonic()
                 if clock is not None:
                     done = bisect.bisect_left(event_times, clock)
@@ -179,7 +181,7 @@ def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int
     boundaries = max(float(stats.get("boundaries", 0)), 1.0)
     shard_batches = max(float(stats.get("shard_batches", 0)), 1.0)
     result = {
-        "rate": (last[1] - first[1]) / (last[0] - first[0]) if first and last[0] > first[0] else float("nan"),
+        "rate": (last[1] - first[1]) / (last[0] - first[0]) if first and last and last[0] > first[0] else float("nan"),
         "events": last[1] if last else 0,
         "batches": len(progress),
         "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1),
@@ -197,7 +199,7 @@ def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int
     return result
 
 
-def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, seconds: int,  # noqa: ANN001
+def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, seconds: int,
                 trigger_s: int) -> list[float]:
     settings = base.model_copy(update={
         "redis_prefix": f"bench-live-{trigger_s}", "checkpoint_dir": base.data_dir / f"checkpoint-live-{trigger_s}",
@@ -232,8 +234,8 @@ def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, s
     try:
         for _ in tqdm(range(seconds), desc="live", unit="s", leave=False):
             time.sleep(1)
-            if query.exception():
-                raise query.exception()
+            if (failed := query.exception()) is not None:
+                raise failed
     finally:
         stop.set()
         producer.join()
@@ -241,7 +243,7 @@ def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, s
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     latencies = []
     warm = begin + min(15, seconds / 2)  # leave out the first seconds: JIT, first batches
-    for entry_id, fields in client.xrange(RedisKeys(settings).alerts_stream):
+    for entry_id, fields in text_entries(client.xrange(RedisKeys(settings).alerts_stream)):
         written = int(entry_id.split("-")[0]) / 1000
         alert = json.loads(fields["alert"])
         decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000

@@ -23,12 +23,14 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table  # noqa: E402
-from evaluator.exactsum import FixedPoint  # noqa: E402
+from benchmarks.report import table
+from evaluator.exactsum import FixedPoint
 
 
 class FloatPrefix:
@@ -92,13 +94,21 @@ class FsumWindow:
         return math.fsum(self.values[i:])
 
 
-KINDS: dict[str, Callable[[], object]] = {
+class WindowSum(Protocol):
+    """What every approach offers: append a value, sum the last ``w``."""
+
+    def append(self, v: float) -> None: ...
+
+    def window(self, w: int) -> float: ...
+
+
+KINDS: dict[str, Callable[[], WindowSum]] = {
     "float prefix (before)": FloatPrefix, "Neumaier prefix": NeumaierPrefix,
     "exact fixed-point prefix": ExactPrefix, "fsum of the window": FsumWindow,
 }
 
 
-def rate(step: Callable[[int], None], budget_s: float) -> float:
+def rate(step: Callable[[int], object], budget_s: float) -> float:
     done, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < budget_s or not done:
         for i in range(done, done + 256):
@@ -107,16 +117,24 @@ def rate(step: Callable[[int], None], budget_s: float) -> float:
     return done / elapsed
 
 
-def worst_error(make: Callable[[], object]) -> float:
+def worst_error(make: Callable[[], WindowSum]) -> float:
     cases = [([1e15] * 10, [1.0] * 3), ([99.99] * 1000, [0.1, 0.2]), ([1e15] * 200_000, [1e-3] * 5)]
     worst = 0.0
     for history, window in cases:
         s = make()
         for v in history + window:
-            s.append(v)  # type: ignore[attr-defined]
+            s.append(v)
         want = math.fsum(window)
-        worst = max(worst, abs(s.window(len(window)) - want) / want)  # type: ignore[attr-defined]
+        worst = max(worst, abs(s.window(len(window)) - want) / want)
     return worst
+
+
+def _append_nth(s: WindowSum, values: list[float], i: int) -> None:
+    s.append(values[i & 16383])
+
+
+def _sum_last(s: WindowSum, w: int, _i: int) -> float:
+    return s.window(w)
 
 
 def main(budget_s: float = 0.3) -> None:
@@ -127,11 +145,11 @@ def main(budget_s: float = 0.3) -> None:
     for name, make in KINDS.items():
         s = make()
         for v in values:
-            s.append(v)  # type: ignore[attr-defined]
+            s.append(v)
         fresh = make()
-        row: list[object] = [name, rate(lambda i, f=fresh: f.append(values[i & 16383]), budget_s)]  # type: ignore[misc]
+        row: list[object] = [name, rate(partial(_append_nth, fresh, values), budget_s)]
         for w in widths:
-            row.append(rate(lambda i, s=s, w=w: s.window(w), budget_s))  # type: ignore[misc]
+            row.append(rate(partial(_sum_last, s, w), budget_s))
         row.append(f"{worst_error(make):.1e}")
         rows.append(row)
     table("Window sums of one key: appends/s, window sums/s by window length, worst relative error vs fsum",

@@ -14,7 +14,6 @@ import sys
 
 import structlog
 
-
 #: Loggers of libraries that are chatty at INFO.
 THIRD_PARTY = ("kafka", "py4j", "celery", "kombu", "amqp", "uvicorn.access", "httpx", "httpcore", "urllib3",
                "asyncio", "aiosmtpd", "mail.log", "alembic", "pyspark")

@@ -4,6 +4,7 @@
   evaluator loads (written by the subscriptions service);
 - ``alerts``: a Stream of transitions (written by the evaluator sink, consumed by
   the notifier's dispatcher in the ``notifier`` group);
+- ``alerts:dead``: stream entries the dispatcher could not read as a transition, with the reason;
 - ``alert:<id>``: de-duplication marks, so a replayed micro-batch adds nothing;
 - ``firing:<subscription>``: a hash key -> latest firing transition;
 - ``history:<subscription>``: a Stream of the subscription's newest transitions
@@ -13,13 +14,15 @@
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
 - ``deliveries:*``, ``delivered:*``, ``sending:*`` and ``inflight:*``: see ``notifier.deliveries``;
+- ``celery:*``: the Celery broker's keys, among them each delivery lane's queue
+  (:func:`lane_queue`, :func:`celery_queue_keys`; see ``notifier.app``);
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``), and
   ``ops:watchdog``: the dead man's switch's open incidents (see ``web.watchdog``);
 - ``evaluator:starts``: when the evaluator job last started (newest first);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
-- ``flash:<session>``: a secret to show once on the next page (see ``web.ui``).
+- ``flash:<session>``: a secret to show once on the next page (see ``web.pages.common``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,28 @@ from core.settings import Settings
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
-PREVIEW_SHOWN = 50  # keys a preview lists (per shard, then in all), most extreme values first; totals count all
+
+
+LANES = ("alerts", "tests")  # the delivery lanes, each a Celery queue of its own (see ``notifier.app``)
+
+
+def lane_queue(settings: Settings, lane: str) -> str:
+    """The broker queue of a delivery lane."""
+    if lane not in LANES:
+        raise ValueError(f"unknown delivery lane {lane!r}; lanes: {', '.join(LANES)}")
+    base = settings.redis_key("deliveries")
+    return base if lane == "alerts" else f"{base}:{lane}"
+
+
+def celery_key_prefix(settings: Settings) -> str:
+    """The prefix of every key the Celery broker writes (its Redis transport's ``global_keyprefix``)."""
+    return settings.redis_key("celery") + ":"
+
+
+def celery_queue_keys(settings: Settings, lane: str = "alerts") -> tuple[str, str]:
+    """The Redis list a lane's queue lives in, and the hash of tasks workers hold unacknowledged."""
+    prefix = celery_key_prefix(settings)
+    return prefix + lane_queue(settings, lane), prefix + "unacked"
 
 
 def shard_clock_field(shard: int) -> str:
@@ -47,6 +71,7 @@ class RedisKeys:
         self.catalog_version = k("subscriptions", "version")
         self.catalog_snapshot = k("subscriptions", "snapshot")
         self.alerts_stream = k("alerts")
+        self.alerts_dead = k("alerts", "dead")  # stream entries the dispatcher could not read, with the reason
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")

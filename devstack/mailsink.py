@@ -20,7 +20,7 @@ from email.message import EmailMessage
 from pathlib import Path
 
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, LoginPassword
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 
 def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
@@ -57,8 +57,9 @@ class MailSink:
             parameters.update(authenticator=self._authenticate, auth_required=True)
 
         class Handler:
-            async def handle_DATA(self, server, session, envelope):  # noqa: ANN001, ANN201, N802
-                message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+            async def handle_DATA(self, _server: SMTP, _session: Session, envelope: Envelope) -> str:  # noqa: N802 -- aiosmtpd's hook name
+                raw = envelope.original_content or b""  # the bytes received (``content`` is the same unless decode_data)
+                message = email.message_from_bytes(raw, policy=email.policy.default)
                 sink.messages.append(message)
                 return "250 Message accepted for delivery"
 
@@ -68,7 +69,8 @@ class MailSink:
         )
         self.controller.start()
 
-    def _authenticate(self, server, session, envelope, mechanism, data) -> AuthResult:  # noqa: ANN001
+    def _authenticate(self, _server: SMTP, _session: Session, _envelope: Envelope, _mechanism: str, data: object
+                      ) -> AuthResult:
         ok = isinstance(data, LoginPassword) and (data.login.decode(), data.password.decode()) == self.login
         return AuthResult(success=ok, handled=False)
 

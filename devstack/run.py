@@ -26,9 +26,10 @@ import structlog
 
 from core.evaluator_status import evaluator_status
 from core.logs import configure_logging, third_party_level
+from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
-from devstack.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
 from core.settings import Settings, get_settings
+from devstack.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
 from ingest.kafka import ensure_topics
 from subscriptions.admin import LOCAL_OPERATOR, first_operator
 
@@ -108,7 +109,7 @@ class Runner:
             stats = client.hgetall(RedisKeys(self.settings).evaluator_stats)
         except redis.RedisError:
             return False
-        return evaluator_status(stats, self.settings, time.time()).ready
+        return evaluator_status(text_hash(stats), self.settings, time.time()).ready
 
     def _web_answers(self, timeout_s: float = 120.0) -> None:
         """Announce the URL only once something answers there."""

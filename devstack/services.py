@@ -31,7 +31,8 @@ def wait_for_port(host: str, port: int, timeout_s: float = 20.0, process: subpro
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode} before listening on {port}")
+            program = process.args if isinstance(process.args, str | bytes | os.PathLike) else process.args[0]
+            raise RuntimeError(f"{os.fsdecode(program)} exited with {process.returncode} before listening on {port}")
         try:
             socket.create_connection((host, port), timeout=0.25).close()
             return
@@ -93,10 +94,8 @@ class ManagedProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole group: what a crash or the OOM killer does."""
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.killpg(self.process.pid, 9)
-        except ProcessLookupError:
-            pass
         self.process.wait()
 
 

@@ -51,9 +51,10 @@ class Catalog:
 
     def encode(self) -> bytes:
         """The snapshot as published: compact JSON without absent fields, zlib-compressed (key lists repeat a lot)."""
-        data = self.to_dict()
-        for spec in data["subscriptions"]:
+        specs = [s.to_dict() for s in self.subscriptions]
+        for spec in specs:
             spec["condition"] = {k: v for k, v in spec["condition"].items() if v is not None or k == "attribute"}
+        data = {"version": self.version, "subscriptions": specs}
         return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 6)
 
     @classmethod

@@ -4,6 +4,10 @@ Spark pre-aggregates each (key, pane) into count, sum, min and max per attribute
 a pane is one element of the value-expanded streams: its count feeds CI-COUNT, its
 sums CI-SUM, its min and max the MIN and MAX staircases, all stamped with the pane
 start. Panes are applied in pane order, once complete.
+
+The indexes persist as parts (:meth:`CollectiveIndexes.to_parts`): COUNT, then per
+attribute SUM, MAX and MIN, each its structure's own bytes; the shard snapshot
+stores them as they come and hands them back to :meth:`CollectiveIndexes.from_parts`.
 """
 
 from __future__ import annotations
@@ -57,6 +61,27 @@ class CollectiveIndexes:
                 self.sums[name].add_late(key, t, v)
             self.maxs[name].add_late(keys, starts, maxs[a][order].tolist())
             self.mins[name].add_late(keys, starts, mins[a][order].tolist())
+
+    def to_parts(self) -> list[bytes]:
+        """The indexes' serialised form: COUNT, then per attribute (in order) SUM, MAX and MIN."""
+        parts = [self.count.to_bytes()]
+        for a in self.attributes:
+            parts += [self.sums[a].to_bytes(), self.maxs[a].to_bytes(), self.mins[a].to_bytes()]
+        return parts
+
+    @classmethod
+    def from_parts(cls, attributes: Sequence[str], parts: Sequence[bytes]) -> CollectiveIndexes:
+        """The indexes :meth:`to_parts` gave (each structure restores its own parameters)."""
+        attributes = tuple(attributes)
+        if len(parts) != 1 + 3 * len(attributes):
+            raise ValueError(f"{len(parts)} index parts for {len(attributes)} attributes; expected {1 + 3 * len(attributes)}")
+        indexes = cls(attributes)
+        indexes.count = CollectiveSum.from_bytes(parts[0])
+        for i, a in enumerate(attributes):
+            indexes.sums[a] = CollectiveSum.from_bytes(parts[1 + 3 * i])
+            indexes.maxs[a] = CollectiveExtreme.from_bytes(parts[2 + 3 * i])
+            indexes.mins[a] = CollectiveExtreme.from_bytes(parts[3 + 3 * i])
+        return indexes
 
     def expire(self, before_ts: int) -> None:
         for index in (self.count, *self.sums.values(), *self.maxs.values(), *self.mins.values()):

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 
 class FixedPoint:
-    __slots__ = ("shift", "one")
+    __slots__ = ("one", "shift")
 
     def __init__(self) -> None:
         self.shift = 0

@@ -132,7 +132,7 @@ class PaneRows:
 
         def take(dtype: type, count: int) -> np.ndarray:
             nonlocal offset
-            array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).copy()
+            array: np.ndarray = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).copy()
             offset += array.nbytes
             return array
 

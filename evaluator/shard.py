@@ -32,11 +32,14 @@ shard busy. Rows with a non-finite value never reach an index (the parser
 refuses them; the shard drops and counts any that get through).
 
 Evaluation. Subscriptions are grouped by (aggregate, attribute, window). Per
-group and boundary, one index lookup with the group's loosest bounds returns the
-candidates with their exact values (CI-COUNT / CI-SUM with verification, the
-MAX/MIN staircases; AVG from the exact COUNT and SUM substreams); each
-subscription then takes its range of the values sorted once. ``collective=False``
-evaluates every subscription on every key one by one instead: the baseline.
+group and boundary, one index lookup per range of the group's loosest ranges
+(the members' accepted ranges, merged) returns the candidates with their exact
+values (CI-COUNT / CI-SUM with verification, the MAX/MIN staircases); aggregates
+without an index (AVG, those over each key's events, expressions) are computed
+per watched key. Which index answers an aggregate, and how its value is computed,
+is declared in evaluator/aggregates.py. Each subscription then takes its ranges
+of the values sorted once. ``collective=False`` evaluates every subscription on
+every key one by one instead: the baseline.
 """
 
 from __future__ import annotations
@@ -48,16 +51,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
-from evaluator.transition import Transition, alert_id
+from evaluator.comparators import Range
 from evaluator.panerows import PaneRows
-from evaluator.spec import Aggregate, Condition, Expr, SubscriptionSpec, combine
+from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
+from evaluator.transition import State, Transition, alert_id
 from evaluator.values import KeyValues
-
-_EMPTY_VALUE = {Aggregate.COUNT: 0.0, Aggregate.SUM: 0.0}  # the value of an empty window, where there is one
 
 
 @dataclass(frozen=True)
@@ -72,42 +75,61 @@ class ShardConfig:
     value_retention_ms: int = 0  # how long every event value is kept, for QUANTILE (the longest quantile window)
 
 
-_INDEXED = frozenset({Aggregate.COUNT, Aggregate.SUM, Aggregate.MAX, Aggregate.MIN})  # have a collective index
-
-
 @dataclass(frozen=True)
 class Group:
     """Subscriptions asking for the same value per key: they differ only in their ranges."""
 
     template: Condition  # a member's condition: what the value is
     specs: tuple[SubscriptionSpec, ...]
-    loosest: Condition | None  # None: some member is unbounded on each side, every key is a candidate
-
-    @property
-    def aggregate(self) -> Aggregate:
-        return self.template.aggregate
+    # One single-range condition per range a candidate's value must lie in: the members' accepted ranges, merged
+    # (closed). None: together they accept every value, every key is a candidate.
+    loosest: tuple[Condition, ...] | None
+    aggregate: Aggregation | None = None  # the declared aggregate, None for an expression
+    accepted: tuple[tuple[Range, ...], ...] = ()  # each member's ranges, in the order of ``specs``
 
 
 def _value_key(c: Condition) -> tuple:
     return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of)
 
 
+def _order(key: tuple) -> str:
+    """Groups are evaluated in this order (as when expressions were tuples), so transitions come in a stable order."""
+    expression = key[4]
+    return str((*key[:4], _tuples(expression.to_json()) if expression is not None else None, *key[5:]))
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _loosest(ranges: list[Range]) -> list[Range]:
+    """The union of ``ranges`` as few closed ranges as cover it: one range query each."""
+    merged: list[Range] = []
+    for r in sorted(ranges, key=lambda r: float("-inf") if r.low is None else r.low):
+        last = merged[-1] if merged else None
+        if last is not None and (last.high is None or r.low is None or r.low <= last.high):
+            high = None if last.high is None or r.high is None else max(last.high, r.high)
+            merged[-1] = Range(last.low, high, True, True)
+        else:
+            merged.append(Range(r.low, r.high, True, True))
+    return merged
+
+
 def group_subscriptions(catalog: Catalog) -> list[Group]:
-    """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each with its loosest bounds."""
+    """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each with its loosest ranges."""
     by: dict[tuple, list[SubscriptionSpec]] = defaultdict(list)
     for spec in catalog.subscriptions:
         by[_value_key(spec.condition)].append(spec)
     groups = []
-    for _, specs in sorted(by.items(), key=lambda kv: str(kv[0])):
-        lows = [s.condition.low for s in specs]
-        highs = [s.condition.high for s in specs]
-        low = None if any(v is None for v in lows) else min(lows)
-        high = None if any(v is None for v in highs) else max(highs)
+    for _, specs in sorted(by.items(), key=lambda kv: _order(kv[0])):
         template = specs[0].condition
+        accepted = tuple(s.condition.accepted for s in specs)
+        ranges = _loosest([r for rs in accepted for r in rs])
         loosest = None
-        if low is not None or high is not None:
-            loosest = replace(template, low=low, high=high, low_inclusive=True, high_inclusive=True)
-        groups.append(Group(template, tuple(specs), loosest))
+        if ranges != [Range(None, None, True, True)]:
+            loosest = tuple(replace(template, low=r.low, high=r.high, low_inclusive=True, high_inclusive=True,
+                                    ranges=()) for r in ranges)
+        groups.append(Group(template, tuple(specs), loosest, AGGREGATES.get(template.aggregate.value), accepted))
     return groups
 
 
@@ -324,69 +346,52 @@ class ShardEvaluator:
         """Keys with a pane in the retention horizon."""
         return {key for key, sub in self.indexes.count.substreams.items() if sub.ts}
 
-    def _term(self, term: Expr, window_ms: int, key: str, now: int) -> float | None:
-        """The exact value of one aggregate of one key's window ``(now - T, now]``."""
-        _, aggregate, attribute, q = term
-        indexes = self.indexes
-        if aggregate == "COUNT":
-            return indexes.count.value(key, window_ms, now)
-        if aggregate == "SUM":
-            return indexes.sums[attribute].value(key, window_ms, now)
-        if aggregate == "AVG":
-            count = indexes.count.value(key, window_ms, now)
-            return indexes.sums[attribute].value(key, window_ms, now) / count if count else None
-        if aggregate == "QUANTILE":
-            return self.values.quantile(key, attribute, q, window_ms, now + 1)
-        if aggregate == "LAST":
-            return self.values.last(key, attribute, window_ms, now + 1)
-        extreme = indexes.maxs[attribute] if aggregate == "MAX" else indexes.mins[attribute]
-        return extreme.value(key, window_ms, now)
-
     def _expr(self, expr: Expr, window_ms: int, key: str, now: int) -> float | None:
-        if expr[0] == "num":
-            return expr[1]
-        if expr[0] == "agg":
-            return self._term(expr, window_ms, key, now)
-        left = self._expr(expr[1], window_ms, key, now)
-        right = self._expr(expr[2], window_ms, key, now) if left is not None else None
+        if isinstance(expr, Term):  # an aggregate, computed as its declaration says
+            return AGGREGATES[expr.aggregate].value_of(self, expr, window_ms, key, now)
+        if isinstance(expr, Num):
+            return expr.value
+        left = self._expr(expr.left, window_ms, key, now)
+        right = self._expr(expr.right, window_ms, key, now) if left is not None else None
         if left is None or right is None:
             return None
-        return combine(expr[0], left, right)
+        return combine(expr.op, left, right)
 
     def value(self, condition: Condition, key: str, now: int) -> float | None:
         """The exact value ``condition`` compares for one key's window ``(now - T, now]``."""
-        if condition.aggregate is not Aggregate.EXPR:
-            return self._term(condition.terms[0], condition.window_ms, key, now)
-        value = self._expr(condition.expression, condition.window_ms, key, now)  # type: ignore[arg-type]
+        expr = condition.computes
+        if isinstance(expr, Term):
+            return AGGREGATES[expr.aggregate].value_of(self, expr, condition.window_ms, key, now)
+        value = self._expr(expr, condition.window_ms, key, now)
         if value is None or condition.percent_of is None:
             return value
-        last = self.values.last(key, condition.percent_of, condition.window_ms, now + 1)
+        last_term = Term("LAST", condition.percent_of)
+        last = AGGREGATES[last_term.aggregate].value_of(self, last_term, condition.window_ms, key, now)
         return combine("/", 100.0 * value, last) if last is not None else None
 
     def _candidate_values(self, group: Group, now: int, known: set[str]) -> dict[str, float]:
         """Keys that may satisfy some member of ``group``, with their exact values.
 
-        Without an index (AVG, QUANTILE, LAST, expressions, or no bound shared by the
-        whole group) the candidates are the keys watched: those with data in the
+        Without an index (AVG, QUANTILE, LAST, expressions, or members that together
+        accept every value) the candidates are the keys watched: those with data in the
         horizon and those firing for a member.
         """
-        if group.loosest is not None and group.aggregate in _INDEXED:
-            attribute = group.template.attribute
-            index: CollectiveSum | CollectiveExtreme
-            if group.aggregate is Aggregate.COUNT:
-                index = self.indexes.count
-            elif group.aggregate is Aggregate.SUM:
-                index = self.indexes.sums[attribute]
-            elif group.aggregate is Aggregate.MAX:
-                index = self.indexes.maxs[attribute]
-            else:
-                index = self.indexes.mins[attribute]
-            return index.query(group.loosest, now)
+        index: CollectiveSum | CollectiveExtreme | None = None
+        if group.loosest is not None and isinstance(group.aggregate, PaneAggregate):
+            index = group.aggregate.index(self.indexes, group.template.attribute)
+        if index is not None:
+            assert group.loosest is not None
+            if len(group.loosest) == 1:
+                return index.query(group.loosest[0], now)
+            values = {}
+            for loosest in group.loosest:  # a union of ranges is the union of range queries
+                values.update(index.query(loosest, now))
+            return values
         values = {}
         watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))
         for key in watched:
             value = self.value(group.template, key, now)
-            if value is not None and (group.loosest is None or group.loosest.holds(value)):
+            if value is not None and (group.loosest is None or any(c.holds(value) for c in group.loosest)):
                 values[key] = value
         return values
 
@@ -411,8 +416,9 @@ class ShardEvaluator:
         now = boundary - 1  # panes starting in [b - T, b) are the elements stamped in (b - 1 - T, b - 1]
         known = self._known()
         transitions: list[Transition] = []
+        values: dict[str, float] | None = None  # the candidates' exact values (collective), reused by transitions
         for group in self._groups:
-            empty = _EMPTY_VALUE.get(group.aggregate)
+            empty = group.aggregate.empty if group.aggregate is not None else None
             if self.config.collective:
                 values = self._candidate_values(group, now, known)
                 stats.candidates += len(values)
@@ -420,15 +426,17 @@ class ShardEvaluator:
                 sorted_values = np.fromiter(values.values(), dtype=np.float64, count=len(values))
                 order = np.argsort(sorted_values, kind="stable")
                 keys, sorted_values = keys[order], sorted_values[order]
-            for spec in group.specs:
+            for spec, accepted in zip(group.specs, group.accepted, strict=True):
                 was = self.firing.get(spec.id, set())
                 c = spec.condition
                 if self.config.collective:
-                    lo = 0 if c.low is None else int(np.searchsorted(
-                        sorted_values, c.low, side="left" if c.low_inclusive else "right"))
-                    hi = len(sorted_values) if c.high is None else int(np.searchsorted(
-                        sorted_values, c.high, side="right" if c.high_inclusive else "left"))
-                    matched = set(keys[lo:hi].tolist())
+                    matched = set()
+                    for r in accepted:
+                        lo = 0 if r.low is None else int(np.searchsorted(
+                            sorted_values, r.low, side="left" if r.low_inclusive else "right"))
+                        hi = len(sorted_values) if r.high is None else int(np.searchsorted(
+                            sorted_values, r.high, side="right" if r.high_inclusive else "left"))
+                        matched.update(keys[lo:hi].tolist())
                     if empty is not None and c.holds(empty):  # an empty window matches only keys still watched
                         matched = {k for k in matched if k in known or k in was}
                     if spec.keys is not None:
@@ -444,7 +452,9 @@ class ShardEvaluator:
                 stats.matches += len(matched)
                 if matched == was:
                     continue
-                for key, state in [*((k, "firing") for k in matched - was), *((k, "resolved") for k in was - matched)]:
+                changes: list[tuple[str, State]] = [*((k, "firing") for k in matched - was),
+                                                     *((k, "resolved") for k in was - matched)]
+                for key, state in changes:
                     value = values.get(key) if values is not None and state == "firing" else None
                     if value is None:
                         value = self.value(c, key, now)
@@ -479,10 +489,7 @@ class ShardEvaluator:
                     del self.firing[sid]
 
     def snapshot(self) -> bytes:
-        indexes = self.indexes
-        parts = [indexes.count.to_bytes()]
-        for a in self.config.attributes:
-            parts += [indexes.sums[a].to_bytes(), indexes.maxs[a].to_bytes(), indexes.mins[a].to_bytes()]
+        parts = self.indexes.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
@@ -497,11 +504,7 @@ class ShardEvaluator:
             parts.append(blob[offset : offset + size])
             offset += size
         shard = cls(config)
-        shard.indexes.count = CollectiveSum.from_bytes(parts[0])
-        for i, a in enumerate(config.attributes):
-            shard.indexes.sums[a] = CollectiveSum.from_bytes(parts[1 + 3 * i])
-            shard.indexes.maxs[a] = CollectiveExtreme.from_bytes(parts[2 + 3 * i])
-            shard.indexes.mins[a] = CollectiveExtreme.from_bytes(parts[3 + 3 * i])
+        shard.indexes = CollectiveIndexes.from_parts(config.attributes, parts[:-3])
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms)
         shard.pending = PaneRows.from_bytes(parts[-2])
         meta = json.loads(parts[-1])

@@ -1,74 +1,49 @@
 """What the evaluator is asked: conditions over sliding-window aggregates of substreams.
 
 A subscription asks, for every key in its key filter, whether
-``aggregate(attribute over the last window_ms of that key's events)`` lies in a
-range. These are plain frozen values so they cross process boundaries (Spark
-workers, Redis snapshots) as JSON.
+``aggregate(attribute over the last window_ms of that key's events)`` (or an
+expression over such aggregates, evaluator/expr.py) lies in the ranges its
+comparison accepts (evaluator/comparators.py). The aggregates are those declared
+in evaluator/aggregates.py. These are plain frozen values so they cross process
+boundaries (Spark workers, Redis snapshots) as JSON.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
-from typing import Any
+from dataclasses import dataclass, field, fields
+from enum import EnumMeta, StrEnum
+from typing import TYPE_CHECKING, Any
 
+from evaluator.aggregates import AGGREGATES, check_term
+from evaluator.comparators import Range
+from evaluator.expr import EXPR_TYPES, OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
 
-class Aggregate(StrEnum):
-    COUNT = "COUNT"
-    SUM = "SUM"
-    AVG = "AVG"
-    MIN = "MIN"
-    MAX = "MAX"
-    QUANTILE = "QUANTILE"  # the q-quantile: the smallest value with at least q of the window's values at or below it
-    LAST = "LAST"  # the value of the newest event in the window
-    EXPR = "EXPR"  # arithmetic over window aggregates (``Condition.expression``)
+__all__ = ["OPERATORS", "Aggregate", "BinOp", "Condition", "Expr", "Num", "Range", "SubscriptionSpec", "Term",
+           "combine", "expr_terms"]
 
+if TYPE_CHECKING:
+    class _Members(EnumMeta):
+        def __getattr__(cls, name: str) -> Aggregate: ...
 
-#: What a subscription asks per key, as nested tuples (JSON arrays on the wire):
-#: ``("agg", aggregate, attribute | None, q | None)``, ``("num", value)``, or
-#: ``(op, left, right)`` with ``op`` one of ``+ - * /``.
-Expr = tuple
-
-OPERATORS = ("+", "-", "*", "/")
-
-
-def expr_terms(expr: Expr) -> list[Expr]:
-    """The aggregate terms of an expression, left to right."""
-    if expr[0] == "agg":
-        return [expr]
-    if expr[0] == "num":
-        return []
-    return expr_terms(expr[1]) + expr_terms(expr[2])
-
-
-def combine(op: str, left: float, right: float) -> float | None:
-    """``left op right``; None where it has no finite value (division by zero, overflow)."""
-    if op == "+":
-        value = left + right
-    elif op == "-":
-        value = left - right
-    elif op == "*":
-        value = left * right
-    else:
-        if right == 0:
-            return None
-        value = left / right
-    return value if math.isfinite(value) else None
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+    class Aggregate(StrEnum, metaclass=_Members):
+        """What a condition compares: a declared aggregate, or ``EXPR`` (``Condition.expression``)."""
+else:
+    # The members are the registry's names (evaluator/aggregates.py), plus EXPR: declaring an aggregate there
+    # is enough. For the type checker, above, any member name is an Aggregate.
+    Aggregate = StrEnum("Aggregate", [(name, name) for name in (*AGGREGATES, "EXPR")])
 
 
 @dataclass(frozen=True, slots=True)
 class Condition:
-    """``aggregate(attribute) OVER window_ms`` in the range (low, high).
+    """``aggregate(attribute) OVER window_ms`` in the range (low, high), or in one of ``ranges``.
 
-    Either bound may be absent (``None``); each may be inclusive. An aggregate
-    with no value (AVG/MIN/MAX of an empty window) satisfies no condition.
-    ``QUANTILE`` takes its fraction ``q``; ``EXPR`` computes ``expression`` and, with
-    ``percent_of``, compares it as a percentage of that attribute's last value.
+    Either bound may be absent (``None``); each may be inclusive. A comparator that accepts
+    more than one range (evaluator/comparators.py) gives ``ranges`` instead of bounds; one
+    range given that way is kept as the bounds, so equal conditions compare equal. An
+    aggregate with no value (AVG/MIN/MAX of an empty window) satisfies no condition.
+    ``q`` is the aggregate's argument (QUANTILE's fraction); ``EXPR`` computes ``expression``
+    and, with ``percent_of``, compares it as a percentage of that attribute's last value.
     """
 
     aggregate: Aggregate
@@ -81,45 +56,72 @@ class Condition:
     q: float | None = None
     expression: Expr | None = None
     percent_of: str | None = None
+    ranges: tuple[Range, ...] = ()  # two or more; empty: the one range (low, high)
+    computes: Expr = field(init=False, compare=False, repr=False)  # the expression, or the one term: built once
+
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0:
             raise ValueError("window must be positive")
-        if self.low is None and self.high is None:
+        if not isinstance(self.aggregate, Aggregate):
+            object.__setattr__(self, "aggregate", Aggregate(self.aggregate))
+        if self.expression is not None and not isinstance(self.expression, EXPR_TYPES):
+            object.__setattr__(self, "expression", expr_from_json(self.expression))  # the wire form, or a tuple
+        if len(self.ranges) == 1:
+            [r] = self.ranges
+            for name in ("low", "high", "low_inclusive", "high_inclusive"):
+                object.__setattr__(self, name, getattr(r, name))
+            object.__setattr__(self, "ranges", ())
+        if self.ranges and (self.low is not None or self.high is not None):
+            raise ValueError("give bounds or ranges, not both")
+        if self.low is None and self.high is None and not self.ranges:
             raise ValueError("a condition needs at least one bound")
         if self.aggregate is Aggregate.EXPR:
-            if not self.expression or not expr_terms(self.expression):
+            terms = expr_terms(self.expression) if self.expression is not None else []
+            if not terms:
                 raise ValueError("an expression needs at least one aggregate")
-        elif self.aggregate is not Aggregate.COUNT and not self.attribute:
-            raise ValueError(f"{self.aggregate} needs an attribute")
-        if (self.aggregate is Aggregate.QUANTILE) != (self.q is not None):
-            raise ValueError("QUANTILE, and only QUANTILE, takes a fraction q")
-        if self.q is not None and not 0 < self.q <= 1:
-            raise ValueError("a quantile's fraction is in (0, 1]")
+        else:
+            terms = [Term(self.aggregate.value, self.attribute, self.q)]
+        for term in terms:
+            check_term(term)
+        object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else terms[0])
 
     @property
-    def terms(self) -> list[Expr]:
+    def terms(self) -> list[Term]:
         """The window aggregates this condition needs per key."""
-        if self.aggregate is Aggregate.EXPR:
-            return expr_terms(self.expression)  # type: ignore[arg-type]
-        return [("agg", self.aggregate.value, self.attribute, self.q)]
+        return expr_terms(self.computes)
+
+    @property
+    def accepted(self) -> tuple[Range, ...]:
+        """The ranges of values that satisfy the condition."""
+        return self.ranges or (Range(self.low, self.high, self.low_inclusive, self.high_inclusive),)
 
     def holds(self, value: float | None) -> bool:
         if value is None or math.isnan(value):
             return False
+        if self.ranges:
+            return any(r.holds(value) for r in self.ranges)
         if self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive)):
             return False
-        if self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive)):
-            return False
-        return True
+        return not (self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive)))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready; ``ranges`` only when there are several, so one-range conditions read as they always did."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ranges", "computes")}
+        data["aggregate"] = self.aggregate.value
+        data["expression"] = self.expression.to_json() if self.expression is not None else None
+        if self.ranges:
+            data["ranges"] = [[r.low, r.high, r.low_inclusive, r.high_inclusive] for r in self.ranges]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Condition:
-        return cls(**{**data, "aggregate": Aggregate(data["aggregate"]),
-                      "expression": _tuples(data.get("expression"))})
+        kwargs = {**data, "aggregate": Aggregate(data["aggregate"])}
+        if data.get("expression"):
+            kwargs["expression"] = expr_from_json(data["expression"])
+        if data.get("ranges"):
+            kwargs["ranges"] = tuple(Range(*r) for r in data["ranges"])
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True, slots=True)

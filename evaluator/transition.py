@@ -3,15 +3,23 @@
 Each transition has a deterministic id, so re-evaluating the same data (a replayed
 micro-batch, a restart from a checkpoint) reproduces the same ids and downstream
 de-duplication holds.
+
+A transition is also the contract between processes: the evaluator's sink writes
+it to Redis as :meth:`Transition.to_json` (the ``alerts`` stream, ``firing:<id>``,
+``history:<id>``), and the notifier's dispatcher and the alert history read it back
+with :meth:`Transition.from_json`, so every reader sees the same fields and types.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
 State = Literal["firing", "resolved"]
+STATES: tuple[State, ...] = get_args(State)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +33,43 @@ class Transition:
     window_end: int
     evaluated_at: int
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_json(self) -> str:
+        """The compact JSON the sink stores (fields in declaration order)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Transition:
+        """A transition from its fields, as JSON or a Spark row carries them (numbers of any numeric type).
+
+        ValueError (or KeyError for a missing field) if a field does not fit the contract.
+        """
+        state = data["state"]
+        if state not in STATES:
+            raise ValueError(f"transition state {state!r} is none of {', '.join(STATES)}")
+        value = data["value"]
+        return cls(
+            alert_id=_text(data["alert_id"], "alert_id"),
+            subscription_id=int(data["subscription_id"]),
+            key=_text(data["key"], "key"),
+            state=state,
+            value=None if value is None else float(value),
+            window_start=int(data["window_start"]),
+            window_end=int(data["window_end"]),
+            evaluated_at=int(data["evaluated_at"]),
+        )
+
+    @classmethod
+    def from_json(cls, payload: str | bytes) -> Transition:
+        return cls.from_dict(json.loads(payload))
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"transition {name} must be text, not {type(value).__name__}")
+    return value
 
 
 def alert_id(subscription_id: int, key: str, state: State, evaluated_at: int) -> str:

@@ -1,4 +1,4 @@
-"""Each key's recent events, for the aggregates no pane summary can answer: QUANTILE and LAST.
+"""Each key's recent events, for the aggregates no pane summary can answer (QUANTILE, LAST: evaluator/aggregates.py).
 
 A quantile needs the window's values themselves, so a shard keeps every event
 (time and attribute values) of the last ``retention_ms`` per key, in event-time
@@ -13,21 +13,13 @@ with ``b - T <= ts < b`` (panes are aligned and windows whole panes).
 
 from __future__ import annotations
 
-import math
+import itertools
 import struct
 from collections.abc import Iterator
 
 import numpy as np
 
 from evaluator.panerows import PaneRows
-
-
-def quantile_rank(q: float, n: int) -> int:
-    """1-based rank of the q-quantile of n values: the smallest value with at least q·n values at or below it.
-
-    (``q·n`` is rounded to 9 decimals first, so that 0.1 · 30 is 3 and not 3.0000000000000004.)
-    """
-    return max(1, math.ceil(round(q * n, 9)))
 
 
 class _Events:
@@ -98,7 +90,7 @@ class KeyValues:
         order = np.argsort(rows.keys.astype(str), kind="stable")
         keys = rows.keys[order]
         bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
-        for first, last in zip(bounds[:-1], bounds[1:], strict=True):
+        for first, last in itertools.pairwise(bounds):
             _, index = rows.events_of(order[first:last])
             if index.size:
                 events = self.keys.get(keys[first])
@@ -113,23 +105,13 @@ class KeyValues:
         for events in self.keys.values():
             events.expire(boundary - self.retention_ms)
 
-    def quantile(self, key: str, attribute: str, q: float, window_ms: int, boundary: int) -> float | None:
+    def window(self, key: str, attribute: str, window_ms: int, boundary: int) -> np.ndarray | None:
+        """The attribute's values in ``key``'s window ``[boundary - window_ms, boundary)``, oldest first (a view)."""
         events = self.keys.get(key)
         if events is None:
             return None
         lo, hi = events.window(boundary - window_ms, boundary)
-        if hi <= lo:
-            return None
-        values = events.vals[self.index[attribute], lo:hi]
-        k = quantile_rank(q, hi - lo) - 1
-        return float(np.partition(values, k)[k])
-
-    def last(self, key: str, attribute: str, window_ms: int, boundary: int) -> float | None:
-        events = self.keys.get(key)
-        if events is None:
-            return None
-        lo, hi = events.window(boundary - window_ms, boundary)
-        return float(events.vals[self.index[attribute], hi - 1]) if hi > lo else None
+        return events.vals[self.index[attribute], lo:hi] if hi > lo else None
 
     # -- persistence ---------------------------------------------------------------------------------
 

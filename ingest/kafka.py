@@ -10,6 +10,7 @@ log end from there.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 
@@ -30,10 +31,8 @@ def ensure_topics(settings: Settings, topics: dict[str, int] | None = None) -> N
         existing = set(admin.list_topics())
         missing = [NewTopic(name, n, 1) for name, n in wanted.items() if name not in existing]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another process made it meanwhile
                 admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
     finally:
         admin.close()
 

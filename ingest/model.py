@@ -173,8 +173,10 @@ def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
     fields = dict(pairs)
     if len(fields) != len(pairs):
         seen: set[str] = set()
-        twice = next(name for name, _ in pairs if name in seen or seen.add(name))  # type: ignore[func-returns-value]
-        raise _DuplicateField(twice)
+        for name, _ in pairs:
+            if name in seen:
+                raise _DuplicateField(name)
+            seen.add(name)
     return fields
 
 

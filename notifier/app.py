@@ -9,7 +9,8 @@ Deliveries travel in two lanes, each a queue of its own: ``alerts`` (what the
 dispatcher sends) and ``tests`` (the "send test alert" button), so test alerts,
 however many are clicked, are served by their own workers and never take an
 alert's worker thread. A worker started without ``-Q`` (or with
-``python -m notifier.worker --lane all``) serves both.
+``python -m notifier.worker --lane all``) serves both. The lanes' queue names
+live in ``core.redis_schema``, which the operators' dashboard reads too.
 """
 
 from __future__ import annotations
@@ -17,18 +18,10 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from core.redis_schema import LANES, celery_key_prefix, lane_queue
 from core.settings import Settings, get_settings
 
 DELIVER_TASK = "tocsin.deliver"
-LANES = ("alerts", "tests")
-
-
-def lane_queue(settings: Settings, lane: str) -> str:
-    """The broker queue of a lane."""
-    if lane not in LANES:
-        raise ValueError(f"unknown delivery lane {lane!r}; lanes: {', '.join(LANES)}")
-    base = settings.redis_key("deliveries")
-    return base if lane == "alerts" else f"{base}:{lane}"
 
 
 def queue_for(celery: Celery, notification: dict) -> str:
@@ -42,25 +35,25 @@ def make_celery(settings: Settings | None = None) -> Celery:
     app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks"])
     # Lazily: the queue's name carries the deployment id, read from the database, which importing
     # this module (for the task's name) must not open.
-    app.add_defaults(lambda: dict(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_serializer="json",
-        accept_content=["json"],
-        task_ignore_result=True,
-        task_default_queue=lanes["alerts"],
-        task_queues=[Queue(q, Exchange(q), routing_key=q) for q in lanes.values()],
-        tocsin_lanes=lanes,
-        broker_connection_retry_on_startup=True,
-        broker_transport_options={
+    app.add_defaults(lambda: {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "task_default_queue": lanes["alerts"],
+        "task_queues": [Queue(q, Exchange(q), routing_key=q) for q in lanes.values()],
+        "tocsin_lanes": lanes,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
             "visibility_timeout": int(settings.delivery_retry_schedule_s + settings.delivery_visibility_margin_s),
             "unacked_restore_interval": settings.delivery_restore_interval_s,
             "unacked_restore_throttle": 1,
-            "global_keyprefix": settings.redis_key("celery") + ":",
+            "global_keyprefix": celery_key_prefix(settings),
         },
-        worker_hijack_root_logger=False,
-    ))
+        "worker_hijack_root_logger": False,
+    })
     return app
 
 

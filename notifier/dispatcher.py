@@ -16,6 +16,7 @@ it already delivered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -26,20 +27,20 @@ import redis
 import structlog
 from celery import Celery
 from prometheus_client import Counter, Gauge
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
-from core.redis_schema import NOTIFIER_GROUP, RedisKeys
+from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
+from evaluator.transition import Transition
 from notifier.app import make_celery
-from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
+from notifier.deliveries import DeliveryRecords, endpoint_generation, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
-from notifier.policy import AlertPolicy, KeyState, decide, reminder_due
+from notifier.policy import KeyState, decide, reminder_due
 from subscriptions.db import session_factory
-from subscriptions.models import Subscription
-from subscriptions.service import forget_subscription
+from subscriptions.policy import AlertPolicy
+from subscriptions.routing import EndpointRoute, Route, forget_subscription, routes, routes_with_reminders
 
 log = structlog.get_logger("dispatcher")
 
@@ -50,14 +51,23 @@ BUFFERED = Gauge("tocsin_dispatcher_buffered_transitions", "Transitions waiting 
 DECISION_TTL_S = 7 * 24 * 3600
 
 
+_StreamReply = list[tuple[str, list[tuple[str, dict[str, str]]]]] | None  # XREADGROUP, decoded
+
+
 @dataclass
 class _Group:
     first_seen: float
     entries: list[tuple[str, dict]] = field(default_factory=list)
 
 
-def _info(subscription: Subscription) -> dict:
-    return {"id": subscription.id, "name": subscription.name, "condition": subscription.condition}
+def _info(route: Route) -> dict:
+    return {"id": route.subscription_id, "name": route.name, "condition": route.condition}
+
+
+def _binding(endpoint: EndpointRoute) -> dict:
+    """What ``notifier.deliveries.binding`` takes from an endpoint row, taken from its route (a test keeps them equal)."""
+    return {"owner_id": endpoint.owner_id,
+            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.stored_secret)}
 
 
 class Dispatcher:
@@ -81,7 +91,7 @@ class Dispatcher:
 
     def read(self, block_ms: int | None, pending: bool = False) -> int:
         """Buffer one read's worth of entries; ``pending`` re-reads this consumer's unacknowledged ones."""
-        response = self.redis.xreadgroup(
+        response: _StreamReply = self.redis.xreadgroup(  # type: ignore[assignment]  # redis-py types every reply shape at once
             NOTIFIER_GROUP,
             self.settings.dispatcher_consumer,
             {self.keys.alerts_stream: "0" if pending else ">"},
@@ -92,12 +102,34 @@ class Dispatcher:
         now = time.monotonic()
         for _stream, entries in response or []:
             for entry_id, fields in entries:
-                alert = json.loads(fields["alert"])
+                alert = self._parse(entry_id, fields)
+                if alert is None:
+                    continue
                 key = (alert["subscription_id"], alert["evaluated_at"], alert["state"])
                 self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
                 read += 1
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return read
+
+    def _parse(self, entry_id: str, fields: dict[str, str]) -> dict | None:
+        """The entry's transition, or None once a malformed entry is dead-lettered with its reason and acknowledged.
+
+        Only the evaluator's sink writes the stream, but one bad entry must not stop every alert behind it:
+        a dispatcher that raised here would re-read the same pending entry after each restart, forever.
+        """
+        try:
+            return Transition.from_json(fields["alert"]).to_dict()
+        except (KeyError, ValueError, TypeError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
+            pipe = self.redis.pipeline()
+            pipe.xadd(self.keys.alerts_dead, {"entry_id": entry_id, "reason": reason, "entry": raw},
+                      maxlen=HISTORY_LENGTH, approximate=True)
+            pipe.xack(self.keys.alerts_stream, NOTIFIER_GROUP, entry_id)
+            pipe.execute()
+            TRANSITIONS.labels("malformed").inc()
+            log.error("malformed_transition_dead_lettered", entry_id=entry_id, reason=reason)
+            return None
 
     def flush(self, force: bool = False) -> int:
         """Dispatch the groups that waited long enough (all of them if ``force``)."""
@@ -106,8 +138,9 @@ class Dispatcher:
         due = [k for k, g in self.buffer.items() if force or now - g.first_seen >= wait_s]
         if due:
             with self.sessions() as session:
-                for key in due:
-                    self.dispatch(session, self.buffer.pop(key).entries)
+                known = routes(session, {subscription_id for subscription_id, _, _ in due})
+            for key in due:
+                self.dispatch(known.get(key[0]), self.buffer.pop(key).entries)
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return len(due)
 
@@ -122,29 +155,29 @@ class Dispatcher:
 
     # -- policy and enqueueing -----------------------------------------------------------------
 
-    def dispatch(self, session: Session, entries: list[tuple[str, dict]]) -> None:
+    def dispatch(self, route: Route | None, entries: list[tuple[str, dict]]) -> None:
+        """Decide and enqueue one group of transitions of one subscription (``None``: it was deleted)."""
         alerts = [alert for _, alert in entries]
-        subscription = session.get(Subscription, alerts[0]["subscription_id"])
-        if subscription is None:
+        if route is None:
             TRANSITIONS.labels("no_subscription").inc(len(alerts))
             # Deleted (ids are never reused): what the evaluator wrote before it saw the new catalog goes too.
             forget_subscription(self.redis, self.keys, alerts[0]["subscription_id"])
         else:
-            policy = AlertPolicy.model_validate(subscription.policy or {})
-            assigned = self.decide(subscription.id, policy, alerts)
+            assigned = self.decide(route.subscription_id, route.policy, alerts)
             by_notification: dict[str, list[dict]] = defaultdict(list)
             for alert in alerts:
-                if assigned[alert["alert_id"]] is not None:
-                    by_notification[assigned[alert["alert_id"]]].append(alert)
+                nid = assigned[alert["alert_id"]]
+                if nid is not None:
+                    by_notification[nid].append(alert)
             for nid, members in by_notification.items():
-                self.enqueue(make_notification(_info(subscription), members, nid), subscription)
+                self.enqueue(make_notification(_info(route), members, nid), route)
         self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
 
     def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict]) -> dict[str, str | None]:
         """The notification id each alert joins (None: suppressed), decided once per alert and stored."""
         known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
-        assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known) if raw}
-        fresh = [a for a, raw in zip(alerts, known) if raw is None]
+        assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
+        fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned
         states_key = self.keys.key_states(subscription_id)
@@ -152,7 +185,7 @@ class Dispatcher:
         now = time.time()
         reasons: dict[str, str | None] = {}
         pipe = self.redis.pipeline(transaction=True)
-        for alert, raw in zip(fresh, stored):
+        for alert, raw in zip(fresh, stored, strict=True):
             reason, state = decide(policy, KeyState.from_dict(json.loads(raw) if raw else None), alert["state"], now)
             reasons[alert["alert_id"]] = reason
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
@@ -170,37 +203,35 @@ class Dispatcher:
         pipe.execute()
         return assigned
 
-    def enqueue(self, notification: Notification, subscription: Subscription) -> None:
-        for endpoint in subscription.endpoints:
-            enqueue_notification(self.celery, notification, endpoint.id, binding(endpoint))
+    def enqueue(self, notification: Notification, route: Route) -> None:
+        for endpoint in route.endpoints:
+            enqueue_notification(self.celery, notification, endpoint.id, _binding(endpoint))
         NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
 
     def remind(self, session: Session) -> int:
         """Remind subscribers of keys still firing whose re-notify interval has passed."""
         now = time.time()
         sent = 0
-        with_renotify = select(Subscription).where(
-            Subscription.active, Subscription.policy["renotify_s"].as_integer().is_not(None))
-        for subscription in session.scalars(with_renotify):
-            policy = AlertPolicy.model_validate(subscription.policy or {})
-            firing = {k: json.loads(v) for k, v in self.redis.hgetall(self.keys.firing(subscription.id)).items()}
+        for route in routes_with_reminders(session):
+            policy = route.policy
+            firing = {k: Transition.from_json(v).to_dict() for k, v in self.redis.hgetall(self.keys.firing(route.subscription_id)).items()}
             if not firing:
                 continue
             keys = sorted(firing)
-            states_key = self.keys.key_states(subscription.id)
+            states_key = self.keys.key_states(route.subscription_id)
             stored = self.redis.hmget(states_key, keys)
             # Only transitions the dispatcher has already decided on; the others are still on their way.
             handled = self.redis.mget([self.keys.decision(firing[k]["alert_id"]) for k in keys])
             due = [
                 firing[k]
-                for k, raw, decided in zip(keys, stored, handled)
+                for k, raw, decided in zip(keys, stored, handled, strict=True)
                 if decided and reminder_due(policy, KeyState.from_dict(json.loads(raw) if raw else None), now)
             ]
             if not due:
                 continue
             for members in [due] if policy.group else [[a] for a in due]:
                 nid = notification_id([a["alert_id"] for a in members], reminder_at=now)
-                self.enqueue(make_notification(_info(subscription), members, nid, reminder=True), subscription)
+                self.enqueue(make_notification(_info(route), members, nid, reminder=True), route)
                 sent += 1
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
             self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
@@ -237,10 +268,8 @@ def main() -> None:
     configure_logging()
     settings = get_settings()
     serve_metrics(settings.metrics_port_dispatcher)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         Dispatcher(settings).run()
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

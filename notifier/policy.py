@@ -1,4 +1,4 @@
-"""Alert policy: which transitions become notifications, per subscription and key.
+"""Applying a subscription's alert policy: which transitions become notifications, per key.
 
 Pure decisions over a small per-key state, so they can be tested without Redis:
 
@@ -9,34 +9,17 @@ Pure decisions over a small per-key state, so they can be tested without Redis:
   whose firing was muted or cooled down, once the mute or cool-down is over);
 - *send-resolved*: whether leaving the condition is notified at all. A resolution
   is only sent for a firing episode the subscriber was told about.
+
+The policy itself is part of the subscription (``subscriptions.policy.AlertPolicy``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from subscriptions.policy import AlertPolicy
 
 NOTIFY = None  # the reason of a decision that notifies
-
-
-class AlertPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    cooldown_s: int = Field(0, ge=0, le=30 * 86_400, description="minimum seconds between notifications of one key")
-    renotify_s: int | None = Field(
-        None, ge=60, le=30 * 86_400, description="remind every so many seconds while a key stays firing; null: never"
-    )
-    send_resolved: bool = Field(True, description="notify when a key leaves the condition")
-    group: bool = Field(True, description="one notification for all keys of one evaluation")
-    muted_until: datetime | None = Field(None, description="send nothing until this time")
-
-    def muted(self, now: float) -> bool:
-        if self.muted_until is None:
-            return False
-        until = self.muted_until if self.muted_until.tzinfo else self.muted_until.replace(tzinfo=UTC)
-        return now < until.timestamp()
 
 
 @dataclass(frozen=True)

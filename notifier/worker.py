@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from core.redis_schema import LANES, lane_queue
 from core.settings import get_settings
-from notifier.app import LANES, app, lane_queue
+from notifier.app import app
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, Result, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -45,6 +46,11 @@ def lock_owner(session: Session, user_id: int) -> None:
     """
     session.execute(update(User).where(User.id == user_id).values(role=User.role)
                     .execution_options(synchronize_session=False))
+
+
+def _rowcount(result: Result) -> int:
+    """Rows an UPDATE or DELETE matched: its result is a cursor result, typed as the general one."""
+    return cast("CursorResult", result).rowcount
 
 
 def _aware(moment: datetime) -> datetime:
@@ -112,7 +118,7 @@ class AccountService:
             raise FieldError("invitation", "the invitation is not valid (used, expired or mistyped)")
         used = self.session.execute(update(Invitation).where(Invitation.id == invitation.id,
                                                              Invitation.used_at.is_(None)).values(used_at=now))
-        if used.rowcount != 1:
+        if _rowcount(used) != 1:
             self.session.rollback()
             raise FieldError("invitation", "the invitation is not valid (used, expired or mistyped)")
         return invitation.role
@@ -145,13 +151,13 @@ class AccountService:
         session and every API token: whoever knew the old password may hold one. Returns
         (sessions, tokens) revoked."""
         self.check_password_rules(new, user.email)
-        user = self.session.get(User, user.id)
+        user = self.session.get_one(User, user.id)
         user.password_hash = _hasher.hash(new)
         others = delete(WebSession).where(WebSession.user_id == user.id)
         if keep_session is not None:
             others = others.where(WebSession.id != keep_session.id)
-        sessions = self.session.execute(others).rowcount
-        tokens = self.session.execute(delete(ApiToken).where(ApiToken.user_id == user.id)).rowcount
+        sessions = _rowcount(self.session.execute(others))
+        tokens = _rowcount(self.session.execute(delete(ApiToken).where(ApiToken.user_id == user.id)))
         self.session.commit()
         return sessions, tokens
 

@@ -1,19 +1,21 @@
 """Reading a subscription's alerts from Redis: the keys firing now, and its history.
 
 The evaluator's sink writes both atomically with each transition (see
-``evaluator.spark.job``): ``firing:<id>`` holds the latest firing transition per
-key, ``history:<id>`` a stream of the newest ``HISTORY_LENGTH`` transitions.
+``evaluator.spark.sink``): ``firing:<id>`` holds the latest firing transition per
+key, ``history:<id>`` a stream of the newest ``HISTORY_LENGTH`` transitions, each a
+:class:`evaluator.transition.Transition`; the views hand them on as its fields.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from core.redis_schema import RedisKeys
+from evaluator.transition import Transition
 
 _SCAN_CHUNK = 500
 _STREAM_PART_MAX = 2**64 - 1
@@ -34,11 +36,11 @@ class HistoryFilter:
     since_ms: int | None = None  # evaluated_at >= since
     until_ms: int | None = None  # evaluated_at < until
 
-    def admits(self, alert: dict) -> bool:
-        return ((self.state is None or alert["state"] == self.state)
-                and (self.key is None or alert["key"] == self.key)
-                and (self.since_ms is None or alert["evaluated_at"] >= self.since_ms)
-                and (self.until_ms is None or alert["evaluated_at"] < self.until_ms))
+    def admits(self, alert: Transition) -> bool:
+        return ((self.state is None or alert.state == self.state)
+                and (self.key is None or alert.key == self.key)
+                and (self.since_ms is None or alert.evaluated_at >= self.since_ms)
+                and (self.until_ms is None or alert.evaluated_at < self.until_ms))
 
 
 class AlertViews:
@@ -46,25 +48,26 @@ class AlertViews:
         self.redis = client  # decode_responses=True
         self.keys = keys
 
-    def firing(self, subscription_id: int) -> dict[str, dict]:
-        raw = self.redis.hgetall(self.keys.firing(subscription_id))
-        return {key: json.loads(payload) for key, payload in sorted(raw.items())}
+    def firing(self, subscription_id: int) -> dict[str, dict[str, Any]]:
+        raw: dict[str, str] = self.redis.hgetall(self.keys.firing(subscription_id))  # type: ignore[assignment]  # decoded
+        return {key: Transition.from_json(payload).to_dict() for key, payload in sorted(raw.items())}
 
     def history(self, subscription_id: int, where: HistoryFilter, limit: int = 100,
-                before: str | None = None) -> tuple[list[dict], str | None]:
+                before: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, matching ``where``; returns the page and the cursor of the next (None at the end)."""
         stream = self.keys.history(subscription_id)
-        found: list[dict] = []
+        found: list[dict[str, Any]] = []
         upper = f"({before}" if before else "+"
         while True:
-            entries = self.redis.xrevrange(stream, max=upper, min="-", count=_SCAN_CHUNK)
+            entries: list[tuple[str, dict[str, str]]] = self.redis.xrevrange(  # type: ignore[assignment]  # decoded
+                stream, max=upper, min="-", count=_SCAN_CHUNK)
             for entry_id, fields in entries:
-                alert = json.loads(fields["alert"])
+                alert = Transition.from_json(fields["alert"])
                 if where.admits(alert):
-                    found.append({**alert, "cursor": entry_id})
+                    found.append({**alert.to_dict(), "cursor": entry_id})
                     if len(found) == limit:
                         return found, entry_id
-                if where.since_ms is not None and alert["evaluated_at"] < where.since_ms - 3_600_000:
+                if where.since_ms is not None and alert.evaluated_at < where.since_ms - 3_600_000:
                     return found, None  # entries are in write order, close to evaluation order: far enough
             if len(entries) < _SCAN_CHUNK:
                 return found, None

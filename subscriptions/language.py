@@ -8,13 +8,16 @@
 
 Grammar (case-insensitive words)::
 
-    condition  := expr OVER duration ( comparator threshold | BETWEEN threshold AND threshold )
+    condition  := expr OVER duration comparison
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
     factor     := number | '-' factor | aggregate | '(' expr ')'
-    aggregate  := COUNT '(' ['*'] ')' | (SUM | AVG | MIN | MAX | LAST | MEDIAN) '(' attribute ')'
-                | QUANTILE '(' attribute ',' fraction ')'
+    aggregate  := NAME '(' ['*'] ')' | NAME '(' attribute [',' number] ')'
+    comparison := a comparator's syntax, each {} a threshold: '>' threshold | BETWEEN threshold AND threshold | ...
     threshold  := ['-' | '+'] number ['%']
+
+The aggregates (their names, arguments and aliases) are those declared in
+evaluator/aggregates.py, the comparisons those in evaluator/comparators.py.
 
 A percentage compares the expression with that share of the last value of the
 one attribute it uses ("high minus low above 3% of the last price").
@@ -25,24 +28,31 @@ say what was expected and where (column numbers start at 1).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
-from evaluator.spec import Aggregate, Condition, Expr, expr_terms
+from evaluator.aggregates import AGGREGATES, SPELLINGS, EventAggregate, format_term, number_text
+from evaluator.comparators import COMPARATORS, Comparator, comparator_of
+from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
 
 UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX", "LAST", "MEDIAN", "QUANTILE")
 
+# Symbols: the comparators' (longest first, so ">=" is one token) and the expressions'.
+_SYMBOLS = sorted({t for c in COMPARATORS for t in c.tokens if t != "{}" and not t.isalpha()}
+                  | {"(", ")", "*", "+", "-", "/", ",", "%"}, key=len, reverse=True)
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<duration>\d+(?:\.\d+)?(?:ms|s|m|h|d)\b)
       | (?P<number>(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
-      | (?P<op>>=|<=|>|<|\(|\)|\*|\+|-|/|,|%)
-    )""",
+      | (?P<op>"""
+    + "|".join(re.escape(symbol) for symbol in _SYMBOLS)
+    + ")\n    )",
     re.VERBOSE,
 )
+_COMPARISONS = ", ".join(c.syntax.replace("{}", "x") for c in COMPARATORS)
 
 
 class ConditionError(ValueError):
@@ -115,14 +125,14 @@ class _Parser:
         node = self.term()
         while self.at("+", "-"):
             op = self.take("op").text
-            node = (op, node, self.term())
+            node = BinOp(op, node, self.term())
         return node
 
     def term(self) -> Expr:
         node = self.factor()
         while self.at("*", "/"):
             op = self.take("op").text
-            node = (op, node, self.factor())
+            node = BinOp(op, node, self.factor())
         return node
 
     def factor(self) -> Expr:
@@ -138,11 +148,11 @@ class _Parser:
     def _factor(self) -> Expr:
         token = self.peek()
         if token is not None and token.kind == "number":
-            return ("num", self.number())
+            return Num(self.number())
         if self.at("-"):
             self.i += 1
             inner = self.factor()
-            return ("num", -inner[1]) if inner[0] == "num" else ("*", ("num", -1.0), inner)
+            return Num(-inner.value) if isinstance(inner, Num) else BinOp("*", Num(-1.0), inner)
         if self.at("("):
             self.i += 1
             node = self.expr()
@@ -150,31 +160,28 @@ class _Parser:
             return node
         return self.aggregate()
 
-    def aggregate(self) -> Expr:
-        names = ", ".join(_FUNCTIONS)
+    def aggregate(self) -> Term:
+        names = ", ".join(SPELLINGS)
         token = self.take("word", expected=f"an aggregate ({names})")
-        name = token.text.upper()
-        if name not in _FUNCTIONS:
+        spelling = SPELLINGS.get(token.text.upper())
+        if spelling is None:
             raise ConditionError(f"unknown aggregate {token.text!r}; use one of {names}", token.column)
+        aggregate, param = spelling
         self.take("op", "(")
-        if name == "COUNT":
+        if not aggregate.takes_attribute:
             if self.at("*"):
                 self.i += 1
             self.take("op", ")")
-            return ("agg", "COUNT", None, None)
+            return Term(aggregate.name)
         attribute = self.attribute()
-        q = None
-        if name == "QUANTILE":
-            self.take("op", ",", expected="',' and the quantile's fraction, as in QUANTILE(price, 0.95)")
-            q_column = self.column()
-            q = self.number()
-            if not 0 < q <= 1:
-                raise ConditionError(f"a quantile's fraction is between 0 and 1 (0.95 for the 95th percentile), "
-                                     f"not {q:g}", q_column)
-        elif name == "MEDIAN":
-            name, q = "QUANTILE", 0.5
+        if aggregate.param is not None and param is None:
+            self.take("op", ",", expected=aggregate.param.expected)
+            column = self.column()
+            param = self.number()
+            if not aggregate.param.valid(param):
+                raise ConditionError(aggregate.param.invalid.format(value=param), column)
         self.take("op", ")")
-        return ("agg", name, attribute, q)
+        return Term(aggregate.name, attribute, param)
 
     def attribute(self) -> str:
         token = self.take("word", expected=f"an attribute ({', '.join(ATTRIBUTES)})")
@@ -204,38 +211,55 @@ class _Parser:
         self.take("word", "OVER", expected="OVER and a window, as in OVER 5m")
         window_token = self.take("duration", expected="a window such as 30s, 5m or 1h")
         window_ms = _duration_ms(window_token)
-        op = self.peek()
-        bounds: dict[str, object]
-        if self.at("BETWEEN"):
-            self.i += 1
-            (low, low_pct), _ = self.threshold(), self.take("word", "AND")
-            high, high_pct = self.threshold()
-            if low_pct != high_pct:
-                raise ConditionError("give both ends of the range as percentages, or neither", op.column)  # type: ignore[union-attr]
-            if low > high:
-                raise ConditionError(f"empty range: {low:g} is above {high:g}", op.column)  # type: ignore[union-attr]
-            bounds, percent = {"low": low, "high": high, "low_inclusive": True, "high_inclusive": True}, low_pct
-        else:
-            comparator = self.take("op", expected="a comparison (>, >=, <, <=) or BETWEEN").text
-            if comparator not in {">", ">=", "<", "<="}:
-                raise ConditionError(f"expected a comparison, found {comparator!r}", op.column if op else None)
-            value, percent = self.threshold()
-            inclusive = comparator.endswith("=")
-            bounds = ({"low": value, "low_inclusive": inclusive} if comparator.startswith(">")
-                      else {"high": value, "high_inclusive": inclusive})
+        column = self.column()
+        comparator, thresholds, percents = self.comparison()
         if self.peek() is not None:
-            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]
-        if percent:
-            attributes = {term[2] for term in expr_terms(expression) if term[2]}
+            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
+        if len(set(percents)) > 1:
+            raise ConditionError("give both ends of the range as percentages, or neither", column)
+        if any(a > b for a, b in itertools.pairwise(thresholds)):
+            raise ConditionError(f"empty range: {thresholds[0]:g} is above {thresholds[-1]:g}", column)
+        ranges = comparator.ranges(*thresholds)
+        if percents and percents[0]:
+            attributes = {term.attribute for term in expr_terms(expression) if term.attribute}
             if len(attributes) != 1:
                 raise ConditionError("a percentage compares with the last value of one attribute: use it with an "
                                      "expression over exactly one attribute, like MAX(price) - MIN(price)", start)
             return Condition(Aggregate.EXPR, None, window_ms, expression=expression,
-                             percent_of=attributes.pop(), **bounds)  # type: ignore[arg-type]
-        if expression[0] == "agg":
-            _, aggregate, attribute, q = expression
-            return Condition(Aggregate(aggregate), attribute, window_ms, q=q, **bounds)  # type: ignore[arg-type]
-        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, **bounds)  # type: ignore[arg-type]
+                             percent_of=attributes.pop(), ranges=ranges)
+        if isinstance(expression, Term):
+            return Condition(Aggregate(expression.aggregate), expression.attribute, window_ms, q=expression.param,
+                             ranges=ranges)
+        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges)
+
+    def comparison(self) -> tuple[Comparator, list[float], list[bool]]:
+        """One of the comparators' syntaxes: which, its thresholds, and which of them are percentages."""
+        token = self.peek()
+        candidates = [c for c in COMPARATORS if token is not None and token.kind in ("op", "word")
+                      and token.text.upper() == c.tokens[0]]
+        if not candidates:
+            found = f"{token.text!r}" if token else "end of input"
+            raise ConditionError(f"expected a comparison ({_COMPARISONS}), found {found}", self.column())
+        first_error: ConditionError | None = None
+        start = self.i
+        for comparator in sorted(candidates, key=lambda c: -len(c.tokens)):
+            self.i = start
+            try:
+                return self._comparison(comparator)
+            except ConditionError as error:
+                first_error = first_error or error
+        raise first_error  # type: ignore[misc]  # candidates is not empty, so some comparator raised
+
+    def _comparison(self, comparator: Comparator) -> tuple[Comparator, list[float], list[bool]]:
+        thresholds, percents = [], []
+        for word in comparator.tokens:
+            if word == "{}":
+                value, percent = self.threshold()
+                thresholds.append(value)
+                percents.append(percent)
+            else:
+                self.take("word" if word.isalpha() else "op", word)
+        return comparator, thresholds, percents
 
 
 def _duration_ms(token: _Token) -> int:
@@ -260,10 +284,14 @@ def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantil
         raise ConditionError(f"the window must be a multiple of {format_duration(pane_ms)}")
     if condition.window_ms > max_window_ms:
         raise ConditionError(f"the window may be at most {format_duration(max_window_ms)}")
-    if any(term[1] == "QUANTILE" for term in condition.terms) and condition.window_ms > quantile_max_window_ms:
-        if not quantile_max_window_ms:
-            raise ConditionError("quantiles are switched off on this deployment")
-        raise ConditionError(f"a quantile's window may be at most {format_duration(quantile_max_window_ms)}")
+    for term in condition.terms:
+        aggregate = AGGREGATES[term.aggregate]
+        if (isinstance(aggregate, EventAggregate) and aggregate.needs_every_event
+                and condition.window_ms > quantile_max_window_ms):
+            noun = aggregate.name.lower()
+            if not quantile_max_window_ms:
+                raise ConditionError(f"{noun}s are switched off on this deployment")
+            raise ConditionError(f"a {noun}'s window may be at most {format_duration(quantile_max_window_ms)}")
 
 
 def format_duration(ms: int) -> str:
@@ -273,27 +301,17 @@ def format_duration(ms: int) -> str:
     return f"{ms}ms"
 
 
-def _number(value: float) -> str:
-    """Shortest text that parses back to exactly ``value``."""
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
-
-
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
 def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
     """Text of an expression with only the parentheses it needs."""
-    kind = expr[0]
-    if kind == "num":
-        return _number(expr[1])
-    if kind == "agg":
-        _, aggregate, attribute, q = expr
-        if aggregate == "COUNT":
-            return "COUNT(*)"
-        return f"QUANTILE({attribute}, {_number(q)})" if aggregate == "QUANTILE" else f"{aggregate}({attribute})"
-    level = _PRECEDENCE[kind]
-    text = f"{format_expr(expr[1], level)} {kind} {format_expr(expr[2], level, right=True)}"
+    if isinstance(expr, Num):
+        return number_text(expr.value)
+    if isinstance(expr, Term):
+        return format_term(expr)
+    level = _PRECEDENCE[expr.op]
+    text = f"{format_expr(expr.left, level)} {expr.op} {format_expr(expr.right, level, right=True)}"
     return f"({text})" if level < context or (right and level == context) else text
 
 
@@ -302,22 +320,8 @@ def format_condition(condition: Condition) -> str:
     expression = condition.expression if condition.aggregate is Aggregate.EXPR else condition.terms[0]
     head = f"{format_expr(expression)} OVER {format_duration(condition.window_ms)}"  # type: ignore[arg-type]
     pct = "%" if condition.percent_of else ""
-    if condition.low is not None and condition.high is not None:
-        return f"{head} BETWEEN {_number(condition.low)}{pct} AND {_number(condition.high)}{pct}"
-    if condition.low is not None:
-        return f"{head} {'>=' if condition.low_inclusive else '>'} {_number(condition.low)}{pct}"
-    return f"{head} {'<=' if condition.high_inclusive else '<'} {_number(condition.high)}{pct}"
-
-
-_AGGREGATE_WORDS = {"COUNT": "number of events", "SUM": "sum of {a}", "AVG": "average {a}",
-                    "MIN": "lowest {a}", "MAX": "highest {a}", "LAST": "latest {a}"}
-
-
-def _describe_term(term: Expr) -> str:
-    _, aggregate, attribute, q = term
-    if aggregate == "QUANTILE":
-        return "median " + attribute if q == 0.5 else f"{_number(q * 100)}th percentile of {attribute}"
-    return _AGGREGATE_WORDS[aggregate].format(a=attribute)
+    comparator, thresholds = comparator_of(condition.accepted)
+    return f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
 
 
 def explain(condition: Condition) -> str:
@@ -325,18 +329,31 @@ def explain(condition: Condition) -> str:
     if condition.aggregate is Aggregate.EXPR:
         what = format_expr(condition.expression)  # type: ignore[arg-type]
     else:
-        what = _describe_term(condition.terms[0])
+        [term] = condition.terms
+        what = AGGREGATES[term.aggregate].describe(term)
     pct = "%" if condition.percent_of else ""
-
-    def n(value: float | None) -> str:
-        return f"{_number(value)}{pct}"  # type: ignore[arg-type]
-
-    if condition.low is not None and condition.high is not None:
-        test = f"is between {n(condition.low)} and {n(condition.high)}"
-    elif condition.low is not None:
-        test = f"is {'at least' if condition.low_inclusive else 'above'} {n(condition.low)}"
-    else:
-        test = f"is {'at most' if condition.high_inclusive else 'below'} {n(condition.high)}"
+    comparator, thresholds = comparator_of(condition.accepted)
+    test = comparator.words.format(*(f"{number_text(t)}{pct}" for t in thresholds))
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
     return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+
+
+@dataclass(frozen=True)
+class LanguageHelp:
+    """What the form's help lists, read from the registries so it names every aggregate and comparison."""
+
+    aggregates: tuple[tuple[str, str], ...]  # (syntax, plain words)
+    aliases: tuple[tuple[str, str], ...]  # (alias, what it stands for)
+    comparisons: tuple[str, ...]
+    attributes: tuple[str, ...]
+
+
+def language_help() -> LanguageHelp:
+    return LanguageHelp(
+        aggregates=tuple((a.syntax, a.summary) for a in AGGREGATES.values()),
+        aliases=tuple((alias, format_term(Term(a.name, "attribute", param)))
+                      for alias, (a, param) in SPELLINGS.items() if alias != a.name),
+        comparisons=tuple(c.syntax.replace("{}", "x", 1).replace("{}", "y") for c in COMPARATORS),
+        attributes=ATTRIBUTES,
+    )

@@ -119,7 +119,7 @@ class Subscription(Base):
     condition_spec: Mapped[dict] = mapped_column(JSON)
     keys: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: every key
     active: Mapped[bool] = mapped_column(Boolean, default=True)
-    policy: Mapped[dict] = mapped_column(JSON, default=dict)  # notifier.policy.AlertPolicy
+    policy: Mapped[dict] = mapped_column(JSON, default=dict)  # subscriptions.policy.AlertPolicy
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     endpoints: Mapped[list[Endpoint]] = relationship(secondary=subscription_endpoints, lazy="selectin")

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ingest.model import Key
-from notifier.policy import AlertPolicy
 from subscriptions.channel_kinds import MAX_KIND_LENGTH, EndpointKind, endpoint_kind, endpoint_kinds
 from subscriptions.language import parse_condition
+from subscriptions.policy import AlertPolicy
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 

@@ -22,12 +22,12 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.spec import Condition, SubscriptionSpec
-from notifier.policy import AlertPolicy
 from subscriptions.accounts import lock_owner
 from subscriptions.channel_kinds import endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
+from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 
 _PUBLISH_IF_NEWER = """

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from devstack.services import free_port, start_redis, start_tansu
 import notifier.channels  # noqa: F401 - fills the endpoint-kind registry, as the web app and the worker do at start
 from core.settings import Settings
+from devstack.services import free_port, start_redis, start_tansu
 from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()
@@ -81,7 +81,7 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 
 @pytest.fixture(scope="session")
-def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):  # noqa: ANN201
+def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):
     """The one SparkSession of the test run."""
     from evaluator.spark.session import spark_session
 
@@ -94,13 +94,13 @@ def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):  # noqa: ANN201
 
 
 @pytest.fixture
-def owner_account(settings: Settings):  # noqa: ANN201
+def owner_account(settings: Settings):
     """``(user, API token)`` of the user that owns what a test creates through the services directly."""
     return new_user(settings)
 
 
 @pytest.fixture
-def owner(owner_account):  # noqa: ANN001, ANN201
+def owner(owner_account):
     return owner_account[0]
 
 

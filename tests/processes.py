@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devstack.services import ManagedProcess, python_module, spawn
 from core.settings import Settings
+from devstack.services import ManagedProcess, python_module, spawn
 
 
 def worker_args(lane: str = "all", concurrency: int = 4) -> list[str]:

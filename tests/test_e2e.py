@@ -21,7 +21,7 @@ from tests.users import api_client, new_user
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
 
-def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
+def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     receiver = WebhookReceiver()
     _, token = new_user(settings)

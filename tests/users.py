@@ -9,7 +9,7 @@ from core.settings import Settings
 PASSWORD = "correct horse battery"
 
 
-def new_user(settings: Settings, email: str | None = None, role: str = "user"):  # noqa: ANN201
+def new_user(settings: Settings, email: str | None = None, role: str = "user"):
     """A user with an API token: ``(user, token)``."""
     from subscriptions.accounts import AccountService
     from subscriptions.db import session_factory
@@ -21,7 +21,7 @@ def new_user(settings: Settings, email: str | None = None, role: str = "user"): 
         return user, token
 
 
-def api_client(settings: Settings, token: str | None = None):  # noqa: ANN201
+def api_client(settings: Settings, token: str | None = None):
     """A TestClient of the web app, authenticated with ``token`` when given (start it with ``with``)."""
     from fastapi.testclient import TestClient
 
@@ -34,14 +34,14 @@ def api_client(settings: Settings, token: str | None = None):  # noqa: ANN201
 
 
 
-def form_csrf(client, page: str = "/login") -> str:  # noqa: ANN001
+def form_csrf(client, page: str = "/login") -> str:
     """The pre-session CSRF token of the sign-in or sign-up form (its cookie is now in ``client``)."""
     import re
 
     return re.search(r'name="csrf_token" value="([^"]+)"', client.get(page).text)[1]
 
 
-def sign_in(client, email: str, password: str = PASSWORD) -> str:  # noqa: ANN001
+def sign_in(client, email: str, password: str = PASSWORD) -> str:
     """Sign ``client`` in with a browser session (cookie) and send its CSRF token from now on."""
     response = client.post("/api/auth/login", json={"email": email, "password": password})
     assert response.status_code == 200, response.text

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import redis
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
+from starlette.middleware.base import RequestResponseEndpoint
 
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
@@ -19,10 +21,11 @@ from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
-from web import ui
+from web import pages
 from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
+from web.pages.common import http_error as page_or_json_error
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -39,13 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # noqa: ANN202
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-        with session_factory(settings.database_url)() as session:
-            try:
-                CatalogPublisher(session, settings, app.state.redis).republish()
-            except redis.RedisError:
-                pass  # readiness reports it; the catalog is published again on the next change
+        # Redis down: readiness reports it, and the catalog is published again on the next change.
+        with session_factory(settings.database_url)() as session, suppress(redis.RedisError):
+            CatalogPublisher(session, settings, app.state.redis).republish()
         sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
         sampler.cancel()
@@ -62,12 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
-                   ops.router, health.router, ui.router):
+                   ops.router, health.router, pages.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.middleware("http")
-    async def measure(request: Request, call_next):  # noqa: ANN001, ANN202
+    async def measure(request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
@@ -95,14 +96,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def bad_condition(_request: Request, exc: ConditionError) -> JSONResponse:
         return _field_error("condition", str(exc))
 
-    async def store_down(request: Request, _exc: Exception) -> JSONResponse:
-        return await ui.http_error(request, unavailable())
+    async def store_down(request: Request, _exc: Exception) -> Response:
+        return await page_or_json_error(request, unavailable())
 
     for error in STORE_DOWN:
         app.add_exception_handler(error, store_down)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return await ui.http_error(request, exc)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return await page_or_json_error(request, exc)
 
     return app

@@ -11,7 +11,6 @@ starting, has been silent since a given time, or was too slow.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -19,12 +18,15 @@ from typing import Any
 import redis
 from fastapi.concurrency import run_in_threadpool
 
-from evaluator.spec import Condition
 from core.evaluator_status import EvaluatorStatus, evaluator_status
-from core.redis_schema import PREVIEW_SHOWN, RedisKeys
+from core.redis_replies import text_hash
+from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.preview import PreviewAnswer, PreviewRequest, most_extreme
+from evaluator.spec import Condition
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
+
 
 def describe(text: str, settings: Settings) -> dict[str, Any]:
     """The canonical text and a plain-words reading of a condition; ConditionError if it is not valid."""
@@ -35,13 +37,13 @@ def describe(text: str, settings: Settings) -> dict[str, Any]:
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
                     client: redis.Redis) -> dict[str, Any]:
     keys = RedisKeys(settings)
-    status = evaluator_status(client.hgetall(keys.evaluator_stats), settings, time.time())
+    status = evaluator_status(text_hash(client.hgetall(keys.evaluator_stats)), settings, time.time())
     shards = status.shards
     request_id = uuid.uuid4().hex
     answers_key = keys.preview_answers(request_id)
-    client.hset(keys.previews, request_id, json.dumps(
-        {"condition": condition.to_dict(), "keys": watch, "at": time.time()}))
-    answers: dict[int, dict] = {}
+    request = PreviewRequest(condition, frozenset(watch) if watch is not None else None, time.time())
+    client.hset(keys.previews, request_id, request.to_json())
+    answers: dict[int, PreviewAnswer] = {}
     deadline = time.monotonic() + settings.preview_timeout_s
     try:
         while shards and len(answers) < shards:
@@ -50,13 +52,13 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
                 break
             got = client.blpop([answers_key], timeout=max(min(left, 1.0), 0.01))
             if got:
-                answer = json.loads(got[1])
-                answers[int(answer["shard"])] = answer
+                answer = PreviewAnswer.from_json(got[1])
+                answers[answer.shard] = answer
     finally:
         client.hdel(keys.previews, request_id)
         client.delete(answers_key)
-    matches = sorted((m for a in answers.values() for m in a["matches"]), key=lambda m: (-abs(m[1]), m[0]))
-    evaluated = [a["evaluated_at"] for a in answers.values() if a.get("evaluated_at")]
+    matches = most_extreme(m for a in answers.values() for m in a.matches)
+    evaluated = [a.evaluated_at for a in answers.values() if a.evaluated_at]
     return {
         "reason": _reason(status, shards, len(answers), settings),
         "evaluator": status.state,
@@ -64,9 +66,9 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
         "answered": len(answers),
         "complete": bool(shards) and len(answers) == shards,
         "evaluated_at": min(evaluated) if evaluated else None,
-        "total": sum(a["total"] for a in answers.values()),
-        "watched": sum(a["watched"] for a in answers.values()),
-        "matches": [{"key": k, "value": v} for k, v in matches[:PREVIEW_SHOWN]],
+        "total": sum(a.total for a in answers.values()),
+        "watched": sum(a.watched for a in answers.values()),
+        "matches": [{"key": k, "value": v} for k, v in matches],
     }
 
 

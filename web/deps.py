@@ -96,11 +96,12 @@ async def get_principal(
 ) -> Principal | None:
     principal = await run_in_threadpool(_identify, request, accounts)
     if principal is not None and principal.web_session is not None and request.method not in _SAFE_METHODS:
-        sent = request.headers.get(CSRF_HEADER)
+        sent: object = request.headers.get(CSRF_HEADER)  # a form field may be a file: checked below
         if sent is None and request.headers.get("content-type", "").startswith(
                 ("application/x-www-form-urlencoded", "multipart/form-data")):
             sent = (await request.form()).get(CSRF_FIELD)
-        if not isinstance(sent, str) or not hmac.compare_digest(sent, principal.web_session.csrf_token):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500).
+        if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), principal.web_session.csrf_token.encode()):
             raise HTTPException(status.HTTP_403_FORBIDDEN, "missing or wrong CSRF token")
     return principal
 

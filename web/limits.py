@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
-
 STORE_DOWN = (redis.RedisError, StorageError, kombu.exceptions.OperationalError)
 """What the Redis client, the rate limiter's storage and Celery's producer raise when Redis is down or hung."""
 UNAVAILABLE_RETRY_AFTER_S = 5

@@ -15,7 +15,6 @@ import asyncio
 import json
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import redis
@@ -26,9 +25,11 @@ from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evaluator.spec import Aggregate, Condition
-from core.redis_schema import RedisKeys, shard_clocks
+from core.redis_schema import RedisKeys, celery_queue_keys, shard_clocks
 from core.settings import Settings
+from evaluator.catalog import Catalog
+from evaluator.shard import group_subscriptions
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import LogEndProbe
 from subscriptions.language import format_duration, format_expr
 from subscriptions.models import Subscription
@@ -46,12 +47,6 @@ SAMPLED = {name: Gauge(f"tocsin_{name}", text) for name, text in {
     "celery_unacked_deliveries": "Deliveries held by workers (running or waiting to retry)",
     "dead_letters": "Deliveries that failed for good, waiting for an operator",
 }.items()}
-
-
-def celery_queue_keys(settings: Settings) -> tuple[str, str]:
-    """The Redis list Celery's delivery queue lives in, and the hash of tasks workers hold unacknowledged."""
-    prefix = settings.redis_key("celery") + ":"
-    return prefix + settings.redis_key("deliveries"), prefix + "unacked"
 
 
 _probes: dict[tuple[str, str], LogEndProbe] = {}
@@ -87,8 +82,9 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     """One sample; rates are taken against ``previous``."""
     keys = RedisKeys(settings)
     now = time.time()
-    evaluator = client.hgetall(keys.evaluator_stats)
-    deliveries = client.hgetall(keys.delivery_stats)
+    # The web app's client decodes responses (decode_responses=True), so both hashes hold text.
+    evaluator: dict[str, str] = client.hgetall(keys.evaluator_stats)  # type: ignore[assignment]
+    deliveries: dict[str, str] = client.hgetall(keys.delivery_stats)  # type: ignore[assignment]
     queue, unacked = celery_queue_keys(settings)
     sample: dict[str, Any] = {
         "t": round(now, 3),
@@ -183,17 +179,21 @@ def _value_text(condition: Condition) -> str:
     return format_expr(condition.terms[0])
 
 
-def subscription_load(session: Session) -> list[dict]:
-    """Subscriptions of every user by the value they need per key (aggregate, attribute, window, ...):
-    the groups the evaluator answers with one shared lookup each."""
-    counts: Counter[tuple[str, str, str, int, bool]] = Counter()
-    for spec, active in session.execute(select(Subscription.condition_spec, Subscription.active)):
-        c = Condition.from_dict(spec)
-        counts[(c.aggregate.value, c.attribute or "*", _value_text(c), c.window_ms, bool(active))] += 1
-    groups: dict[tuple[str, str, int], dict] = {}
-    for (aggregate, attribute, value, window, active), n in counts.items():
-        group = groups.setdefault((value, window), {
-            "aggregate": aggregate, "attribute": attribute, "value": value, "window_ms": window,
-            "window": format_duration(window), "active": 0, "paused": 0})
-        group["active" if active else "paused"] += n
-    return sorted(groups.values(), key=lambda g: (-g["active"], g["value"], g["window_ms"]))
+def subscription_load(session: Session) -> list[dict[str, Any]]:
+    """Subscriptions of every user in the groups the evaluator answers with one shared lookup each
+    (``evaluator.shard.group_subscriptions``: by the value they need per key), paused ones counted apart."""
+    specs: list[SubscriptionSpec] = []
+    active: set[int] = set()
+    for sid, spec, is_active in session.execute(
+            select(Subscription.id, Subscription.condition_spec, Subscription.active)):
+        specs.append(SubscriptionSpec(sid, Condition.from_dict(spec)))
+        if is_active:
+            active.add(sid)
+    load = []
+    for group in group_subscriptions(Catalog(0, tuple(specs))):
+        c = group.template
+        running = sum(1 for s in group.specs if s.id in active)
+        load.append({"aggregate": c.aggregate.value, "attribute": c.attribute or "*", "value": _value_text(c),
+                     "window_ms": c.window_ms, "window": format_duration(c.window_ms),
+                     "active": running, "paused": len(group.specs) - running})
+    return sorted(load, key=lambda g: (-g["active"], g["value"], g["window_ms"]))

@@ -36,6 +36,7 @@ import structlog
 from celery import Celery
 from prometheus_client import Gauge
 
+from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.app import DELIVER_TASK
@@ -164,7 +165,7 @@ def notification(rule: str, state: str, incident: dict, now: float) -> dict:
     """An operator notification in the shape of every other (so e-mail and webhook render it alike)."""
     since_ms = int(incident["since"] * 1000)
     now_ms = int(now * 1000)
-    alert = {"alert_id": f"watchdog:{rule}:{since_ms}:{state}", "key": rule, "state": state, "value": None,
+    alert: dict[str, Any] = {"alert_id": f"watchdog:{rule}:{since_ms}:{state}", "key": rule, "state": state, "value": None,
              "window_start": since_ms, "window_end": now_ms, "evaluated_at": now_ms}
     info = {"id": None, "name": f"Tocsin dead man's switch: {rule}", "condition": incident.get("detail", "")}
     return {**build_notification(info, [alert], notification_id([alert["alert_id"]])), "operator": True,
@@ -173,7 +174,7 @@ def notification(rule: str, state: str, incident: dict, now: float) -> dict:
 
 def open_incidents(client: redis.Redis, settings: Settings) -> dict[str, dict]:
     """The incidents open now: ``{rule: {"since", "detail"}}`` (for the banner and the gauges)."""
-    return {rule: json.loads(v) for rule, v in client.hgetall(RedisKeys(settings).watchdog_state).items()}
+    return {rule: json.loads(v) for rule, v in text_hash(client.hgetall(RedisKeys(settings).watchdog_state)).items()}
 
 
 def job_starts(client: redis.Redis, settings: Settings) -> list[float]:

@@ -1,4 +1,8 @@
-"""AVG as two shared synopses, SUM and COUNT, divided at lookup."""
+"""AVG as two shared synopses, SUM and COUNT, divided at lookup.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``tests/evaluator/asw`` checks it.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""What every shared window structure has: a ring of raw values, its position, growth, bytes."""
+"""What every shared window structure has: a ring of raw values, its position, growth, bytes.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; the other structures of this package build on it.
+"""
 
 from __future__ import annotations
 

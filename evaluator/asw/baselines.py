@@ -3,6 +3,9 @@
 - materialise-none: keep the raw values, fold the window at every lookup, O(W);
 - materialise-all: keep every registered window's answer current, O(#windows) per update;
 - aggregate tree (PSoup-style): a balanced tree over the ring, O(log N) update and lookup.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures against it and the tests use it as an oracle.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ class MaterializeAll(WindowStructure):
 
     def __init__(self, agg: Agg | str, capacity: int, **options: Any) -> None:
         super().__init__(agg, capacity, **options)
-        self.widths = sorted(set(int(w) for w in options.get("widths") or [1]))
+        self.widths = sorted({int(w) for w in options.get("widths") or [1]})
         if self.widths[-1] > self.capacity:
             raise ValueError("a width exceeds the capacity")
-        self.answers = {w: self.monoid.identity for w in self.widths}
+        self.answers = dict.fromkeys(self.widths, self.monoid.identity)
         self.deques: dict[int, deque] = {w: deque() for w in self.widths}  # MIN/MAX: monotone deques
 
     def append(self, value: float) -> None:

@@ -4,6 +4,9 @@ Level ``l`` keeps the aggregate of each complete interval ``[i 2^l, (i+1) 2^l)``
 within the retained positions, in a ring of ``capacity >> l`` slots. An append
 completes one interval per trailing one-bit of its position: O(1) amortised. Any
 window is a disjoint union of O(log W) base intervals. Works for every monoid.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures it and ``tests/evaluator/asw`` checks it.
 """
 
 from __future__ import annotations

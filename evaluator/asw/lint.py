@@ -7,6 +7,9 @@ up to it (prefix) and from it to the block end (suffix). A window of width
 blocks. With γ-partitioning the requested widths are split into classes
 ``[D, γ D)``, each with its own landmark spacing, so every lookup combines at most
 ``γ + 1`` values: O(1) for a constant γ, at O(1) amortised update per class.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures it and ``tests/evaluator/asw`` checks it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def gamma_partition(widths: Iterable[int], gamma: float) -> list[int]:
     if gamma <= 1:
         raise ValueError("γ must exceed 1")
     spacings: list[int] = []
-    for w in sorted(set(int(w) for w in widths)):
+    for w in sorted({int(w) for w in widths}):
         if w <= 0:
             raise ValueError("widths must be positive")
         if not spacings or w >= gamma * spacings[-1]:
@@ -35,7 +38,7 @@ def gamma_partition(widths: Iterable[int], gamma: float) -> list[int]:
 class _Landmarks:
     """One class: landmarks every ``spacing`` positions."""
 
-    __slots__ = ("spacing", "prefix", "suffix", "blocks", "bmask")
+    __slots__ = ("blocks", "bmask", "prefix", "spacing", "suffix")
 
     def __init__(self, spacing: int, capacity: int, identity: float) -> None:
         self.spacing = spacing

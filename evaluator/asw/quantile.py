@@ -5,6 +5,9 @@ two children, so every element is copied once per level: O(log N) amortised per
 update, O(N log N) space). A window is O(log W) sorted arrays; its k-th smallest
 element is found by pivoting on array medians and counting ranks by binary search,
 without merging the arrays.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures it and ``tests/evaluator/asw`` checks it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ that difference is the window's exact sum rounded once, whatever the values befo
 (float prefixes lose a window's small values after large ones). Every ``capacity``
 appends the prefixes are re-based to start from zero near the oldest retained position,
 which keeps the integers as small as the retained values allow.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``benchmarks/evaluator.py`` measures it and the tests use it (also as an exact-sum oracle).
 """
 
 from __future__ import annotations

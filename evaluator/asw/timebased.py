@@ -5,6 +5,9 @@ Elements carry non-decreasing timestamps. The window of duration ``T`` at time
 retained timestamps turns it into a position range. The structure grows whenever
 the elements of the longest window would no longer fit, so a burst never
 truncates a window.
+
+Reference implementation of the paper (see the package docstring): production does not import
+it; ``tests/evaluator/asw`` checks it.
 """
 
 from __future__ import annotations

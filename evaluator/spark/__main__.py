@@ -13,6 +13,7 @@ can be told apart (``core.evaluator_status``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -22,13 +23,13 @@ import redis
 import structlog
 from prometheus_client import Gauge
 
-from evaluator.spark.job import build_query
-from evaluator.spark.session import spark_session
-from evaluator.spark.source import stop_file
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
+from evaluator.spark.job import build_query
+from evaluator.spark.session import spark_session
+from evaluator.spark.source import stop_file
 from ingest.kafka import ensure_topics
 
 log = structlog.get_logger("evaluator")
@@ -84,10 +85,8 @@ def _stop_between_batches(query, deadline: float) -> bool:  # noqa: ANN001 - py4
 def _heartbeat(stats: redis.Redis, key: str, stop: threading.Event) -> None:
     """Beat every second until stopped; a Redis outage costs beats, not the job."""
     while not stop.wait(1.0):
-        try:
+        with contextlib.suppress(redis.RedisError):
             stats.hset(key, "driver_heartbeat_at", time.time())
-        except redis.RedisError:
-            pass
 
 
 def _record_start(stats: redis.Redis, keys: RedisKeys) -> None:

@@ -9,15 +9,14 @@ once (see ``web.conditions``).
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
 
-from evaluator.catalog import Catalog
-from evaluator.spec import Condition
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.catalog import Catalog
+from evaluator.preview import PreviewRequest
 
 
 class CatalogSource:
@@ -30,20 +29,19 @@ class CatalogSource:
         self._checked = 0.0
         self._answered: dict[tuple[int, str], float] = {}  # (shard, request) -> when, in this worker
 
-    def previews(self, shard: int) -> list[tuple[str, Condition, frozenset[str] | None]]:
-        """Preview requests still waited for that ``shard`` has not answered in this worker."""
+    def previews(self, shard: int) -> list[tuple[str, PreviewRequest]]:
+        """Preview requests still waited for that ``shard`` has not answered in this worker, by request id."""
         now = time.time()
-        raw = self.redis.hgetall(self.keys.previews)
+        raw: dict[bytes, bytes] = self.redis.hgetall(self.keys.previews)  # type: ignore[assignment]  # bytes: no decode_responses
         self._answered = {k: at for k, at in self._answered.items() if now - at < 2 * self.preview_max_age_s}
         pending = []
-        for request_id, payload in raw.items():
-            request_id = request_id.decode()
-            data = json.loads(payload)
-            if now - data["at"] > self.preview_max_age_s or (shard, request_id) in self._answered:
+        for raw_id, payload in raw.items():
+            request_id = raw_id.decode()
+            request = PreviewRequest.from_json(payload)
+            if now - request.at > self.preview_max_age_s or (shard, request_id) in self._answered:
                 continue
             self._answered[(shard, request_id)] = now
-            keys = frozenset(data["keys"]) if data["keys"] is not None else None
-            pending.append((request_id, Condition.from_dict(data["condition"]), keys))
+            pending.append((request_id, request))
         return pending
 
     def current(self) -> Catalog:
@@ -52,7 +50,18 @@ class CatalogSource:
             self._checked = now
             version = int(self.redis.get(self.keys.catalog_version) or 0)
             if version != self._catalog.version:
-                raw = self.redis.get(self.keys.catalog_snapshot)
+                raw: bytes | None = self.redis.get(self.keys.catalog_snapshot)  # type: ignore[assignment]  # bytes: no decode_responses
                 if raw is not None:
                     self._catalog = Catalog.decode(raw)
         return self._catalog
+
+
+_SHARED: dict[tuple[str, str], CatalogSource] = {}
+
+
+def shared_catalog_source(settings: Settings) -> CatalogSource:
+    """One catalog reader (and Redis client) per worker process and deployment."""
+    key = (settings.redis_url, settings.redis_prefix)
+    if key not in _SHARED:
+        _SHARED[key] = CatalogSource(settings)
+    return _SHARED[key]

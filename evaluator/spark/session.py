@@ -7,8 +7,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from evaluator.spark.source import KafkaDataSource
 from core.settings import Settings
+from evaluator.spark.source import KafkaDataSource
 
 
 def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> SparkSession:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+from typing_extensions import override  # typing.override is Python 3.12+
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -130,17 +131,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             consumer.close()
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def initialOffset(self) -> Offsets:
         if self.starting == "latest":
             return self._log_ends()
-        return {p: 0 for p in self._log_ends()}
+        return dict.fromkeys(self._log_ends(), 0)
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._log_ends()
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self.stop_file and os.path.exists(self.stop_file):  # the driver is stopping: no new batch
             return start
@@ -157,6 +162,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return split_limit(start, end, limit.max_rows)
         return end
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def reportLatestOffset(self) -> Offsets | None:
         return self._latest
 
@@ -221,5 +227,6 @@ class KafkaDataSource(DataSource):
     def schema(self) -> StructType:
         return RAW_SCHEMA
 
+    @override  # PySpark's data source API spells its methods in camelCase
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         return KafkaStreamReader(dict(self.options))

@@ -37,6 +37,7 @@ import bisect
 import math
 import struct
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -312,7 +313,7 @@ class CollectiveSum(SubstreamIndex):
             base = to_float(sub.base)
             parts.append(struct.pack("<HId", len(encoded), len(sub.ts), base if base < math.inf else 0.0) + encoded)
             parts.append(np.asarray(sub.ts, dtype=np.int64).tobytes())
-            values = [to_float(b - a) for a, b in zip([sub.base, *sub.ends], sub.ends)]
+            values = [to_float(b - a) for a, b in pairwise([sub.base, *sub.ends])]
             parts.append(np.asarray(values, dtype=np.float64).tobytes())
         return b"".join(parts)
 

@@ -10,13 +10,15 @@ shortest window.
 
 from __future__ import annotations
 
+import builtins
+
 from sortedcontainers import SortedList
 
 
 class StampIndex:
     """For each key at most one timestamp; reports the keys whose timestamp exceeds a bound."""
 
-    __slots__ = ("bucket_ms", "stamp", "buckets", "order")
+    __slots__ = ("bucket_ms", "buckets", "order", "stamp")
 
     def __init__(self, bucket_ms: int = 1_000) -> None:
         self.bucket_ms = bucket_ms
@@ -53,7 +55,7 @@ class StampIndex:
         if old is not None:
             self._leave(old // self.bucket_ms, key_id)
 
-    def newer_than(self, t0: int) -> set[int]:
+    def newer_than(self, t0: int) -> builtins.set[int]:  # in this class ``set`` is the method
         """Key ids whose timestamp is > ``t0``."""
         first = t0 // self.bucket_ms
         found: set[int] = set()

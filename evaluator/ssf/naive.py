@@ -58,6 +58,6 @@ class NaiveSubstreams(SubstreamIndex):
         found = {}
         for key in self.series:
             value = self.value(key, condition.window_ms, now)
-            if condition.holds(value):
-                found[key] = value  # type: ignore[assignment]
+            if value is not None and condition.holds(value):
+                found[key] = value
         return found

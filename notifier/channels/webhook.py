@@ -87,11 +87,11 @@ class WebhookLimits:
                    tuple(settings.webhook_allow_hosts), settings.webhook_ca_file)
 
 
-class DestinationRefused(ValueError):  # noqa: N818 - names the outcome, like PermissionError; tests use it
+class DestinationRefused(ValueError):
     """The URL points somewhere webhooks must not go (private, loopback, link-local...): final."""
 
 
-class DestinationUnresolved(OSError):  # noqa: N818 - the pair of DestinationRefused
+class DestinationUnresolved(OSError):
     """The host name could not be resolved (now): worth trying again, like any network error."""
 
 

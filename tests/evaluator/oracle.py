@@ -4,53 +4,74 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
-from evaluator.spec import Aggregate, Condition, Expr, SubscriptionSpec
+from evaluator.expr import expr_from_json
+from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, SubscriptionSpec, Term
 
 Event = tuple[str, int, float, float]  # key, ts, price, volume
 
 
-def term_of(term: Expr, window: list[Event]) -> float | None:
+def _quantile(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """The smallest value with at least q of the values at or below it."""
+    ordered = sorted(series)
+    return next((v for v in ordered if sum(x <= v for x in ordered) >= round((q or 0) * len(ordered), 9)), None)
+
+
+def _last(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """The newest event's value; among equal times, the last to arrive."""
+    if not window:
+        return None
+    newest = max(range(len(window)), key=lambda i: (window[i][1], i))
+    return series[newest]
+
+
+#: Each aggregate by its definition, independently of evaluator/aggregates.py (a test checks both name the same
+#: aggregates): ``(window events in arrival order, the attribute's values, param) -> value``; None: no value.
+DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float | None]] = {
+    "COUNT": lambda window, series, q: float(len(window)),
+    "SUM": lambda window, series, q: math.fsum(series),
+    "AVG": lambda window, series, q: math.fsum(series) / len(series) if series else None,
+    "MIN": lambda window, series, q: min(series) if series else None,
+    "MAX": lambda window, series, q: max(series) if series else None,
+    "QUANTILE": _quantile,
+    "LAST": _last,
+}
+
+
+def term_of(term: Term | Any, window: list[Event]) -> float | None:
     """One aggregate of a window of events, given in arrival order, by its definition.
 
     SUM and AVG are ``math.fsum`` of the raw values (correctly rounded), never a difference of
     running sums as the evaluator's structures keep them: their precision is what is tested.
     """
-    _, aggregate, attribute, q = term
-    series = [e[2] if attribute == "price" else e[3] for e in window]
-    if aggregate == "COUNT":
-        return float(len(window))
-    if aggregate == "SUM":
-        return math.fsum(series)
-    if not series:
-        return None
-    if aggregate == "QUANTILE":  # the smallest value with at least q of the values at or below it
-        ordered = sorted(series)
-        return next(v for v in ordered if sum(x <= v for x in ordered) >= round(q * len(ordered), 9))
-    if aggregate == "LAST":  # the newest event; among equal times, the last to arrive
-        return max(enumerate(window), key=lambda ie: (ie[1][1], ie[0]))[1][2 if attribute == "price" else 3]
-    return {"AVG": math.fsum(series) / len(series), "MIN": min(series), "MAX": max(series)}[aggregate]
+    term = expr_from_json(term)
+    assert isinstance(term, Term)
+    series = [e[2] if term.attribute == "price" else e[3] for e in window]
+    return DEFINITIONS[term.aggregate](window, series, term.param)
 
 
 def expr_of(expr: Expr, window: list[Event]) -> float | None:
-    if expr[0] == "num":
-        return expr[1]
-    if expr[0] == "agg":
+    if isinstance(expr, Num):
+        return expr.value
+    if isinstance(expr, Term):
         return term_of(expr, window)
-    left, right = expr_of(expr[1], window), expr_of(expr[2], window)
-    if left is None or right is None or (expr[0] == "/" and right == 0):
+    assert isinstance(expr, BinOp)
+    left, right = expr_of(expr.left, window), expr_of(expr.right, window)
+    if left is None or right is None or (expr.op == "/" and right == 0):
         return None
-    value = {"+": left + right, "-": left - right, "*": left * right}.get(expr[0]) if expr[0] != "/" else left / right
-    return value if math.isfinite(value) else None
+    value = {"+": left + right, "-": left - right, "*": left * right}.get(expr.op) if expr.op != "/" else left / right
+    return value if math.isfinite(value) else None  # type: ignore[arg-type]  # every op gives a value
 
 
 def value_of(c: Condition, window: list[Event]) -> float | None:
     if c.aggregate is not Aggregate.EXPR:
         return term_of(c.terms[0], window)
-    value = expr_of(c.expression, window)
+    value = expr_of(c.expression, window)  # type: ignore[arg-type]  # EXPR conditions have one
     if value is None or c.percent_of is None:
         return value
-    last = term_of(("agg", "LAST", c.percent_of, None), window)
+    last = term_of(Term("LAST", c.percent_of), window)
     return 100.0 * value / last if last else None
 
 

@@ -23,7 +23,7 @@ PANE = 1_000
     st.integers(0, 2_000),
     st.booleans(),
 )
-def test_pane_fed_indexes_match_per_key_panes(steps, aggregate, panes_wide, threshold, above) -> None:  # noqa: ANN001
+def test_pane_fed_indexes_match_per_key_panes(steps, aggregate, panes_wide, threshold, above) -> None:
     indexes = CollectiveIndexes(ATTRS, p=2)
     events: list[tuple[str, int, float, float]] = []
     pane = 0
@@ -38,7 +38,7 @@ def test_pane_fed_indexes_match_per_key_panes(steps, aggregate, panes_wide, thre
         events += [(key, start, float(price), float(volume))] * count
     window = panes_wide * PANE
     attribute = None if aggregate is Aggregate.COUNT else "volume"
-    bound = dict(low=float(threshold)) if above else dict(high=float(threshold))
+    bound = {"low": float(threshold)} if above else {"high": float(threshold)}
     condition = Condition(aggregate, attribute, window, **bound)
     now = pane * PANE + PANE - 1  # just before the next pane boundary: panes start <= now
     want = {

@@ -16,7 +16,7 @@ queries = st.lists(st.tuples(st.integers(1, 60), st.integers(0, 60), st.booleans
 
 @settings(max_examples=200, deadline=None)
 @given(items=elements, arrival=st.randoms(use_true_random=False), asks=queries, p=st.sampled_from([1, 2, 4]))
-def test_ci_sum_with_late_inserts_equals_in_order_build(items, arrival, asks, p: int) -> None:  # noqa: ANN001
+def test_ci_sum_with_late_inserts_equals_in_order_build(items, arrival, asks, p: int) -> None:
     in_order = CollectiveSum(p=p, bucket_ms=4)
     for key, ts, value in sorted(items, key=lambda e: e[1]):
         in_order.add(key, ts, float(value))
@@ -35,7 +35,7 @@ def test_ci_sum_with_late_inserts_equals_in_order_build(items, arrival, asks, p:
 
 @settings(max_examples=200, deadline=None)
 @given(items=elements, cut=st.integers(0, 60), asks=queries, agg=st.sampled_from(["MAX", "MIN"]))
-def test_extreme_with_late_inserts_equals_in_order_build(items, cut: int, asks, agg: str) -> None:  # noqa: ANN001
+def test_extreme_with_late_inserts_equals_in_order_build(items, cut: int, asks, agg: str) -> None:
     ordered = sorted(items, key=lambda e: e[1])
     in_order = CollectiveExtreme(agg, bucket_ms=4)
     for key, ts, value in ordered:

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import redis
 
-from evaluator.spark import job
-from evaluator.spark.job import NO_PARTITION, PaneParser
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.spark import parse
+from evaluator.spark.parse import NO_PARTITION, PaneParser
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from tests.ingest.test_publisher import read_topic
@@ -28,14 +28,14 @@ def frame(values: list[bytes], now: int = NOW) -> pd.DataFrame:
 def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     ensure_topics(settings)
-    real = job.parse_record
+    real = parse.parse_record
 
-    def fragile(value, source, limits):  # noqa: ANN001, ANN202 - a parser bug that one record triggers
+    def fragile(value, source, limits):  # a parser bug that one record triggers
         if b"boom" in value:
             raise RuntimeError("boom")
         return real(value, source, limits)
 
-    monkeypatch.setattr(job, "parse_record", fragile)
+    monkeypatch.setattr(parse, "parse_record", fragile)
     skew = settings.max_future_skew_ms
     records = [
         Event(key="A", ts=NOW - 5_000, price=1, volume=2).to_json(),
@@ -46,7 +46,7 @@ def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
     ]
     [out] = PaneParser(settings, (0,))(iter([frame(records)]))
     panes = out[out["partition"] == NO_PARTITION]
-    assert sorted(zip(panes["key"], panes["sum_volume"])) == [("A", 2.0), ("B", 3.0)]
+    assert sorted(zip(panes["key"], panes["sum_volume"], strict=True)) == [("A", 2.0), ("B", 3.0)]
     assert out.loc[out["partition"] == 2, "progress"].tolist() == [NOW + skew], "refused times are no progress"
 
     letters = {json.loads(v)["source"]: json.loads(v)["reason"] for v in read_topic(settings, settings.dead_letter_topic)}

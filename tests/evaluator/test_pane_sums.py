@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import random
 
-from evaluator.spark.job import PaneParser
 from core.settings import Settings
+from evaluator.spark.parse import PaneParser
 from ingest.model import ATTRIBUTES
 
 PANE_VALUES = {

@@ -34,7 +34,7 @@ def pane_rows(events: list[tuple[str, int, float, float]]) -> PaneRows:
     panes: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)
     for key, ts, price, volume in events:
         panes[(key, ts // PANE * PANE)].append((ts, price, volume))
-    keys, starts = zip(*panes)
+    keys, starts = zip(*panes, strict=True)
     values = [np.array(v, dtype=np.float64).T[1:] for v in panes.values()]  # (attributes, events) per pane
     return PaneRows(
         np.array(keys, dtype=object), np.array(starts, dtype=np.int64),
@@ -65,7 +65,7 @@ EXPRESSIONS = [  # (expression, percent_of)
 ]
 
 
-def _condition(kind, attr, window, a, b, shape, inc):  # noqa: ANN001, ANN202
+def _condition(kind, attr, window, a, b, shape, inc):
     bounds = {"low": None if shape == "below" else min(a, b), "high": None if shape == "above" else max(a, b),
               "low_inclusive": inc, "high_inclusive": not inc}
     if isinstance(kind, float):
@@ -89,7 +89,7 @@ subscriptions = st.lists(
 
 
 @st.composite
-def streams(draw):  # noqa: ANN001, ANN201
+def streams(draw):
     """Events in per-partition time order up to a jitter within the allowed delay, split into batches."""
     n = draw(st.integers(1, 60))
     events, clock = [], 10_000
@@ -99,10 +99,10 @@ def streams(draw):  # noqa: ANN001, ANN201
         events.append((draw(st.sampled_from(KEYS)), clock - jitter, float(draw(st.integers(1, 20))),
                        float(draw(st.integers(0, 10)))))
     cuts = sorted(draw(st.lists(st.integers(0, n), max_size=6)))
-    return events, [events[a:b] for a, b in zip([0, *cuts], [*cuts, n]) if b > a]
+    return events, [events[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True) if b > a]
 
 
-def run(shard: ShardEvaluator, batches, catalog: Catalog) -> tuple[set[tuple], dict[tuple, float], list[Delta]]:  # noqa: ANN001
+def run(shard: ShardEvaluator, batches, catalog: Catalog) -> tuple[set[tuple], dict[tuple, float], list[Delta]]:
     got, values, deltas = set(), {}, []
     for batch in batches:
         transitions, delta = shard.step(pane_rows(batch), progress_of(batch), catalog)
@@ -115,19 +115,19 @@ def run(shard: ShardEvaluator, batches, catalog: Catalog) -> tuple[set[tuple], d
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, collective=st.booleans())
-def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: bool) -> None:  # noqa: ANN001
+def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: bool) -> None:
     events, batches = stream
     end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
     flush = [("__progress__", end)]  # a final heartbeat on every partition
     shard = ShardEvaluator(replace(CONFIG, collective=collective))
     catalog = Catalog(1, tuple(specs))
     got, values, _ = run(shard, batches, catalog)
-    shard.ingest(PaneRows.empty(len(ATTRS)), {p: flush[0][1] for p in range(PARTITIONS)})
+    shard.ingest(PaneRows.empty(len(ATTRS)), dict.fromkeys(range(PARTITIONS), flush[0][1]))
     more, _delta = shard.advance(catalog)
     got |= {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in more}
     last = (end - DELAY) // PANE * PANE
     assert got == oracle(events, specs, last, PANE, HORIZON)
-    for (sid, key, state, b), value in values.items():  # reported values are the window's exact value
+    for (sid, key, _state, b), value in values.items():  # reported values are the window's exact value
         c = specs[sid - 1].condition
         window = [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b]
         expected = value_of(c, window)
@@ -136,7 +136,7 @@ def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: boo
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, split=st.integers(0, 6))
-def test_snapshot_and_replayed_deltas_continue_exactly(stream, specs, split: int) -> None:  # noqa: ANN001
+def test_snapshot_and_replayed_deltas_continue_exactly(stream, specs, split: int) -> None:
     """A copy restored from a snapshot and brought up to date by deltas evaluates like the original."""
     events, batches = stream
     catalog = Catalog(1, tuple(specs))
@@ -152,6 +152,7 @@ def test_snapshot_and_replayed_deltas_continue_exactly(stream, specs, split: int
     expected, expected_values, _ = run(original, batches[split:], catalog)
     got, got_values, _ = run(restored, batches[split:], catalog)
     assert got == expected
+    assert got_values == expected_values
     assert restored.firing == original.firing
 
 
@@ -193,7 +194,7 @@ def test_removed_subscription_is_forgotten_and_a_new_one_fires_at_once() -> None
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), condition=conditions, keys=st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS))),
        collective=st.booleans())
-def test_preview_answers_what_the_condition_matches_at_the_last_boundary(stream, condition, keys,  # noqa: ANN001
+def test_preview_answers_what_the_condition_matches_at_the_last_boundary(stream, condition, keys,
                                                                          collective: bool) -> None:
     events, batches = stream
     shard = ShardEvaluator(replace(CONFIG, collective=collective))

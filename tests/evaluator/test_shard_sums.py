@@ -26,7 +26,7 @@ anything = st.floats(-3, 15).map(lambda e: 10.0**e)  # log-uniform 1e-3..1e15
 
 
 @st.composite
-def histories(draw):  # noqa: ANN001, ANN201
+def histories(draw):
     """A long stretch of large values (often longer than the horizon), then values of any size."""
     events, clock = [], 10_000
     for values, n in ((big, draw(st.integers(1, 80))), (anything, draw(st.integers(1, 30)))):
@@ -36,7 +36,7 @@ def histories(draw):  # noqa: ANN001, ANN201
     return events
 
 
-def _spec(i: int, aggregate: Aggregate, attribute: str, window: int, threshold: float, above: bool):  # noqa: ANN202
+def _spec(i: int, aggregate: Aggregate, attribute: str, window: int, threshold: float, above: bool):
     bound = {"low": threshold} if above else {"high": threshold}
     return SubscriptionSpec(i, Condition(aggregate, attribute, window, **bound))
 
@@ -52,7 +52,7 @@ RATIO = Condition(Aggregate.EXPR, None, 2_000, low=0.0,
                   expression=("/", ("agg", "SUM", "volume", None), ("agg", "COUNT", None, None)))
 
 
-def window_of(events, key: str, c: Condition, b: int):  # noqa: ANN001, ANN201
+def window_of(events, key: str, c: Condition, b: int):
     return [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b]
 
 
@@ -63,14 +63,14 @@ def close(got: float | None, want: float | None) -> bool:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=histories(), specs=specs, collective=st.booleans(), per_batch=st.integers(1, 12))
-def test_window_sums_equal_fsum_whatever_the_history(events, specs, collective: bool, per_batch: int) -> None:  # noqa: ANN001
+def test_window_sums_equal_fsum_whatever_the_history(events, specs, collective: bool, per_batch: int) -> None:
     shard = ShardEvaluator(replace(CONFIG, collective=collective))
     catalog = Catalog(1, tuple(specs))
     end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
     batches = [events[i : i + per_batch] for i in range(0, len(events), per_batch)]
     got, checked = set(), 0
     for batch in [*batches, []]:
-        progress = progress_of(batch) if batch else {p: end for p in range(PARTITIONS)}
+        progress = progress_of(batch) if batch else dict.fromkeys(range(PARTITIONS), end)
         transitions, _ = shard.step(pane_rows(batch) if batch else PaneRows.empty(len(ATTRS)), progress, catalog)
         got |= {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in transitions}
         for t in transitions:

@@ -124,7 +124,7 @@ def test_the_clock_starts_at_the_watermark_even_when_the_first_data_is_ahead_of_
         shard = ShardEvaluator(ShardConfig(ATTRS, PANE, 10_000, 0, 2))
         early = [("C", 10_500, 1.0, 1.0)] if busy else []
         stats, got = BatchStats(), set()
-        for rows, progress in [(early + [("B", 30_500, 1.0, 1.0)], {0: 30_500, 1: 20_000}),
+        for rows, progress in [([*early, ("B", 30_500, 1.0, 1.0)], {0: 30_500, 1: 20_000}),
                                ([("A", 15_500, 1.0, 1.0)], {1: 21_000}), ([], {0: 40_000, 1: 40_000})]:
             transitions, _ = shard.step(pane_rows(rows), progress, catalog, stats)
             got |= {(t.key, t.state, t.evaluated_at) for t in transitions}
@@ -141,7 +141,7 @@ class EveryBoundary(ShardEvaluator):
 
 
 @st.composite
-def disordered(draw):  # noqa: ANN001, ANN201
+def disordered(draw):
     """Events with idle gaps and disorder well beyond the allowed delay and the horizon, in batches."""
     events, clock = [], 10_000
     for _ in range(draw(st.integers(1, 40))):
@@ -149,13 +149,13 @@ def disordered(draw):  # noqa: ANN001, ANN201
         events.append((draw(st.sampled_from(KEYS)), max(clock - draw(st.integers(0, 15_000)), 0),
                        float(draw(st.integers(1, 20))), float(draw(st.integers(0, 10)))))
     cuts = sorted(draw(st.lists(st.integers(0, len(events)), max_size=8)))
-    return [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)]) if b > a]
+    return [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)], strict=True) if b > a]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), specs=subscriptions, other=subscriptions, switch=st.integers(0, 8),
        collective=st.booleans())
-def test_skipping_boundaries_changes_nothing(batches, specs, other, switch: int, collective: bool) -> None:  # noqa: ANN001
+def test_skipping_boundaries_changes_nothing(batches, specs, other, switch: int, collective: bool) -> None:
     """Against evaluating every boundary: the same transitions, late and dropped counts, with late events, idle
     gaps and a catalog change."""
     config = replace(CONFIG, collective=collective)

@@ -19,7 +19,7 @@ def test_a_reused_client_sees_the_logs_grow(settings: Settings) -> None:
     ensure_topics(settings)
     probe = LogEndProbe(settings, settings.events_topic, timeout_s=5)
     try:
-        assert probe.ends() == {p: 0 for p in range(settings.event_partitions)}
+        assert probe.ends() == dict.fromkeys(range(settings.event_partitions), 0)
         client = probe._consumer
         _publish(settings, 30)
         first = probe.ends()

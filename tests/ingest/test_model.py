@@ -126,7 +126,7 @@ def test_any_input_is_an_event_a_heartbeat_or_a_dead_letter(raw: bytes) -> None:
        price=st.one_of(st.floats(allow_nan=True), st.integers(-5, 2**60), st.sampled_from(["1", True, None])),
        volume=st.one_of(st.floats(min_value=0, max_value=2e15), st.integers(0, 2**55)),
        extra=st.sampled_from([b"", b', "volume": 1', b', "x": 1']))
-def test_fast_and_careful_paths_agree(key, ts, price, volume, extra: bytes) -> None:  # noqa: ANN001
+def test_fast_and_careful_paths_agree(key, ts, price, volume, extra: bytes) -> None:
     """Records as producers write them take pydantic's JSON parser; any other way gives the same answer."""
     try:
         body = json.dumps({"key": key, "ts": ts, "price": price, "volume": volume}).encode()

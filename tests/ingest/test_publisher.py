@@ -26,7 +26,7 @@ def read_topic(settings: Settings, topic: str) -> list[bytes]:
     return values
 
 
-def test_replay_routes_bad_rows_to_dead_letter(settings: Settings, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_replay_routes_bad_rows_to_dead_letter(settings: Settings, tmp_path: Path, monkeypatch) -> None:
     ensure_topics(settings)
     csv = tmp_path / "trades.csv"
     csv.write_text(
@@ -47,7 +47,7 @@ def test_replay_routes_bad_rows_to_dead_letter(settings: Settings, tmp_path: Pat
     assert "price" in reasons["trades.csv:4"] and "key" in reasons["trades.csv:5"]
 
 
-def test_jsonl_replay_and_heartbeats(settings: Settings, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_jsonl_replay_and_heartbeats(settings: Settings, tmp_path: Path, monkeypatch) -> None:
     ensure_topics(settings)
     jsonl = tmp_path / "events.jsonl"
     jsonl.write_text('{"key":"A","ts":1,"price":1,"volume":1}\n\nnot json\n')

@@ -16,7 +16,7 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.mailsink import MailSink
 from devstack.receiver import WebhookReceiver
-from evaluator.spark.job import RedisAlertSink
+from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import DELIVER_TASK, make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def service(settings: Settings, redis_client: redis.Redis, owner) -> Iterator[SubscriptionService]:  # noqa: ANN001
+def service(settings: Settings, redis_client: redis.Redis, owner) -> Iterator[SubscriptionService]:
     with session_factory(settings.database_url)() as session:
         yield SubscriptionService(session, settings, redis_client, owner)
 
@@ -73,7 +73,7 @@ def _outcomes(records: DeliveryRecords, subscription_id: int) -> list[str]:
     return [e["outcome"] for e in reversed(records.log(subscription_id))]
 
 
-def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, redis_client, tmp_path) -> None:
     receiver = WebhookReceiver(fail_first=3, fail_status=503)
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])
@@ -97,7 +97,7 @@ def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, r
 
 
 @pytest.mark.slow  # fault injection (SIGKILL): run in CI
-def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, service, redis_client, tmp_path) -> None:
     # The first request hangs for a while and is then refused: the worker dies while it waits.
     receiver = WebhookReceiver(fail_first=1, slow_first=1, slow_s=3)
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
@@ -120,7 +120,7 @@ def test_worker_killed_mid_delivery_redelivers_without_duplicate(settings, servi
     assert got.json["notification_id"] == _notification(subscription_id)["notification_id"]
 
 
-def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(settings, service, redis_client,  # noqa: ANN001
+def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(settings, service, redis_client,
                                                                          owner_account, tmp_path) -> None:
     receiver = WebhookReceiver(fail_first=1, fail_status=410)  # a 4xx: final, no retries
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
@@ -148,7 +148,7 @@ def test_refused_delivery_is_dead_lettered_and_replayed_from_the_web_app(setting
     assert _outcomes(records, subscription_id) == ["dead", "delivered"]
 
 
-def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, redis_client, tmp_path) -> None:
     receiver = WebhookReceiver()
     sink = MailSink()
     settings = settings.model_copy(update={"smtp_port": sink.bound_port})
@@ -207,11 +207,11 @@ def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, red
     assert redis_client.xpending(RedisKeys(settings).alerts_stream, "notifier")["pending"] == 0
 
 
-def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> None:  # noqa: ANN001
+def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> None:
     from notifier.channels.webhook import SIGNATURE_HEADER, verify
 
     receiver = WebhookReceiver()
-    user, token = new_user(settings)
+    _user, token = new_user(settings)
     try:
         with worker(settings, tmp_path / "logs"), api_client(settings, token) as api:
             endpoint = api.post("/api/endpoints", json={"kind": "webhook", "target": receiver.url}).json()
@@ -226,7 +226,7 @@ def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> N
     assert log[0]["outcome"] == "delivered" and log[0]["notification_id"] == queued["notification_id"]
 
 
-def _send(celery, notification: dict, endpoint) -> None:  # noqa: ANN001
+def _send(celery, notification: dict, endpoint) -> None:
     """Queue a delivery the way the dispatcher does: bound to the endpoint as it is now."""
     enqueue(celery, notification, endpoint.id, binding(endpoint))
 
@@ -236,7 +236,7 @@ def _log_of(records: DeliveryRecords, subscription_id: int, outcome: str) -> lis
 
 
 def test_a_retrying_delivery_of_a_deleted_endpoint_never_reaches_the_next_endpoint_with_its_id(
-        settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+        settings, service, redis_client, tmp_path) -> None:
     old = WebhookReceiver(fail_first=10**6, fail_status=503)
     new = WebhookReceiver()
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=old.url))
@@ -271,7 +271,7 @@ def test_a_retrying_delivery_of_a_deleted_endpoint_never_reaches_the_next_endpoi
     assert records.dead_letters() == []
 
 
-def test_a_delivery_queued_before_a_secret_rotation_is_dropped(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_a_delivery_queued_before_a_secret_rotation_is_dropped(settings, service, redis_client, tmp_path) -> None:
     receiver = WebhookReceiver(fail_first=2, fail_status=503)
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])
@@ -289,7 +289,7 @@ def test_a_delivery_queued_before_a_secret_rotation_is_dropped(settings, service
     assert drop["reason"] == "endpoint changed since enqueue (secret rotated)"
 
 
-def test_retry_after_nan_is_retried_not_lost(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_retry_after_nan_is_retried_not_lost(settings, service, redis_client, tmp_path) -> None:
     receiver = WebhookReceiver(fail_first=2, fail_status=503, retry_after="nan")
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])
@@ -304,7 +304,7 @@ def test_retry_after_nan_is_retried_not_lost(settings, service, redis_client, tm
     assert _outcomes(records, subscription_id) == ["retry", "retry", "delivered"]
 
 
-def test_a_subscription_name_with_line_breaks_still_gets_its_email(settings, service, redis_client,  # noqa: ANN001
+def test_a_subscription_name_with_line_breaks_still_gets_its_email(settings, service, redis_client,
                                                                     tmp_path) -> None:
     sink = MailSink()
     settings = settings.model_copy(update={"smtp_port": sink.bound_port})
@@ -323,7 +323,7 @@ def test_a_subscription_name_with_line_breaks_still_gets_its_email(settings, ser
     assert message["Bcc"] is None
 
 
-def test_an_unexpected_failure_is_recorded_retried_and_dead_lettered(settings, service, redis_client,  # noqa: ANN001
+def test_an_unexpected_failure_is_recorded_retried_and_dead_lettered(settings, service, redis_client,
                                                                      tmp_path) -> None:
     sink = MailSink()
     settings = settings.model_copy(update={"smtp_port": sink.bound_port, "delivery_max_retries": 2})
@@ -343,7 +343,7 @@ def test_an_unexpected_failure_is_recorded_retried_and_dead_lettered(settings, s
     assert sink.messages == []
 
 
-def test_a_redelivered_copy_of_a_dead_lettered_delivery_does_not_run_again(settings, service, redis_client,  # noqa: ANN001
+def test_a_redelivered_copy_of_a_dead_lettered_delivery_does_not_run_again(settings, service, redis_client,
                                                                            tmp_path) -> None:
     # A retry held past the visibility timeout comes back as a second copy; the first copy's
     # delivery already ended in a dead letter, so the copy must do nothing.
@@ -367,7 +367,7 @@ def test_a_redelivered_copy_of_a_dead_lettered_delivery_does_not_run_again(setti
     assert _outcomes(records, subscription_id) == ["dead", "delivered"]
 
 
-def test_a_malformed_task_is_dead_lettered_with_its_reason(settings, service, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_a_malformed_task_is_dead_lettered_with_its_reason(settings, service, redis_client, tmp_path) -> None:
     receiver = WebhookReceiver()
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])

@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from devstack.receiver import WebhookReceiver
 from core.redis_schema import RedisKeys
+from devstack.receiver import WebhookReceiver
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue, enqueue_test_alert
 from notifier.notification import build_notification, notification_id
@@ -34,7 +34,7 @@ OTHER_DELIVERIES = 40
 OTHER_RATE = 5.0  # per second
 
 
-def _endpoint(settings, redis_client, target: str):  # noqa: ANN001, ANN202
+def _endpoint(settings, redis_client, target: str):
     user, _ = new_user(settings)
     with session_factory(settings.database_url)() as session:
         return SubscriptionService(session, settings, redis_client, user).create_endpoint(
@@ -49,7 +49,7 @@ def _notification(tag: str, i: int) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_client, tmp_path) -> None:  # noqa: ANN001
+def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_client, tmp_path) -> None:
     settings = settings.model_copy(update={
         "webhook_total_timeout_s": 2.0, "webhook_read_timeout_s": 5.0, "delivery_max_retries": 1,
         "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 1, "delivery_busy_delay_s": 0.5,

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from itertools import pairwise
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from notifier.notification import build_notification, notification_id, summary
-from notifier.policy import NOTIFY, AlertPolicy, KeyState, decide, reminder_due
+from notifier.policy import NOTIFY, KeyState, decide, reminder_due
+from subscriptions.policy import AlertPolicy
 
 T0 = 1_800_000_000.0
 
@@ -74,8 +76,8 @@ def test_policy_invariants_over_any_episode_sequence(cooldown: int, send_resolve
                 last_fired = now
             sent.append((transition, now))
     firings = [t for kind, t in sent if kind == "firing"]
-    assert all(b - a >= cooldown for a, b in zip(firings, firings[1:]))
-    for previous, current in zip([("start", 0.0), *sent], sent):
+    assert all(b - a >= cooldown for a, b in pairwise(firings))
+    for previous, current in zip([("start", 0.0), *sent], sent, strict=False):
         if current[0] == "resolved":
             assert previous[0] == "firing" and send_resolved
 

@@ -24,7 +24,7 @@ class _FastWorker:
         self.records = records
         self.conf = type("Conf", (), {"tocsin_lanes": {"alerts": "q", "tests": "q:tests"}})()
 
-    def send_task(self, _name: str, args: tuple, kwargs: dict, queue: str) -> None:  # noqa: ARG002
+    def send_task(self, _name: str, args: tuple, kwargs: dict, queue: str) -> None:
         notification, endpoint_id = args
         self.records.dead(notification, endpoint_id, "webhook", Attempt(False, False, 1.0, 410, "HTTP 410 again"),
                           1, kwargs)

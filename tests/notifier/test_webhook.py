@@ -62,7 +62,7 @@ def _resolving(monkeypatch: pytest.MonkeyPatch, host: str, *answers: str) -> lis
     lookups: list[str] = []
     real = socket.getaddrinfo
 
-    def getaddrinfo(name, port, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def getaddrinfo(name, port, *args, **kwargs):
         if name != host:
             return real(name, port, *args, **kwargs)
         address = answers[min(len(lookups), len(answers) - 1)]

@@ -20,7 +20,7 @@ def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return settings
 
 
-def _authenticate(settings: Settings, email: str, password: str):  # noqa: ANN202
+def _authenticate(settings: Settings, email: str, password: str):
     with session_factory(settings.database_url)() as session:
         return AccountService(session, settings).authenticate(email, password)
 

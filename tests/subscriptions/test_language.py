@@ -92,7 +92,7 @@ expressions = st.recursive(
 )
 
 
-def _condition(expression, window, a, b, op, percent):  # noqa: ANN001, ANN202
+def _condition(expression, window, a, b, op, percent):
     bounds = ({"low": min(a, b), "high": max(a, b), "low_inclusive": True, "high_inclusive": True}
               if op == "between" else {"low": a, "low_inclusive": op == ">="} if op.startswith(">")
               else {"high": a, "high_inclusive": op == "<="})
@@ -104,7 +104,7 @@ def _condition(expression, window, a, b, op, percent):  # noqa: ANN001, ANN202
 
 
 @given(expressions, st.integers(1, 10**9), numbers, numbers, st.sampled_from([">", ">=", "<", "<=", "between"]))
-def test_format_round_trips(expression, window, a, b, op) -> None:  # noqa: ANN001
+def test_format_round_trips(expression, window, a, b, op) -> None:
     hypothesis.assume(expr_terms(expression))
     condition = _condition(expression, window, a, b, op, None)
     assert parse_condition(format_condition(condition)) == condition
@@ -112,7 +112,7 @@ def test_format_round_trips(expression, window, a, b, op) -> None:  # noqa: ANN0
 
 @given(st.sampled_from([("agg", "MAX", "price", None), ("-", ("agg", "MAX", "volume", None), ("num", 1.0))]),
        numbers, st.sampled_from([">", "<=", "between"]))
-def test_percentages_round_trip(expression, a, op) -> None:  # noqa: ANN001
+def test_percentages_round_trip(expression, a, op) -> None:
     attribute = expression[2] if expression[0] == "agg" else "volume"
     condition = _condition(expression, 60_000, a, a + 1, op, attribute)
     assert parse_condition(format_condition(condition)) == condition

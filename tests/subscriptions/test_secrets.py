@@ -18,7 +18,7 @@ from subscriptions.service import SubscriptionService
 from subscriptions.vault import SecretKeyError
 
 
-def test_the_database_holds_no_plaintext_secret(settings: Settings, owner, redis_client) -> None:  # noqa: ANN001
+def test_the_database_holds_no_plaintext_secret(settings: Settings, owner, redis_client) -> None:
     with session_factory(settings.database_url)() as session:
         service = SubscriptionService(session, settings, redis_client, owner)
         given = service.create_endpoint(EndpointIn(kind="webhook", target="https://example.com/h",

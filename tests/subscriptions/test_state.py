@@ -6,10 +6,10 @@ from pathlib import Path
 
 import redis
 
-from evaluator.spark.job import RedisAlertSink
-from evaluator.transition import alert_id
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords
@@ -47,7 +47,7 @@ def _keys_naming(client: redis.Redis, settings: Settings, *ids: int) -> list[str
     return found
 
 
-def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: Settings, owner,  # noqa: ANN001
+def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: Settings, owner,
                                                                     redis_client: redis.Redis) -> None:
     keys = RedisKeys(settings)
     records = DeliveryRecords(redis_client, keys)
@@ -84,7 +84,7 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
     assert a.deployment != b.deployment and a.redis_prefix == b.redis_prefix
     policy = {"cooldown_s": 3600}
 
-    def subscribe(s: Settings):  # noqa: ANN202
+    def subscribe(s: Settings):
         user, token = new_user(s, email="same@example.com")
         with session_factory(s.database_url)() as session:
             service = SubscriptionService(session, s, redis_client, user)
@@ -92,7 +92,7 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
             return token, service.create(SubscriptionIn(name="s", condition=CONDITION, endpoint_ids=[endpoint.id],
                                                         policy=policy)).id
 
-    token_a, sid_a = subscribe(a)
+    _token_a, sid_a = subscribe(a)
     _fire(a, sid_a, 1_700_000_060_000)
     records_a = DeliveryRecords(redis_client, RedisKeys(a))
     assert [e["outcome"] for e in records_a.log(sid_a)] == []  # queued, not yet attempted: log it by hand
@@ -108,7 +108,7 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
 
     # B's first alert, a minute after A's, within A's cool-down: notified, not suppressed by A's policy state.
     _fire(b, sid_b, 1_700_000_120_000)
-    [entry] = [e for e in DeliveryRecords(redis_client, RedisKeys(b)).log(sid_b)] or [None]
+    [entry] = list(DeliveryRecords(redis_client, RedisKeys(b)).log(sid_b)) or [None]
     assert entry is None, f"B's first alert was suppressed: {entry}"
     decision = redis_client.get(RedisKeys(b).decision(_transition(sid_b, "AAPL", 1_700_000_120_000)["alert_id"]))
     assert '"reason": null' in decision

@@ -6,7 +6,7 @@ import re
 
 from core.settings import Settings
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
-from web.ui import PRE_SESSION_COOKIE
+from web.pages.auth import PRE_SESSION_COOKIE
 
 HTML = {"accept": "text/html"}
 

@@ -14,7 +14,6 @@ from core.settings import Settings
 from tests.servers import serving
 from web.app import create_app
 
-
 pytestmark = pytest.mark.slow  # a 200 MB upload: run in CI
 
 MB = 1024 * 1024
@@ -47,7 +46,7 @@ def _send(url: str, head: bytes, chunks: int, chunk: bytes, chunked: bool) -> tu
         return answer, sent
 
 
-def _peak_rss_while(action, process: psutil.Process) -> tuple[object, int]:  # noqa: ANN001
+def _peak_rss_while(action, process: psutil.Process) -> tuple[object, int]:
     peak, done = [process.memory_info().rss], threading.Event()
 
     def sample() -> None:
@@ -78,7 +77,8 @@ def test_a_200_mb_body_gets_a_413_and_the_server_stays_small(settings: Settings)
             (b"POST /api/auth/login HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
              b"Content-Length: 209715200\r\n\r\n", False),  # declared: refused before the body is read
         ]:
-            (answer, sent), peak = _peak_rss_while(lambda: _send(url, head, 200, chunk, chunked), process)
+            (answer, sent), peak = _peak_rss_while(lambda head=head, chunked=chunked: _send(url, head, 200, chunk, chunked),
+                                                   process)
             assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
             assert sent < 50 * MB, sent  # answered early: the rest of the 200 MB was never needed
             assert peak - before < 64 * MB, (peak - before) / MB

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
+from core.settings import Settings
 from devstack.run import platform_commands
 from devstack.services import free_port, spawn, wait_for_port
-from core.settings import Settings
 
 
 def test_x_forwarded_for_does_not_escape_the_per_client_sign_in_limit(settings: Settings, tmp_path: Path) -> None:

@@ -7,12 +7,13 @@ import time
 
 import redis
 
-from core.redis_schema import RedisKeys
+from core.redis_schema import LANES, RedisKeys, celery_queue_keys, lane_queue
 from core.settings import Settings
 from ingest.kafka import ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher
-from web.ops import celery_queue_keys, sample_once, samples
+from notifier.app import DELIVER_TASK, make_celery
+from web.ops import sample_once, samples
 
 
 def test_samples_measure_lag_rates_queue_and_deliveries(settings: Settings, redis_client: redis.Redis) -> None:
@@ -42,3 +43,14 @@ def test_samples_measure_lag_rates_queue_and_deliveries(settings: Settings, redi
     assert sample_once(settings.model_copy(update={"dashboard_sample_s": 60}), redis_client) is not None
     assert sample_once(settings.model_copy(update={"dashboard_sample_s": 60}), redis_client) is None, \
         "one sample per period, whichever web process takes it"
+
+
+def test_the_dashboard_counts_the_queues_celery_fills(settings: Settings, redis_client: redis.Redis) -> None:
+    celery = make_celery(settings)
+    try:
+        for lane in LANES:
+            celery.send_task(DELIVER_TASK, args=[{}], queue=lane_queue(settings, lane))
+            queue, _ = celery_queue_keys(settings, lane)
+            assert redis_client.llen(queue) == 1, lane
+    finally:
+        celery.close()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from evaluator.spark.job import RedisAlertSink
-from evaluator.transition import alert_id
 from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
 from tests.users import api_client, new_user, sign_in
 
 HTML = {"accept": "text/html"}
@@ -50,7 +50,7 @@ def test_subscription_form_edit_fragments_and_delete(settings: Settings) -> None
 
 
 def test_pages_of_another_user_are_not_found(settings: Settings) -> None:
-    owner, owner_token = new_user(settings)
+    _owner, owner_token = new_user(settings)
     other, _ = new_user(settings)
     with api_client(settings, owner_token) as api:
         sid = api.post("/api/subscriptions", json={"name": "x", "condition": "COUNT(*) OVER 1m > 1"}).json()["id"]

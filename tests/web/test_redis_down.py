@@ -13,12 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devstack.services import ManagedProcess, free_port, start_redis
 from core.settings import Settings
+from devstack.services import ManagedProcess, free_port, start_redis
 from tests.servers import serving
 from tests.users import PASSWORD, new_user
 from web.app import create_app
-
 
 pytestmark = pytest.mark.slow  # fault injection (Redis stopped and hung): run in CI
 
@@ -38,7 +37,7 @@ def _csrf(client: httpx.Client, page: str) -> str:
     return re.search(r'name="csrf_token" value="([^"]+)"', client.get(page).text)[1]
 
 
-def test_with_redis_stopped_sign_in_sign_up_previews_and_test_alerts_answer_503(own_redis) -> None:  # noqa: ANN001
+def test_with_redis_stopped_sign_in_sign_up_previews_and_test_alerts_answer_503(own_redis) -> None:
     settings, server = own_redis
     user, token = new_user(settings)
     bearer = {"Authorization": f"Bearer {token}"}
@@ -62,13 +61,13 @@ def test_with_redis_stopped_sign_in_sign_up_previews_and_test_alerts_answer_503(
                                                           "csrf_token": signup_csrf}, headers=HTML),
         }
     got = {name: (r.status_code, r.headers.get("retry-after")) for name, r in answers.items()}
-    assert got == {name: (503, "5") for name in answers}, {n: r.text[:200] for n, r in answers.items()}
+    assert got == dict.fromkeys(answers, (503, "5")), {n: r.text[:200] for n, r in answers.items()}
     assert "unavailable" in answers["api sign-in"].json()["detail"]
     assert "unavailable" in answers["page sign-in"].text
 
 
 @pytest.mark.timeout(120)
-def test_with_redis_hung_sign_in_answers_503_within_the_redis_timeout(own_redis) -> None:  # noqa: ANN001
+def test_with_redis_hung_sign_in_answers_503_within_the_redis_timeout(own_redis) -> None:
     # A stopped process (SIGSTOP) accepts connections and never answers: redis-py's default 5 s
     # socket timeouts (kept by the web app's clients) make that a 503, not a request that waits forever.
     settings, server = own_redis
@@ -86,11 +85,11 @@ def test_with_redis_hung_sign_in_answers_503_within_the_redis_timeout(own_redis)
 
 
 @pytest.mark.timeout(180)
-def test_a_hung_redis_does_not_freeze_the_server_for_requests_that_do_not_need_it(own_redis) -> None:  # noqa: ANN001
+def test_a_hung_redis_does_not_freeze_the_server_for_requests_that_do_not_need_it(own_redis) -> None:
     # Previews are async routes: a rate-limit check made on the event loop would block every
     # other request for as long as Redis does not answer.
     settings, server = own_redis
-    user, token = new_user(settings)
+    _user, token = new_user(settings)
     bearer = {"Authorization": f"Bearer {token}"}
     with serving(create_app(settings)) as url, httpx.Client(base_url=url, timeout=120) as client:
         os.killpg(server.process.pid, signal.SIGSTOP)

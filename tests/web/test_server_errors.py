@@ -32,7 +32,7 @@ def test_the_delivery_log_shows_suppressions(settings: Settings) -> None:
 
 
 def test_deep_parentheses_are_a_condition_error(settings: Settings) -> None:
-    user, token = new_user(settings)
+    user, _token = new_user(settings)
     with api_client(settings) as browser:
         sign_in(browser, user.email)
         page = browser.post("/conditions/check", data={"condition": DEEP})

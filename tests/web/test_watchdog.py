@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from devstack.receiver import WebhookReceiver
 from core.redis_schema import RedisKeys, shard_clock_field
 from core.settings import Settings
+from devstack.receiver import WebhookReceiver
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher

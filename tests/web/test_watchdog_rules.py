@@ -14,8 +14,8 @@ SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window
                     evaluator_stale_s=30)
 
 
-def _samples(n: int, every_s: float = 2.0, *, clock=lambda i: 1_000 * i, log_end=lambda i: 100 * i,  # noqa: ANN001
-             heartbeat=lambda i, t: t, **counters) -> list[dict]:  # noqa: ANN001, ANN003
+def _samples(n: int, every_s: float = 2.0, *, clock=lambda i: 1_000 * i, log_end=lambda i: 100 * i,
+             heartbeat=lambda i, t: t, **counters) -> list[dict]:
     out = []
     for i in range(n):
         t = 1_000.0 + i * every_s

@@ -1,13 +1,14 @@
 """Accounts: sign-up (open, or by an operator's invitation), sign-in (session cookie + CSRF token), API tokens.
 
 Sign-in and sign-up take JSON only (a cross-site HTML form cannot send it), and
-the HTML forms carry a pre-session CSRF token (see ``web.ui``).
+the HTML forms carry a pre-session CSRF token (see ``web.pages.auth``).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 
+from subscriptions.models import ApiToken, User, WebSession
 from subscriptions.schemas import (
     Credentials,
     InvitationIn,
@@ -29,11 +30,11 @@ from web.limits import LimiterDep, client_address
 router = APIRouter(prefix="/api", tags=["accounts"])
 
 
-def _session_out(user, web_session) -> SessionOut:  # noqa: ANN001
+def _session_out(user: User, web_session: WebSession) -> SessionOut:
     return SessionOut(user=UserOut.model_validate(user), csrf_token=web_session.csrf_token)
 
 
-def _token_created(token: str, api_token) -> TokenCreated:  # noqa: ANN001
+def _token_created(token: str, api_token: ApiToken) -> TokenCreated:
     return TokenCreated.model_validate({**TokenOut.model_validate(api_token).model_dump(), "token": token})
 
 

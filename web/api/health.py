@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from core.evaluator_status import evaluator_status
+from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from ingest.kafka import topic_end_offsets
@@ -51,7 +52,7 @@ async def readyz(settings: SettingsDep, redis_client: RedisDep, response: Respon
             checks[name] = f"error: {exc}"
     if checks["redis"] == "ok":
         stats = await run_in_threadpool(redis_client.hgetall, RedisKeys(settings).evaluator_stats)
-        status = evaluator_status(stats, settings, time.time())
+        status = evaluator_status(text_hash(stats), settings, time.time())
         checks["evaluator"] = "ok" if status.ready else f"{status.state}: {status.reason}"
         evaluator = status.as_dict()
     else:

@@ -4,10 +4,16 @@ Revision ID: 0002_state
 Revises: 0001
 """
 
+from __future__ import annotations
+
 import uuid
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from alembic import op
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 revision = "0002_state"
 down_revision = "0001"
@@ -18,14 +24,14 @@ depends_on = None
 NEVER_REUSED = ("users", "api_tokens", "endpoints", "subscriptions")
 
 
-def _settings():  # noqa: ANN202
+def _settings() -> Settings:
     """The running process's settings: the key that encrypts existing secrets."""
     from core.settings import get_settings
 
     return get_settings()
 
 
-def _foreign_keys_off(bind) -> None:  # noqa: ANN001
+def _foreign_keys_off(bind: sa.Connection) -> None:
     """Recreating a parent table with foreign keys on would cascade-delete its children's rows."""
     if bind.dialect.name == "sqlite" and bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
         raise RuntimeError("run this migration with SQLite foreign keys off (subscriptions.db.migrate does)")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone
 from evaluator.asw.base import dyadic_cover
+from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone
 from evaluator.asw.bint import BaseIntervals
 from evaluator.asw.lint import LandmarkIntervals, gamma_partition
 from evaluator.asw.quantile import QuantileIntervals, kth_smallest, rank_of
@@ -37,7 +37,7 @@ def close(agg: Agg, got: float, want: float, scale: float) -> bool:
     return abs(got - want) <= 1e-9 * scale + 1e-9
 
 
-def factories(widths: list[int]):  # noqa: ANN201
+def factories(widths: list[int]):
     return {
         "B-INT": lambda agg, cap: BaseIntervals(agg, cap),
         "L-INT": lambda agg, cap: LandmarkIntervals(agg, cap, widths=widths, gamma=2.0),
@@ -55,7 +55,7 @@ def factories(widths: list[int]):  # noqa: ANN201
     st.lists(st.integers(1, 80), min_size=1, max_size=6),
     st.data(),
 )
-def test_tuple_windows_match_brute_force(values, agg, capacity, widths, data) -> None:  # noqa: ANN001
+def test_tuple_windows_match_brute_force(values, agg, capacity, widths, data) -> None:
     structures = {name: make(agg, capacity) for name, make in factories(widths).items()}
     if agg is Agg.SUM:
         structures["R-INT"] = RunningIntervals(agg, capacity)
@@ -77,7 +77,7 @@ def test_tuple_windows_match_brute_force(values, agg, capacity, widths, data) ->
 
 @settings(max_examples=60, deadline=None)
 @given(values_st, st.integers(2, 64), st.lists(st.integers(1, 64), min_size=1, max_size=5))
-def test_materialize_all_matches_for_its_widths(values, capacity, widths) -> None:  # noqa: ANN001
+def test_materialize_all_matches_for_its_widths(values, capacity, widths) -> None:
     capacity = max(capacity, max(widths))
     for agg in (Agg.SUM, Agg.MIN, Agg.MAX):
         s = MaterializeAll(agg, capacity, widths=widths)
@@ -95,7 +95,7 @@ def test_materialize_all_matches_for_its_widths(values, capacity, widths) -> Non
     st.floats(0, 1),
     st.data(),
 )
-def test_quantiles_match_sorting(values, capacity, phi, data) -> None:  # noqa: ANN001
+def test_quantiles_match_sorting(values, capacity, phi, data) -> None:
     q = QuantileIntervals("MIN", capacity)
     for v in values:
         q.append(v)
@@ -111,7 +111,7 @@ def test_quantiles_match_sorting(values, capacity, phi, data) -> None:  # noqa: 
 
 
 @given(st.lists(st.lists(st.integers(-50, 50), min_size=0, max_size=20).map(sorted), min_size=1, max_size=6), st.data())
-def test_kth_smallest_of_sorted_runs(runs, data) -> None:  # noqa: ANN001
+def test_kth_smallest_of_sorted_runs(runs, data) -> None:
     flat = sorted(x for r in runs for x in r)
     if flat:
         k = data.draw(st.integers(0, len(flat) - 1))
@@ -125,7 +125,7 @@ def test_kth_smallest_of_sorted_runs(runs, data) -> None:  # noqa: ANN001
     st.integers(1, 200),
     st.data(),
 )
-def test_time_windows_match_brute_force_and_grow(steps, agg, max_duration, data) -> None:  # noqa: ANN001
+def test_time_windows_match_brute_force_and_grow(steps, agg, max_duration, data) -> None:
     ts, events = 0, []
     timed = {
         "B-INT": TimeWindows(BaseIntervals(agg, 4), max_duration),
@@ -157,7 +157,7 @@ def test_time_windows_match_brute_force_and_grow(steps, agg, max_duration, data)
 
 @settings(max_examples=60, deadline=None)
 @given(values_st, st.integers(2, 32), st.sampled_from([Agg.SUM, Agg.MIN, Agg.MAX]))
-def test_state_round_trips_through_bytes(values, capacity, agg) -> None:  # noqa: ANN001
+def test_state_round_trips_through_bytes(values, capacity, agg) -> None:
     kinds = [BaseIntervals, AggregateTree, MaterializeNone] + ([RunningIntervals] if agg is Agg.SUM else [])
     for kind in kinds:
         s = kind(agg, capacity)
@@ -203,7 +203,7 @@ def test_lookup_costs_are_what_the_paper_says() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.integers(0, 5)), max_size=100), st.integers(1, 64))
-def test_average_is_sum_over_count_of_panes(panes, width) -> None:  # noqa: ANN001
+def test_average_is_sum_over_count_of_panes(panes, width) -> None:
     from evaluator.asw.average import SharedAverage
 
     for kind in (RunningIntervals, BaseIntervals):

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from evaluator.catalog import Catalog
-from evaluator.spark.job import build_query, evaluated_through
-from evaluator.spec import SubscriptionSpec
 from core.redis_schema import RedisKeys
-from devstack.services import python_module, spawn
 from core.settings import Settings
+from devstack.services import python_module, spawn
+from evaluator.catalog import Catalog
+from evaluator.spark.job import build_query
+from evaluator.spark.sink import evaluated_through
+from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
@@ -51,7 +52,7 @@ def generated_stream(seed: int = 3, n: int = 2_400) -> list[tuple[str, int, floa
     """
     rng = random.Random(seed)
     weights = [1 / (i + 1) for i in range(len(KEYS))]
-    prices = {k: 100.0 for k in KEYS}
+    prices = dict.fromkeys(KEYS, 100.0)
     events, clock = [], BASE
     for _ in range(n):
         clock += rng.randint(0, 40)
@@ -81,7 +82,7 @@ def evaluated_everything(settings: Settings, last: int, shards: int) -> bool:
     return done is not None and done >= last
 
 
-def wait_until(predicate, timeout_s: float = 180, query=None) -> None:  # noqa: ANN001
+def wait_until(predicate, timeout_s: float = 180, query=None) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, "the evaluator did not get there in time"
@@ -102,7 +103,7 @@ def alert_set(settings: Settings) -> list[tuple]:
     return [(t["subscription_id"], t["key"], t["state"], t["evaluated_at"]) for t in transitions(settings)]
 
 
-def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
+def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     events = generated_stream()
     last = publish(settings, events)
@@ -129,7 +130,7 @@ def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path
 
 
 @pytest.mark.slow  # fault injection: run in CI
-def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, settings: Settings,  # noqa: ANN001
+def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, settings: Settings,
                                                                         tmp_path: Path) -> None:
     ensure_topics(settings)
     events = generated_stream(seed=11)

@@ -9,11 +9,11 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
+from core.redis_schema import RedisKeys, shard_clocks
+from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
 from evaluator.spec import SubscriptionSpec
-from core.redis_schema import RedisKeys, shard_clocks
-from core.settings import Settings
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
@@ -46,7 +46,7 @@ def transitions(settings: Settings) -> list[dict]:
     return [json.loads(fields["alert"]) for _, fields in client.xrange(RedisKeys(settings).alerts_stream)]
 
 
-def wait(query, predicate, timeout_s: float = 90) -> None:  # noqa: ANN001
+def wait(query, predicate, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         query.processAllAvailable()
@@ -56,7 +56,7 @@ def wait(query, predicate, timeout_s: float = 90) -> None:  # noqa: ANN001
     raise AssertionError("condition not reached")
 
 
-def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:  # noqa: ANN001
+def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:
     ensure_topics(settings)
     publish_catalog(
         settings,
@@ -100,7 +100,7 @@ def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:  # no
 
 
 def test_sink_is_idempotent(settings: Settings) -> None:
-    from evaluator.spark.job import RedisAlertSink
+    from evaluator.spark.sink import RedisAlertSink
 
     sink = RedisAlertSink(settings)
     row = {"alert_id": "abc", "subscription_id": 1, "key": "K", "state": "firing", "value": 1.0,
@@ -110,7 +110,7 @@ def test_sink_is_idempotent(settings: Settings) -> None:
     assert len(transitions(settings)) == 1
 
 
-def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spark, settings: Settings) -> None:  # noqa: ANN001
+def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spark, settings: Settings) -> None:
     settings = settings.model_copy(update={"max_window_ms": 10_000})
     ensure_topics(settings)
     publish_catalog(settings, SubscriptionSpec(1, parse_condition("COUNT(*) OVER 5s >= 2")))
@@ -143,7 +143,7 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
     assert fired_2 <= base + 3_000 + settings.pane_ms, "the new subscription was evaluated at the next boundary"
 
 
-def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings) -> None:  # noqa: ANN001
+def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings) -> None:
     import threading
 
     from web.conditions import _ask_and_gather

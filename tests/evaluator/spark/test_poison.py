@@ -21,8 +21,6 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher
 from tests.evaluator.oracle import oracle
-from web.ops import sample_once
-from web.watchdog import open_incidents
 from tests.evaluator.spark.test_exactness import (
     BASE,
     HORIZON,
@@ -35,6 +33,8 @@ from tests.evaluator.spark.test_exactness import (
 )
 from tests.evaluator.spark.test_job import publish_catalog, transitions
 from tests.ingest.test_publisher import read_topic
+from web.ops import sample_once
+from web.watchdog import open_incidents
 
 pytestmark = pytest.mark.spark
 
@@ -44,7 +44,7 @@ YEAR_3000 = 32_503_680_000_000
 def poison(ts: int) -> list[tuple[bytes | None, str]]:
     """(record, what its dead letter's reason says): each would crash, silence or bend evaluation if let in."""
     def event(body: str) -> bytes:
-        return ('{"key": "K01", "ts": %d, ' % ts + body + "}").encode()
+        return (f'{{"key": "K01", "ts": {ts}, ' + body + "}").encode()
 
     return [
         (b"[" * 30_000 + b"]" * 30_000, "JSON nested 30000 deep"),
@@ -64,7 +64,7 @@ def poison(ts: int) -> list[tuple[bytes | None, str]]:
     ]
 
 
-def test_poison_and_future_records_cost_only_themselves(spark, settings: Settings, tmp_path: Path) -> None:  # noqa: ANN001
+def test_poison_and_future_records_cost_only_themselves(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     events = generated_stream(seed=7, n=900)
     run = for_run(settings, "poison", tmp_path).model_copy(update={"source_max_records_per_trigger": 300})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from evaluator.spark.job import build_query
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.spark.job import build_query
 from ingest.kafka import ensure_topics
 from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
@@ -18,7 +18,7 @@ from tests.evaluator.spark.test_job import publish_busy_key, recent_base, transi
 pytestmark = pytest.mark.spark
 
 
-def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> None:  # noqa: ANN001
+def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> None:
     ensure_topics(settings)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     data = SubscriptionIn(name="busy", condition="COUNT(*) OVER 5s >= 2")

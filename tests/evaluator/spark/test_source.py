@@ -8,8 +8,8 @@ import pytest
 from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from evaluator.spark.source import KafkaStreamReader, split_limit
 from core.settings import Settings
+from evaluator.spark.source import KafkaStreamReader, split_limit
 from ingest.kafka import ensure_topics, topic_end_offsets
 
 pytestmark = pytest.mark.spark
@@ -57,7 +57,7 @@ def test_read_limit_is_respected_and_fair() -> None:
     assert split_limit(start, end, 10_000) == {**start, **end}
 
 
-def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> None:  # noqa: ANN001
+def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> None:
     stream = (
         spark.readStream.format("tocsin_kafka")
         .option("bootstrap", settings.kafka_bootstrap)
@@ -72,7 +72,7 @@ def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: s
 
 
 @pytest.mark.parametrize("mode", ["availableNow", "processingTime"])
-def test_spark_reads_each_record_exactly_once_across_restarts(spark, settings: Settings, tmp_path, mode: str) -> None:  # noqa: ANN001
+def test_spark_reads_each_record_exactly_once_across_restarts(spark, settings: Settings, tmp_path, mode: str) -> None:
     ensure_topics(settings)
     first = produce(settings, {0: 40, 1: 23, 2: 17}, "first")
     checkpoint, sink = str(tmp_path / "checkpoint"), str(tmp_path / "sink")

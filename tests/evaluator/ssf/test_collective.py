@@ -28,7 +28,7 @@ bound = st.one_of(st.none(), st.integers(0, 200).map(float), st.integers(0, 10**
 
 
 def conditions(aggregate: Aggregate) -> st.SearchStrategy[Condition]:
-    def make(window: int, low, high, li: bool, hi: bool) -> Condition:  # noqa: ANN001
+    def make(window: int, low, high, li: bool, hi: bool) -> Condition:
         if low is None and high is None:
             low = 0.0
         if low is not None and high is not None and low > high:
@@ -46,12 +46,12 @@ def brute(events: list[tuple[str, int, float]], cond: Condition, now: int, agg: 
             value: float | None = math.fsum(window)
         else:
             value = (max(window) if agg == "MAX" else min(window)) if window else None
-        if cond.holds(value):
-            out[key] = value  # type: ignore[assignment]
+        if value is not None and cond.holds(value):
+            out[key] = value
     return out
 
 
-def replay(stream) -> list[tuple[str, int, float]]:  # noqa: ANN001
+def replay(stream) -> list[tuple[str, int, float]]:
     ts, events = 1_000, []
     for key, gap, value in stream:
         ts += gap
@@ -62,7 +62,7 @@ def replay(stream) -> list[tuple[str, int, float]]:  # noqa: ANN001
 @settings(max_examples=200, deadline=None)
 @given(streams, st.lists(conditions(Aggregate.SUM), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4, 8]),
        st.integers(0, 50), st.sampled_from([1, 7, 100, 10_000]))
-def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later, bucket) -> None:  # noqa: ANN001
+def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later, bucket) -> None:
     events = replay(stream)
     index, naive = CollectiveSum(p=p, bucket_ms=bucket), NaiveSubstreams("SUM")
     for key, ts, value in events:
@@ -85,7 +85,7 @@ def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds,
 
 @settings(max_examples=100, deadline=None)
 @given(streams, conditions(Aggregate.SUM), st.integers(0, 3_000), st.sampled_from([1, 4]))
-def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:  # noqa: ANN001
+def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:
     events = replay(stream)
     index = CollectiveSum(p=p)
     for key, ts, value in events:
@@ -107,7 +107,7 @@ def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:  # n
     st.integers(0, 50),
     st.integers(16, 64),
 )
-def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:  # noqa: ANN001
+def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:
     events = replay(stream)
     maxi, mini = CollectiveExtreme("MAX", capacity, bucket_ms=7), CollectiveExtreme("MIN", capacity, bucket_ms=7)
     for key, ts, value in events:
@@ -123,7 +123,7 @@ def test_max_and_min_are_exact(stream, conds, later, capacity) -> None:  # noqa:
         assert maxi.query(cond, now) == brute(events, cond, now, "MAX")
         assert mini.query(cond, now) == brute(events, cond, now, "MIN")
         naive = NaiveSubstreams("MAX")
-        naive.add_batch(*zip(*events)) if events else None
+        naive.add_batch(*zip(*events, strict=True)) if events else None
         assert naive.query(cond, now) == brute(events, cond, now, "MAX")
 
 

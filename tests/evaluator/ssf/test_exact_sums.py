@@ -62,7 +62,7 @@ def test_the_issue_cases_in_r_int(history: list[float], window: list[float]) -> 
 @settings(max_examples=200, deadline=None)
 @given(histories=st.lists(st.tuples(histories, windows), min_size=1, max_size=4), p=st.sampled_from([1, 2, 4]),
        data=st.data())
-def test_window_sums_and_threshold_decisions_are_exact_whatever_the_history(histories, p: int, data) -> None:  # noqa: ANN001
+def test_window_sums_and_threshold_decisions_are_exact_whatever_the_history(histories, p: int, data) -> None:
     collective, naive = CollectiveSum(p=p), NaiveSubstreams("SUM")
     events, firsts, now = [], {}, 0
     for k, (history, window) in enumerate(histories):
@@ -108,7 +108,7 @@ def test_late_inserts_expiry_and_restore_keep_sums_exact(history: list[float], w
 
 @settings(max_examples=100, deadline=None)
 @given(values=st.lists(magnitudes, min_size=1, max_size=400), capacity=st.integers(2, 64), data=st.data())
-def test_r_int_windows_are_exact(values: list[float], capacity: int, data) -> None:  # noqa: ANN001
+def test_r_int_windows_are_exact(values: list[float], capacity: int, data) -> None:
     rint = RunningIntervals("SUM", capacity)
     cut = data.draw(st.integers(0, len(values)))
     rint.extend(values[:cut])

@@ -5,13 +5,12 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from evaluator.spark.job import RedisAlertSink
-from evaluator.transition import alert_id
+from core.redis_schema import celery_queue_keys, lane_queue
 from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
 from tests.users import PASSWORD, api_client, form_csrf, new_user, sign_in
 from web.deps import SESSION_COOKIE
-from notifier.app import lane_queue
-from web.ops import celery_queue_keys
 
 CONDITION = "SUM(volume) OVER 5m > 100"
 
@@ -69,6 +68,16 @@ def test_cookie_requests_that_change_things_need_the_csrf_token(settings: Settin
     with api_client(settings, token) as api:  # API tokens are not sent by browsers on their own: no CSRF
         assert api.post("/api/endpoints", json=body).status_code == 201
         assert len(api.get("/api/endpoints").json()) == 3
+
+
+def test_a_csrf_token_that_is_not_ascii_is_refused_not_a_server_error(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as browser:
+        sign_in(browser, user.email)
+        del browser.headers["X-CSRF-Token"]
+        form = browser.post("/account/tokens", data={"name": "x", "csrf_token": "é"}, follow_redirects=False)
+        header = browser.post("/api/tokens", json={"name": "x"}, headers={"X-CSRF-Token": "é".encode()})
+        assert (form.status_code, header.status_code) == (403, 403)
 
 
 def test_failed_logins_lock_the_address_out(settings: Settings) -> None:

@@ -6,9 +6,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from evaluator.catalog import Catalog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.catalog import Catalog
 from tests.users import api_client, new_user, sign_in
 
 

@@ -1,6 +1,6 @@
 """A fuzz of the HTML pages' forms and fragments, on SQLite and PostgreSQL: generated fields never get a 5xx.
 
-Every route of ``web.ui`` is called as a signed-in operator with its CSRF token (the
+Every route of ``web.pages`` is called as a signed-in operator with its CSRF token (the
 sign-in and sign-up forms with their pre-session token), with generated values for
 every field any form has: text, unicode and oversized digits, huge and negative ids,
 lists, and plausible valid values, so that both the error paths and the saving
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from core.settings import Settings
 from tests.users import api_client, form_csrf, new_user, sign_in
-from web import ui
+from web import pages
 from web.deps import CSRF_HEADER, SESSION_COOKIE
 
 EXAMPLES_PER_ROUTE = 25
@@ -46,7 +46,7 @@ def _fields(route: APIRoute) -> st.SearchStrategy[dict]:
     names = [p.name for p in route.dependant.body_params + route.dependant.query_params if p.name != "csrf_token"]
     if route.path.startswith("/subscriptions/") and route.path.endswith(("/new", "/edit")):
         names += SUBSCRIPTION_FORM
-    return st.fixed_dictionaries({}, optional={name: field for name in [*names, "unknown"]})
+    return st.fixed_dictionaries({}, optional=dict.fromkeys([*names, "unknown"], field))
 
 
 def _path(route: APIRoute, ids: dict[str, list[int]]) -> st.SearchStrategy[str]:
@@ -77,7 +77,7 @@ def test_no_form_makes_a_server_error(settings: Settings) -> None:
         csrf = sign_in(browser, operator.email)
         pre_session = form_csrf(browser)
         cookies = dict(browser.cookies)
-        routes = sorted((r for r in ui.router.routes if isinstance(r, APIRoute) and r.path not in SKIPPED),
+        routes = sorted((r for r in pages.router.routes if isinstance(r, APIRoute) and r.path not in SKIPPED),
                         key=lambda r: r.path.endswith(("{action}", "/delete", "/revoke")))  # those delete: last
         for route in routes:
             method = sorted(route.methods)[0]

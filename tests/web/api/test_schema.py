@@ -33,7 +33,7 @@ def test_no_request_makes_a_server_error(settings: Settings) -> None:
             @given(case=operation.as_strategy())
             @hypothesis_settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
                                  suppress_health_check=list(HealthCheck))
-            def no_server_error(case) -> None:  # noqa: ANN001
+            def no_server_error(case) -> None:
                 response = case.call(headers=headers)
                 assert response.status_code < 500, (case.method, case.formatted_path, case.body, response.text)
 

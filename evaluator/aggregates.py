@@ -1,0 +1,258 @@
+"""Every aggregate a condition may use, each declared once, as one small class.
+
+A declaration says everything the rest of Tocsin needs to know: its name and arguments
+(the parser, :func:`format_term`), what answers it, its value function, its value for an
+empty window, and its description in plain words (the preview, the form's help, the
+README's table). The hypothesis tests iterate over :data:`AGGREGATES`, so a new aggregate
+is this file plus its brute-force definition in ``tests/evaluator/oracle.py``.
+
+Two things can answer an aggregate of one key's window ``[b - T, b)``:
+
+- :class:`PaneAggregate` — the shard's collective indexes over pane summaries (each pane's
+  count, and sum, min and max per attribute: CI-COUNT, CI-SUM, the MAX and MIN staircases).
+  When ``index`` returns one of them, a range query over every key at once finds the
+  candidates with their exact values; otherwise every watched key is computed.
+- :class:`EventAggregate` — each key's retained events (:mod:`evaluator.values`): the
+  window's values in time order, for what no pane summary answers (QUANTILE, LAST).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import numpy as np
+from typing_extensions import override
+
+from evaluator.expr import Term
+
+if TYPE_CHECKING:
+    from evaluator.collective import CollectiveIndexes
+    from evaluator.ssf.ci_extreme import CollectiveExtreme
+    from evaluator.ssf.ci_sum import CollectiveSum
+    from evaluator.values import KeyValues
+
+
+class Sources(Protocol):
+    """What answers aggregates of one key's window: a shard's collective indexes and retained events."""
+
+    @property
+    def indexes(self) -> CollectiveIndexes: ...
+
+    @property
+    def values(self) -> KeyValues: ...
+
+
+def number_text(value: float) -> str:
+    """Shortest text that parses back to exactly ``value``."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+@dataclass(frozen=True)
+class Param:
+    """An aggregate's extra numeric argument, after the attribute: ``QUANTILE(price, 0.95)``."""
+
+    name: str  # in the syntax help: QUANTILE(attribute, q)
+    expected: str  # what the parser says is missing
+    valid: Callable[[float], bool]
+    invalid: str  # why a value is refused; ``{value}`` is the value given
+    examples: tuple[float, ...]  # valid values, edge cases included: the property tests draw from them
+
+
+class Aggregation(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for the form's help and the README's table
+    words: ClassVar[str]  # the preview's "fires for each key whose <words> ..."; {attribute}
+    takes_attribute: ClassVar[bool] = True  # False: written NAME(*) or NAME()
+    param: ClassVar[Param | None] = None
+    aliases: ClassVar[Mapping[str, float]] = {}  # other names, each fixing the param: MEDIAN is QUANTILE(a, 0.5)
+    empty: ClassVar[float | None] = None  # the value of an empty window; None: no value, no condition holds
+
+    def describe(self, term: Term) -> str:
+        return self.words.format(attribute=term.attribute)
+
+    @abstractmethod
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        """The exact value of ``key``'s window of ``window_ms`` ending at ``now`` (the last pane stamp it holds)."""
+
+    @property
+    def syntax(self) -> str:
+        args = [*(["attribute"] if self.takes_attribute else ["*"]), *([self.param.name] if self.param else [])]
+        return f"{self.name}({', '.join(args)})"
+
+
+class PaneAggregate(Aggregation):
+    """Answered by the collective indexes over pane summaries (``sources.indexes`` in ``value_of``)."""
+
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveSum | CollectiveExtreme | None:  # noqa: ARG002  # the default ignores them: no index
+        """The index whose range queries find every key with a value in a range (None: none does)."""
+        return None
+
+
+class EventAggregate(Aggregation):
+    """Answered by each key's retained events."""
+
+    needs_every_event: ClassVar[bool] = True  # False: the newest event is enough beyond the values' retention
+
+    @abstractmethod
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        """The value of a non-empty window's values, oldest first (among equal times, in arrival order)."""
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        values = sources.values.window(key, term.attribute, window_ms, now + 1)  # type: ignore[arg-type]  # takes_attribute
+        return self.empty if values is None else self.of_events(values, term.param)
+
+
+# -- over pane summaries ----------------------------------------------------------------------------
+
+
+class Count(PaneAggregate):
+    name = "COUNT"
+    summary = "the number of events"
+    words = "number of events"
+    takes_attribute = False
+    empty = 0.0
+
+    @override
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveSum:
+        return indexes.count
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float:
+        return sources.indexes.count.value(key, window_ms, now)
+
+
+class Sum(PaneAggregate):
+    name = "SUM"
+    summary = "the sum of the attribute's values"
+    words = "sum of {attribute}"
+    empty = 0.0
+
+    @override
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveSum:
+        return indexes.sums[attribute]  # type: ignore[index]  # an attribute is required (takes_attribute)
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float:
+        return sources.indexes.sums[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
+
+
+class Avg(PaneAggregate):
+    name = "AVG"
+    summary = "the mean of the attribute's values (SUM over COUNT)"
+    words = "average {attribute}"
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        count = sources.indexes.count.value(key, window_ms, now)
+        if not count:
+            return None
+        return sources.indexes.sums[term.attribute].value(key, window_ms, now) / count  # type: ignore[index]  # takes_attribute
+
+
+class Max(PaneAggregate):
+    name = "MAX"
+    summary = "the highest value"
+    words = "highest {attribute}"
+
+    @override
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveExtreme:
+        return indexes.maxs[attribute]  # type: ignore[index]  # an attribute is required (takes_attribute)
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        return sources.indexes.maxs[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
+
+
+class Min(PaneAggregate):
+    name = "MIN"
+    summary = "the lowest value"
+    words = "lowest {attribute}"
+
+    @override
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveExtreme:
+        return indexes.mins[attribute]  # type: ignore[index]  # an attribute is required (takes_attribute)
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        return sources.indexes.mins[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
+
+
+# -- over each key's events ---------------------------------------------------------------------------
+
+
+def quantile_rank(q: float, n: int) -> int:
+    """1-based rank of the q-quantile of n values: the smallest value with at least q·n values at or below it.
+
+    (``q·n`` is rounded to 9 decimals first, so that 0.1 · 30 is 3 and not 3.0000000000000004.)
+    """
+    return max(1, math.ceil(round(q * n, 9)))
+
+
+class Quantile(EventAggregate):
+    name = "QUANTILE"
+    summary = "the q-quantile: the smallest value with at least q of the window's values at or below it"
+    words = "{q}th percentile of {attribute}"
+    param = Param("q", "',' and the quantile's fraction, as in QUANTILE(price, 0.95)", lambda q: 0 < q <= 1,
+                  "a quantile's fraction is between 0 and 1 (0.95 for the 95th percentile), not {value:g}",
+                  (0.1, 0.5, 0.9, 1.0))
+    aliases: ClassVar[Mapping[str, float]] = {"MEDIAN": 0.5}
+
+    @override
+    def describe(self, term: Term) -> str:
+        q = term.param or 0.0
+        return f"median {term.attribute}" if q == 0.5 else self.words.format(
+            q=number_text(q * 100), attribute=term.attribute)
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        k = quantile_rank(param or 0.0, values.size) - 1
+        return float(np.partition(values, k)[k])
+
+
+class Last(EventAggregate):
+    name = "LAST"
+    summary = "the value of the newest event"
+    words = "latest {attribute}"
+    needs_every_event = False
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values[-1])
+
+
+AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last())}
+
+#: Every name the parser accepts, with the aggregate it means and the param an alias fixes.
+SPELLINGS: dict[str, tuple[Aggregation, float | None]] = {
+    **{name: (a, None) for name, a in AGGREGATES.items()},
+    **{alias: (a, param) for a in AGGREGATES.values() for alias, param in a.aliases.items()},
+}
+
+
+def check_term(term: Term) -> None:
+    """Raise ValueError unless ``term`` names a declared aggregate with the arguments it takes."""
+    aggregate = AGGREGATES.get(term.aggregate)
+    if aggregate is None:
+        raise ValueError(f"unknown aggregate {term.aggregate!r}")
+    if aggregate.takes_attribute and not term.attribute:
+        raise ValueError(f"{aggregate.name} needs an attribute")
+    if (aggregate.param is None) != (term.param is None):
+        raise ValueError(f"{aggregate.name} takes {'no argument' if aggregate.param is None else 'an argument'} "
+                         "after the attribute")
+    if aggregate.param is not None and term.param is not None and not aggregate.param.valid(term.param):
+        raise ValueError(aggregate.param.invalid.format(value=term.param))
+
+
+def format_term(term: Term) -> str:
+    """The canonical text of one aggregate (parses back to ``term``)."""
+    aggregate = AGGREGATES[term.aggregate]
+    args = [term.attribute if aggregate.takes_attribute else "*"]
+    if term.param is not None:
+        args.append(number_text(term.param))
+    return f"{aggregate.name}({', '.join(a or '' for a in args)})"

@@ -1,0 +1,143 @@
+"""The query's stateful stage: one :class:`ShardEvaluator` per shard, kept in Spark's state store.
+
+State per shard, in the RocksDB state store: a change log (``log``: batch number
+-> what the batch changed) on top of a periodic snapshot (``base``), and a
+``clock`` with the latest batch number. The evaluator structures themselves live
+in the Python worker between batches; a worker whose copy is behind replays the
+log entries it missed, one with no usable copy rebuilds from the snapshot, so a
+batch writes only what it changed and state never depends on which worker runs it.
+
+Each batch the operator also answers the condition previews its shard has not
+answered yet (see ``evaluator.preview``), and emits its transitions followed by
+its clock for the sink (see ``evaluator.spark.sink``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+from core.settings import Settings
+from evaluator.preview import PreviewAnswer
+from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
+from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
+from evaluator.spark.counters import add_totals
+from evaluator.spark.parse import NO_PARTITION, pane_rows
+from evaluator.spark.sink import clock_record
+from ingest.model import ATTRIBUTES
+
+PREVIEW_ANSWER_TTL_S = 60
+
+#: Each worker process's copies of the shards it has run, by (checkpoint, shard id), least recently used first.
+_SHARDS: dict[tuple[str, int], ShardEvaluator] = {}
+_SHARDS_KEPT = 16
+
+
+class ShardProcessor(StatefulProcessor):
+    """transformWithStateInPandas keyed by shard: one :class:`ShardEvaluator` per shard."""
+
+    def __init__(self, settings: Settings, partitions: int) -> None:
+        self.settings = settings
+        self.config = ShardConfig(
+            attributes=ATTRIBUTES,
+            pane_ms=settings.pane_ms,
+            horizon_ms=settings.max_window_ms,
+            delay_ms=settings.watermark_delay_ms,
+            partitions=partitions,
+            p=settings.evaluator_p,
+            collective=settings.evaluator_mode == "collective",
+            value_retention_ms=settings.quantile_max_window_ms,
+        )
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.clock = handle.getValueState(
+            "clock", StructType([StructField("epoch", LongType()), StructField("base_epoch", LongType())]))
+        self.base = handle.getValueState("base", StructType([StructField("snapshot", BinaryType())]))
+        self.log = handle.getMapState("log", StructType([StructField("epoch", LongType())]),
+                                      StructType([StructField("delta", BinaryType())]))
+
+    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[ShardEvaluator, str]:
+        """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot."""
+        cached = _SHARDS.pop((str(self.settings.checkpoint_path), shard), None)
+        if cached is not None and base_epoch <= cached.epoch <= epoch:
+            evaluator, how = cached, "cached" if cached.epoch == epoch else "caught_up"
+        else:
+            base = self.base.get() if self.base.exists() else None
+            evaluator = ShardEvaluator.from_snapshot(self.config, base[0]) if base else ShardEvaluator(self.config)
+            evaluator.epoch, how = base_epoch, "rebuilt"
+        for missed in range(evaluator.epoch + 1, epoch + 1):
+            entry = self.log.getValue((missed,))
+            assert entry is not None, f"shard {shard}: batch {missed} is missing from the change log"
+            evaluator.replay(Delta.from_bytes(entry[0]))
+        evaluator.epoch = epoch
+        return evaluator, how
+
+    def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, ARG002, N802, N803 - Spark's API
+        started = time.perf_counter()
+        (shard,) = key
+        shard = int(shard)
+        clock = self.clock.get() if self.clock.exists() else None
+        epoch, base_epoch = clock if clock else (0, 0)
+        evaluator, how = self._restore(shard, epoch, base_epoch)
+        restored = time.perf_counter()
+
+        frame = pd.concat(list(rows), ignore_index=True)
+        is_progress = frame["partition"].to_numpy() != NO_PARTITION
+        newest = frame[is_progress].groupby("partition")["progress"].max()
+        progress = {int(p): int(t) for p, t in newest.items()}
+        stats = BatchStats()
+        source = shared_catalog_source(self.settings)
+        transitions, delta = evaluator.step(pane_rows(frame[~is_progress]), progress, source.current(), stats)
+        evaluated = time.perf_counter()
+
+        epoch += 1
+        if epoch - base_epoch >= self.settings.evaluator_snapshot_every:
+            self.base.update((evaluator.snapshot(),))
+            for old in range(base_epoch + 1, epoch):
+                self.log.removeKey((old,))
+            base_epoch = epoch
+        else:
+            self.log.updateValue((epoch,), (delta.to_bytes(),))
+        self.clock.update((epoch, base_epoch))
+        evaluator.epoch = epoch
+        _SHARDS[(str(self.settings.checkpoint_path), shard)] = evaluator
+        while len(_SHARDS) > _SHARDS_KEPT:  # copies of queries that stopped would otherwise stay forever
+            del _SHARDS[next(iter(_SHARDS))]
+        persisted = time.perf_counter()
+
+        keys = source.keys
+        pipe = source.redis.pipeline(transaction=False)
+        add_totals(pipe, keys, {
+            "late_events_applied": stats.late_events, "late_events_dropped": stats.dropped_events,
+            "invalid_events_dropped": stats.invalid_events, "boundaries": stats.boundaries,
+            "candidates": stats.candidates, "matches": stats.matches, f"shard_restore_{how}": 1,
+        })
+        for stage, seconds in (("restore", restored - started), ("evaluate", evaluated - restored),
+                               ("persist", persisted - evaluated)):
+            pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
+        pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
+        pipe.execute()
+        self._answer_previews(source, shard, evaluator)
+        records = [t.to_dict() for t in transitions]
+        # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
+        records.append(clock_record(shard, evaluator.evaluated_at or 0))
+        yield pd.DataFrame.from_records(records)
+
+    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator) -> None:
+        """Answer the web app's condition previews this shard has not answered yet (see ``web.conditions``)."""
+        keys = source.keys
+        for request_id, request in source.previews(shard):
+            answer = PreviewAnswer.of(shard, *evaluator.preview(request.condition, request.keys))
+            pipe = source.redis.pipeline()
+            pipe.rpush(keys.preview_answers(request_id), answer.to_json())
+            pipe.expire(keys.preview_answers(request_id), PREVIEW_ANSWER_TTL_S)
+            pipe.execute()
+
+    def close(self) -> None:
+        pass
+
+

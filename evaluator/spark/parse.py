@@ -1,0 +1,189 @@
+"""The query's first stage: raw Kafka records -> pane rows per shard, and each partition's progress.
+
+Because Kafka partitions by key, one input partition holds all of a key's events
+in a micro-batch, so the per-partition pre-aggregation is complete and the
+shuffle carries one row per (key, pane) instead of one per event. The pane row
+layout (``PANES_SCHEMA``) is written by :class:`PaneParser` and read back by
+:func:`pane_rows` in the shard operator.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.settings import Settings
+from evaluator.panerows import PaneRows
+from evaluator.spark.catalog_source import shared_catalog_source
+from evaluator.spark.counters import add_totals
+from ingest.model import ATTRIBUTES, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
+
+STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
+EVENT_FIELDS = ("event_ts", *(f"event_{a}" for a in ATTRIBUTES))  # the pane's events, for QUANTILE and LAST
+
+PANES_SCHEMA = (
+    "shard long, key string, pane_start long, count long, "
+    + ", ".join(f"{f} double" for f in STAT_FIELDS[1:])
+    + ", event_ts array<long>, "
+    + ", ".join(f"event_{a} array<double>" for a in ATTRIBUTES)
+    + ", partition int, progress long"
+)
+NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
+
+
+@lru_cache(maxsize=4)
+def _dead_letter_producer(bootstrap: str) -> Any:  # one producer per worker process (kafka-python is untyped)
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+
+
+def shard_of(key: str, shard_ids: tuple[int, ...]) -> int:
+    return shard_ids[zlib.crc32(key.encode()) % len(shard_ids)]
+
+
+class PaneParser:
+    """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
+
+    Every record becomes an event, a heartbeat or a dead letter: :func:`ingest.model.parse_record`
+    never raises, and anything unexpected in the per-record work here becomes a dead letter with
+    an ``internal: ...`` reason, so a poison record costs that record only and a retried or
+    restarted batch cannot crash on it again. Rejects go to the dead-letter topic, at least
+    once: a retried task may send one twice, never zero times (and counts it twice).
+
+    Time the outside cannot hijack. An event whose time is more than ``max_future_skew_ms``
+    ahead of the processing clock is dead-lettered, and such a heartbeat refused (and
+    dead-lettered); neither counts as progress, so a partition's progress, hence the
+    watermark, never passes processing time + skew. The processing clock is the
+    micro-batch's timestamp (``current_timestamp()``, which Structured Streaming fixes when
+    it plans a batch and records in the offset log), not the wall clock: a batch re-run
+    after a failure or a restart sees the same clock, refuses the same records and so
+    yields the same pane rows, progress and transitions, with the same alert ids. (With the
+    wall clock, an event refused by the first attempt could be accepted by the replay, and
+    the replay's alerts would differ from those already written.) A backlog read late is
+    judged against the time it is read, never refused for being old.
+    """
+
+    def __init__(self, settings: Settings, shard_ids: tuple[int, ...]) -> None:
+        self.settings = settings
+        self.shard_ids = shard_ids
+
+    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        limits = RecordLimits.of(self.settings)
+        skew = self.settings.max_future_skew_ms
+        for raw in frames:
+            events: list[tuple] = []
+            progress: dict[int, int] = {}
+            dead: list[DeadLetter] = []
+            refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
+            now = int(raw["now"].iat[0]) if len(raw) else 0  # one batch timestamp for every row
+            for topic, partition, offset, value, size, digest in zip(
+                raw["topic"], raw["partition"], raw["offset"], raw["value"], raw["value_bytes"], raw["value_sha256"],
+                strict=True,
+            ):
+                source = f"{topic}[{partition}]@{offset}"
+                try:
+                    if digest is not None:  # the source kept only the start of an oversized record
+                        dead.append(DeadLetter.of(
+                            f"record: {int(size)} bytes, more than the {limits.max_record_bytes} allowed",
+                            value, source, limits, size=int(size), digest=digest))
+                        continue
+                    parsed = parse_record(value, source, limits)
+                    if isinstance(parsed, DeadLetter):
+                        dead.append(parsed)
+                        continue
+                    if parsed.ts - now > skew:
+                        what = "heartbeat" if isinstance(parsed, Heartbeat) else "event"
+                        refused[f"future_{what}s_refused"] += 1
+                        dead.append(DeadLetter.of(
+                            f"ts: {what} time {parsed.ts} is {parsed.ts - now} ms ahead of the processing clock "
+                            f"({now}); at most {skew} allowed (TOCSIN_MAX_FUTURE_SKEW_MS)", value, source, limits))
+                        continue
+                    if isinstance(parsed, Event):
+                        events.append((parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
+                    p = int(partition)
+                    progress[p] = max(progress.get(p, parsed.ts), parsed.ts)
+                except Exception as exc:  # noqa: BLE001 - a record must never fail the batch
+                    dead.append(DeadLetter.of(f"internal: {type(exc).__name__}: {exc}", value, source, limits))
+            if dead:
+                producer = _dead_letter_producer(self.settings.kafka_bootstrap)
+                for letter in dead:
+                    producer.send(self.settings.dead_letter_topic, value=letter.to_json())
+                producer.flush()
+                stats = shared_catalog_source(self.settings)  # its Redis client and key names
+                pipe = stats.redis.pipeline(transaction=False)
+                add_totals(pipe, stats.keys, {"dead_lettered": len(dead), **refused})
+                pipe.execute()
+            yield self._frame(events, progress)
+
+    def _frame(self, events: list[tuple], progress: dict[int, int]) -> pd.DataFrame:
+        columns = ["shard", "key", "pane_start", *STAT_FIELDS, *EVENT_FIELDS, "partition", "progress"]
+        parts: list[pd.DataFrame] = []
+        if events:
+            pane_ms = self.settings.pane_ms
+            df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
+            df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
+            # by time within each (key, pane); among equal times in arrival order, so the last row is LAST's
+            df = df.sort_values(["key", "pane_start", "ts"], kind="stable", ignore_index=True)
+            spec: dict[str, tuple[str, str]] = {"count": ("ts", "size")}
+            for a in ATTRIBUTES:
+                spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
+            panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
+            ends = np.cumsum(panes["count"].to_numpy())
+            if self.settings.quantile_max_window_ms:  # every event, for quantiles
+                cuts = ends[:-1]
+                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
+                    panes[field] = np.split(df[column].to_numpy(), cuts)
+            else:  # only the newest event of each pane, for LAST
+                newest = df.iloc[ends - 1]
+                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
+                    panes[field] = [np.array([v]) for v in newest[column].to_numpy()]
+            panes["shard"] = [shard_of(k, self.shard_ids) for k in panes["key"]]
+            panes["partition"] = NO_PARTITION
+            panes["progress"] = 0
+            parts.append(panes)
+        if progress:
+            partitions, newest = zip(*progress.items(), strict=True)
+            n = len(self.shard_ids)
+            parts.append(pd.DataFrame({
+                "shard": np.repeat(self.shard_ids, len(partitions)),
+                "key": "",
+                "pane_start": 0,
+                "count": 0,
+                **dict.fromkeys(STAT_FIELDS[1:], 0.0),
+                **{f: [np.empty(0)] * (n * len(partitions)) for f in EVENT_FIELDS},
+                "partition": np.tile(partitions, n),
+                "progress": np.tile(newest, n),
+            }))
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+        frame = pd.concat(parts, ignore_index=True)[columns]
+        frame["count"] = frame["count"].astype("int64")
+        frame["partition"] = frame["partition"].astype("int32")
+        return frame
+
+
+def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
+    return np.concatenate(lists.to_list()).astype(dtype) if len(lists) else np.empty(0, dtype=dtype)
+
+
+def pane_rows(frame: pd.DataFrame) -> PaneRows:
+    lengths = np.fromiter((len(v) for v in frame["event_ts"]), dtype=np.int64, count=len(frame))
+    return PaneRows(
+        frame["key"].to_numpy(dtype=object),
+        frame["pane_start"].to_numpy(dtype=np.int64),
+        frame["count"].to_numpy(dtype=np.int64),
+        np.vstack([frame[f"sum_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.vstack([frame[f"min_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.vstack([frame[f"max_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        _flat(frame["event_ts"], np.int64),
+        np.vstack([_flat(frame[f"event_{a}"], np.float64) for a in ATTRIBUTES]).reshape(len(ATTRIBUTES), -1),
+    )
+
+

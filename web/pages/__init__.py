@@ -1,0 +1,13 @@
+"""The web UI: server-rendered pages (Jinja2) made live with htmx, on the same services as the JSON API.
+
+One module per area, as ``web.api`` has one per resource; ``common`` holds what they share
+(templates, the signed-in principal, rendering, error pages, the flash). ``router`` gathers them.
+"""
+
+from fastapi import APIRouter
+
+from web.pages import account, auth, conditions, endpoints, ops, subscriptions
+
+router = APIRouter(include_in_schema=False)
+for _area in (auth, subscriptions, conditions, endpoints, account, ops):
+    router.include_router(_area.router)
