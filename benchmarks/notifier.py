@@ -37,9 +37,9 @@ from devstack.mailsink import MailSink
 from devstack.receiver import Received, WebhookReceiver
 from devstack.services import free_port, python_module, spawn, start_redis
 from notifier.app import DELIVER_TASK, make_celery
-from notifier.email import render, send_email
+from notifier.channels.email import render, send_email
+from notifier.channels.webhook import WebhookLimits, post_webhook
 from notifier.notification import build_notification, notification_id
-from notifier.webhook import WebhookLimits, post_webhook
 from subscriptions.accounts import AccountService
 from subscriptions.db import session_factory
 from subscriptions.models import Endpoint

@@ -136,8 +136,8 @@ class WebhookReceiver:
 
 
 def main() -> None:
+    from notifier.channels.webhook import SIGNATURE_HEADER, verify
     from notifier.notification import summary
-    from notifier.webhook import SIGNATURE_HEADER, verify
 
     parser = argparse.ArgumentParser(description="Print the webhooks Tocsin sends.")
     parser.add_argument("--host", default="127.0.0.1")

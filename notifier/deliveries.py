@@ -31,7 +31,7 @@ from celery import Celery
 from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
-from notifier.notification import test_notification
+from notifier.notification import Notification, test_notification
 from subscriptions.models import Endpoint
 
 ATTEMPT_LOG_LENGTH = 1_000
@@ -80,17 +80,25 @@ def binding(endpoint: Endpoint) -> dict:
             "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret_encrypted)}
 
 
-def enqueue(celery: Celery, notification: dict, endpoint_id: int, bound: dict) -> None:
-    """Queue one delivery, in the lane of its kind (test alerts have their own)."""
-    celery.send_task(DELIVER_TASK, args=(notification, endpoint_id), kwargs=bound,
-                     queue=queue_for(celery, notification))
+def enqueue(celery: Celery, payload: dict, endpoint_id: int, bound: dict) -> None:
+    """Queue one delivery of a notification's JSON, in the lane of its kind (test alerts have their own).
+
+    Takes the JSON as it is so a dead letter replays exactly what failed; new
+    deliveries come through :func:`enqueue_notification`.
+    """
+    celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=bound, queue=queue_for(celery, payload))
+
+
+def enqueue_notification(celery: Celery, notification: Notification, endpoint_id: int, bound: dict) -> None:
+    """Queue one delivery of ``notification`` (the typed contract the delivery task reads back)."""
+    enqueue(celery, notification.to_json(), endpoint_id, bound)
 
 
 def enqueue_test_alert(celery: Celery, endpoint: Endpoint) -> str:
     """Queue a made-up alert to one endpoint through the real delivery task; returns its notification id."""
     notification = test_notification(endpoint.id, int(time.time() * 1000))
-    enqueue(celery, notification, endpoint.id, binding(endpoint))
-    return notification["notification_id"]
+    enqueue_notification(celery, notification, endpoint.id, binding(endpoint))
+    return notification.notification_id
 
 
 def dead_letter_id(notification_id: str, endpoint_id: int) -> str:
@@ -167,16 +175,17 @@ class DeliveryRecords:
         """
         raw = json.dumps(payload, sort_keys=True, default=repr)
         notification = payload.get("notification")
-        letter = {"id": f"malformed:{hashlib.sha256(raw.encode()).hexdigest()[:16]}",
-                  "notification": notification if isinstance(notification, dict) else {},
-                  "endpoint_id": payload.get("endpoint_id"), "kind": None, "keys": [], "state": None,
-                  "attempt": payload.get("attempt"), "outcome": "dead", "error": f"malformed task: {reason}",
-                  "payload": raw[:10_000], "binding": {}, "dead_at": time.time()}
+        letter_id = f"malformed:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+        letter: dict[str, object] = {"id": letter_id,
+                                     "notification": notification if isinstance(notification, dict) else {},
+                                     "endpoint_id": payload.get("endpoint_id"), "kind": None, "keys": [], "state": None,
+                                     "attempt": payload.get("attempt"), "outcome": "dead", "error": f"malformed task: {reason}",
+                                     "payload": raw[:10_000], "binding": {}, "dead_at": time.time()}
         pipe = self.redis.pipeline()
-        pipe.hset(self.keys.dead_letters, letter["id"], _json(letter))
+        pipe.hset(self.keys.dead_letters, letter_id, _json(letter))
         pipe.hincrby(self.keys.delivery_stats, "dead", 1)
         pipe.execute()
-        return letter["id"]
+        return letter_id
 
     def dropped(self, notification: dict, endpoint_id: int, reason: str, number: int) -> None:
         """Log that a delivery was dropped because its endpoint is gone or changed.

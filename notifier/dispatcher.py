@@ -35,8 +35,8 @@ from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
 from evaluator.transition import Transition
 from notifier.app import make_celery
-from notifier.deliveries import DeliveryRecords, endpoint_generation, enqueue
-from notifier.notification import build_notification, notification_id
+from notifier.deliveries import DeliveryRecords, endpoint_generation, enqueue_notification
+from notifier.notification import Notification, make_notification, notification_id
 from notifier.policy import KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
@@ -170,7 +170,7 @@ class Dispatcher:
                 if nid is not None:
                     by_notification[nid].append(alert)
             for nid, members in by_notification.items():
-                self.enqueue(build_notification(_info(route), members, nid), route)
+                self.enqueue(make_notification(_info(route), members, nid), route)
         self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
 
     def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict]) -> dict[str, str | None]:
@@ -203,10 +203,10 @@ class Dispatcher:
         pipe.execute()
         return assigned
 
-    def enqueue(self, notification: dict, route: Route) -> None:
+    def enqueue(self, notification: Notification, route: Route) -> None:
         for endpoint in route.endpoints:
-            enqueue(self.celery, notification, endpoint.id, _binding(endpoint))
-        NOTIFICATIONS.labels("reminder" if notification["reminder"] else notification["state"]).inc()
+            enqueue_notification(self.celery, notification, endpoint.id, _binding(endpoint))
+        NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
 
     def remind(self, session: Session) -> int:
         """Remind subscribers of keys still firing whose re-notify interval has passed."""
@@ -231,7 +231,7 @@ class Dispatcher:
                 continue
             for members in [due] if policy.group else [[a] for a in due]:
                 nid = notification_id([a["alert_id"] for a in members], reminder_at=now)
-                self.enqueue(build_notification(_info(route), members, nid, reminder=True), route)
+                self.enqueue(make_notification(_info(route), members, nid, reminder=True), route)
                 sent += 1
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
             self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})

@@ -3,6 +3,15 @@
 The id of a notification is derived from its alerts, so the same alerts always
 make the same notification: receivers de-duplicate on it (``Idempotency-Key``,
 ``Message-ID``) and the worker marks it delivered per endpoint.
+
+:class:`Notification` is the contract between whoever enqueues a delivery (the
+dispatcher, the test-alert button, the watchdog) and the delivery task: its
+:meth:`~Notification.to_json` object is what Celery carries, what a webhook
+receives and what a dead letter keeps; the task reads it back with
+:meth:`~Notification.from_json`, which names what is wrong with anything else.
+Fields it does not declare (a newer producer's, a benchmark's timestamp) and
+fields a producer left out travel through as they came: receivers get exactly
+what was enqueued.
 """
 
 from __future__ import annotations
@@ -11,8 +20,87 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 ALERT_FIELDS = ("alert_id", "key", "state", "value", "window_start", "window_end", "evaluated_at")
+
+
+class MalformedNotificationError(ValueError):
+    """Not a notification; the message says why, in the words of the dead letter it becomes."""
+
+
+class AlertLine(BaseModel):
+    """One alert of a notification, as the transition stream reported it."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
+
+    alert_id: str
+    key: str
+    state: str | None = None
+    # The evaluator's number, passed through as given: a value a channel cannot format fails that attempt
+    # (recorded, retried, dead-lettered), it does not make the whole notification malformed.
+    value: JsonValue = None
+    window_start: int | float | None = None
+    window_end: int | float | None = None
+    evaluated_at: int | float | None = None
+
+
+class Notification(BaseModel):
+    """The notification a delivery task delivers: typed, immutable, the same JSON both ways."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow")
+
+    notification_id: str = Field(min_length=1)
+    subscription_id: int | None  # None: not a subscription's (test alerts, the watchdog)
+    subscription_name: str
+    condition: str
+    state: str
+    reminder: bool = False
+    evaluated_at: int | float | None
+    created_at: int | float
+    alerts: tuple[AlertLine, ...] = Field(min_length=1, strict=False)  # a JSON list, not strictly a tuple
+    # Set on some notifications only, and only then present in their JSON:
+    test: bool = False  # the "send test alert" button's: travels in the tests lane
+    operator: bool = False  # the watchdog's, to operators
+    watchdog: dict[str, Any] | None = None  # the watchdog's incident: rule, since, detail
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (a dict of JSON values) Celery carries and receivers get: the fields that were given."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @classmethod
+    def from_json(cls, data: object) -> Notification:
+        """The notification in ``data``, or :class:`MalformedNotificationError` saying what is wrong."""
+        if not isinstance(data, dict):
+            raise MalformedNotificationError(f"notification is {type(data).__name__}, not an object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise MalformedNotificationError(_reason(exc)) from None
+
+    @property
+    def keys(self) -> list[str]:
+        return [alert.key for alert in self.alerts]
+
+    def summary(self) -> str:
+        return summary(self.to_json())
+
+
+# The reasons the delivery task gave before this contract existed; they name dead letters, so they stay.
+_REASONS = {"notification_id": "notification has no notification_id",
+            "subscription_id": "notification has no valid subscription_id",
+            "state": "notification has no state", "alerts": "notification has no alerts with keys"}
+
+
+def _reason(error: ValidationError) -> str:
+    first = error.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    if field in _REASONS:
+        return _REASONS[field]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"notification field {where}: {first['msg']}"[:500]
 
 
 def notification_id(alert_ids: Iterable[str], reminder_at: float | None = None) -> str:
@@ -22,33 +110,36 @@ def notification_id(alert_ids: Iterable[str], reminder_at: float | None = None) 
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
-def build_notification(
-    subscription: dict,
-    alerts: list[dict],
-    notification: str,
-    reminder: bool = False,
-) -> dict:
-    """The payload for ``alerts`` (same subscription and state) of ``subscription`` (id, name, condition)."""
+def make_notification(subscription: dict, alerts: list[dict], notification: str, reminder: bool = False,
+                      **marks: Any) -> Notification:
+    """The notification of ``alerts`` (same subscription and state) of ``subscription`` (id, name, condition)."""
     ordered = sorted(alerts, key=lambda a: a["key"])
-    return {
-        "notification_id": notification,
-        "subscription_id": subscription["id"],
-        "subscription_name": subscription["name"],
-        "condition": subscription["condition"],
-        "state": ordered[0]["state"],
-        "reminder": reminder,
-        "evaluated_at": max(a["evaluated_at"] for a in ordered),
-        "created_at": time.time(),
-        "alerts": [{f: a.get(f) for f in ALERT_FIELDS} for a in ordered],
-    }
+    return Notification(
+        notification_id=notification,
+        subscription_id=subscription["id"],
+        subscription_name=subscription["name"],
+        condition=subscription["condition"],
+        state=ordered[0]["state"],
+        reminder=reminder,
+        evaluated_at=max(a["evaluated_at"] for a in ordered),
+        created_at=time.time(),
+        alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}) for a in ordered),
+        **marks,
+    )
 
 
-def test_notification(endpoint_id: int, now_ms: int) -> dict:
+def build_notification(subscription: dict, alerts: list[dict], notification: str, reminder: bool = False) -> dict:
+    """:func:`make_notification` as its JSON object (for callers that store or compare payloads)."""
+    return make_notification(subscription, alerts, notification, reminder).to_json()
+
+
+def test_notification(endpoint_id: int, now_ms: int) -> Notification:
     """A made-up firing alert for the "send test alert" button: a fresh id each time, marked ``test``."""
-    alert = {"alert_id": f"test-{uuid.uuid4().hex}", "key": "TEST", "state": "firing", "value": 0.0,
+    alert_id = f"test-{uuid.uuid4().hex}"
+    alert = {"alert_id": alert_id, "key": "TEST", "state": "firing", "value": 0.0,
              "window_start": now_ms - 60_000, "window_end": now_ms, "evaluated_at": now_ms}
     info = {"id": None, "name": f"Test alert for endpoint #{endpoint_id}", "condition": "test"}
-    return {**build_notification(info, [alert], notification_id([alert["alert_id"]])), "test": True}
+    return make_notification(info, [alert], notification_id([alert_id]), test=True)
 
 
 def summary(notification: dict) -> str:

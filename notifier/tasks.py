@@ -4,8 +4,12 @@ Tasks are acknowledged late and may be redelivered (a worker killed mid-task, a
 dispatcher re-handling what it had not acknowledged, a retry held past the
 visibility timeout), so a delivery's final outcome (delivered, dead-lettered,
 dropped) is marked per ``notification id + endpoint`` and a marked delivery never
-runs again. A task whose arguments are not a delivery is dead-lettered whole. A delivery that exhausts its retries, or is refused for good, goes to the
-dead-letter set, from which operators replay it.
+runs again. A task whose arguments are not a delivery (see ``notifier.notification``)
+is dead-lettered whole. A delivery that exhausts its retries, or is refused for
+good, goes to the dead-letter set, from which operators replay it.
+
+Each attempt goes through the channel of its endpoint's kind (``notifier.channels``),
+which gets the typed notification and a read-only view of the endpoint.
 
 Never silence: whatever goes wrong in a task - a receiver's odd reply, a
 template or header error, a bug - ends as a recorded retry or a dead letter with
@@ -24,7 +28,6 @@ from __future__ import annotations
 import math
 import random
 import uuid
-from dataclasses import dataclass
 from functools import lru_cache
 
 import redis
@@ -39,9 +42,10 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
+from notifier.channels import EndpointView, channel_for, channels
 from notifier.deliveries import DeliveryRecords, binding
-from notifier.email import render, send_email
-from notifier.webhook import WebhookLimits, post_webhook
+from notifier.notification import MalformedNotificationError, Notification
+from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
 from subscriptions.models import Endpoint
 
@@ -77,26 +81,17 @@ def retry_delay_s(attempt: Attempt, retries: int, settings: Settings) -> float:
     return min(max(delay, 0.0), settings.delivery_backoff_max_s)
 
 
-@dataclass(frozen=True)
-class Target:
-    kind: str
-    target: str
-    secret: str | None
-    owner_id: int
-    generation: str
-
-
-def endpoint_target(settings: Settings, endpoint_id: int) -> Target | None:
+def load_endpoint(settings: Settings, endpoint_id: int) -> EndpointView | None:
     """The endpoint as it is now (the one place the worker reads an endpoint and its secret)."""
     with session_scope(settings.database_url) as session:
         endpoint = session.get(Endpoint, endpoint_id)
         if endpoint is None:
             return None
-        return Target(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
-                      binding(endpoint)["generation"])
+        return EndpointView(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
+                            binding(endpoint)["generation"], endpoint.id)
 
 
-def stale_reason(endpoint: Target | None, owner_id: int | None, generation: str | None) -> str | None:
+def stale_reason(endpoint: EndpointView | None, owner_id: int | None, generation: str | None) -> str | None:
     """Why a delivery queued for (owner, generation) must not go to this endpoint any more, if it must not.
 
     Deliveries queued before they carried an owner (``None``) are checked for existence only.
@@ -110,41 +105,22 @@ def stale_reason(endpoint: Target | None, owner_id: int | None, generation: str 
     return None
 
 
-def send(endpoint: Target, notification: dict, endpoint_id: int, settings: Settings) -> Attempt:
-    """One attempt over the endpoint's channel."""
-    if endpoint.kind == "email":
-        return send_email(render(notification, settings.smtp_from, endpoint.target, endpoint_id), settings)
-    return post_webhook(endpoint.target, notification, endpoint.secret,
-                        idempotency_key=f"{notification['notification_id']}:{endpoint_id}",
-                        limits=WebhookLimits.from_settings(settings))
-
-
 def claim_ttl_s(settings: Settings) -> float:
-    """Longer than any one attempt can take, so a claim outlives the attempt that holds it."""
-    return max(settings.webhook_total_timeout_s, 2 * settings.smtp_timeout_s) + 5
+    """Longer than any one attempt can take, over any channel, so a claim outlives the attempt that holds it."""
+    return max(channel.longest_attempt_s(settings) for channel in channels()) + 5
 
 
-def malformed_reason(notification: object, endpoint_id: object, attempt: object, deferrals: object,
-                     extra: tuple, unknown: dict) -> str | None:
-    """Why these task arguments are not a delivery the task can run and record, if they are not."""
+def read_delivery(notification: object, endpoint_id: object, attempt: object, deferrals: object,
+                  extra: tuple, unknown: dict) -> Notification:
+    """The notification of task arguments that are a delivery; :class:`MalformedNotificationError` says why not."""
     if extra or unknown:
-        return f"unexpected arguments {list(extra) + sorted(unknown)!r}"[:500]
-    if not isinstance(notification, dict):
-        return f"notification is {type(notification).__name__}, not an object"
-    if not isinstance(notification.get("notification_id"), str) or not notification["notification_id"]:
-        return "notification has no notification_id"
-    if not isinstance(notification.get("subscription_id"), int | None):
-        return "notification has no valid subscription_id"
-    if not isinstance(notification.get("state"), str):
-        return "notification has no state"
-    alerts = notification.get("alerts")
-    if not isinstance(alerts, list) or not alerts or not all(isinstance(a, dict) and "key" in a for a in alerts):
-        return "notification has no alerts with keys"
+        raise MalformedNotificationError(f"unexpected arguments {list(extra) + sorted(unknown)!r}"[:500])
+    typed = Notification.from_json(notification)
     if type(endpoint_id) is not int or endpoint_id < 1:
-        return f"endpoint_id {endpoint_id!r} is not an id"
+        raise MalformedNotificationError(f"endpoint_id {endpoint_id!r} is not an id")
     if type(attempt) is not int or attempt < 1 or type(deferrals) is not int or deferrals < 0:
-        return "attempt and deferrals must be counts"
-    return None
+        raise MalformedNotificationError("attempt and deferrals must be counts")
+    return typed
 
 
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
@@ -153,17 +129,20 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
             **unknown: object) -> str:
     settings = get_settings()
     records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
-    reason = malformed_reason(notification, endpoint_id, attempt, deferrals, extra, unknown)
-    if reason is not None:  # never silence: a task that is not a delivery is a dead letter, with why
+    try:
+        typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown)
+    except MalformedNotificationError as exc:  # never silence: a task that is not a delivery is a dead letter, with why
+        reason = str(exc)
         letter = records.malformed({"notification": notification, "endpoint_id": endpoint_id, "extra": extra,
                                     "owner_id": owner_id, "generation": generation, "attempt": attempt,
                                     **unknown}, reason)
         ATTEMPTS.labels("unknown", "dead").inc()
         log.error("delivery_malformed", reason=reason, dead_letter=letter)
         return "malformed"
-    delivery = _Delivery(self, settings, records, notification, endpoint_id,
+    assert type(endpoint_id) is int  # checked by read_delivery; for the type checker
+    delivery = _Delivery(self, settings, records, typed, endpoint_id,
                          {"owner_id": owner_id, "generation": generation}, attempt, deferrals)
-    nid = notification["notification_id"]
+    nid = typed.notification_id
     claimed, finished = records.claim(nid, endpoint_id, claim_ttl_s(settings))
     if finished:
         return "duplicate"
@@ -174,7 +153,7 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
         return delivery.run()
     except Retry:
         raise
-    except Exception as exc:  # noqa: BLE001 - never silence: record it, then retry or dead-letter
+    except Exception as exc:
         log.exception("delivery_failed_unexpectedly", notification=nid, endpoint_id=endpoint_id)
         return delivery.failed(None, Attempt(False, True, 0.0, error=f"internal error: {type(exc).__name__}: {exc}"))
     finally:
@@ -184,31 +163,37 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
 class _Delivery:
     """One run of the task, with the ways it can end."""
 
-    def __init__(self, task: Task, settings: Settings, records: DeliveryRecords, notification: dict,
+    def __init__(self, task: Task, settings: Settings, records: DeliveryRecords, notification: Notification,
                  endpoint_id: int, bound: dict, attempt: int, deferrals: int) -> None:
         self.task, self.settings, self.records = task, settings, records
         self.notification, self.endpoint_id, self.bound, self.number = notification, endpoint_id, bound, attempt
+        self.payload = notification.to_json()  # as queued: what retries carry and records keep
         self.deferrals = deferrals
 
     def again(self, countdown: float, attempt: int, deferrals: int = 0) -> Retry:
         """Send this delivery again later, in its lane, as attempt number ``attempt``."""
-        return self.task.retry(args=(self.notification, self.endpoint_id),
+        return self.task.retry(args=(self.payload, self.endpoint_id),
                                kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
-                               countdown=countdown, queue=queue_for(self.task.app, self.notification))
+                               countdown=countdown, queue=queue_for(self.task.app, self.payload))
 
     def busy_delay_s(self) -> float:
         """Longer each time the same delivery finds its caps full (up to 8x), so a backlog does not spin."""
         return self.settings.delivery_busy_delay_s * 2 ** min(self.deferrals, 3) * random.uniform(0.5, 1.5)
 
     def run(self) -> str:
-        endpoint = endpoint_target(self.settings, self.endpoint_id)
+        endpoint = load_endpoint(self.settings, self.endpoint_id)
         reason = stale_reason(endpoint, self.bound["owner_id"], self.bound["generation"])
         if reason is not None:
-            self.records.dropped(self.notification, self.endpoint_id, reason, self.number)
+            self.records.dropped(self.payload, self.endpoint_id, reason, self.number)
             ATTEMPTS.labels("unknown" if endpoint is None else endpoint.kind, "dropped").inc()
-            log.warning("delivery_dropped", notification=self.notification["notification_id"],
+            log.warning("delivery_dropped", notification=self.notification.notification_id,
                         endpoint_id=self.endpoint_id, reason=reason)
             return "dropped"
+        assert endpoint is not None  # stale_reason names a missing endpoint; this tells the type checker
+        try:
+            channel = channel_for(endpoint.kind, self.settings)
+        except UnknownKindError:  # stored, but no channel serves it (any more): no retry can help
+            return self.failed(endpoint.kind, Attempt(False, False, 0.0, error=f"no channel for kind {endpoint.kind!r}"))
         token = uuid.uuid4().hex
         if not self.records.take_slot(self.endpoint_id, endpoint.owner_id, token,
                                       self.settings.delivery_endpoint_concurrency,
@@ -216,23 +201,23 @@ class _Delivery:
             DEFERRED.inc()
             raise self.again(self.busy_delay_s(), self.number, self.deferrals + 1)
         try:
-            attempt = send(endpoint, self.notification, self.endpoint_id, self.settings)
+            attempt = channel.send(self.notification, endpoint)
         finally:
             self.records.free_slot(self.endpoint_id, endpoint.owner_id, token)
         LATENCY.labels(endpoint.kind).observe(attempt.latency_ms / 1000)
         if attempt.ok:
-            self.records.delivered(self.notification, self.endpoint_id, endpoint.kind, attempt, self.number)
+            self.records.delivered(self.payload, self.endpoint_id, endpoint.kind, attempt, self.number)
             ATTEMPTS.labels(endpoint.kind, "delivered").inc()
             return "delivered"
         return self.failed(endpoint.kind, attempt)
 
     def failed(self, kind: str | None, attempt: Attempt) -> str:
         if not attempt.retryable or self.number > self.settings.delivery_max_retries:
-            self.records.dead(self.notification, self.endpoint_id, kind, attempt, self.number, self.bound)
+            self.records.dead(self.payload, self.endpoint_id, kind, attempt, self.number, self.bound)
             ATTEMPTS.labels(kind or "unknown", "dead").inc()
-            log.warning("delivery_dead", notification=self.notification["notification_id"],
+            log.warning("delivery_dead", notification=self.notification.notification_id,
                         endpoint_id=self.endpoint_id, **attempt.detail())
             return "dead"
-        self.records.attempt(self.notification, self.endpoint_id, kind, attempt, self.number, "retry")
+        self.records.attempt(self.payload, self.endpoint_id, kind, attempt, self.number, "retry")
         ATTEMPTS.labels(kind or "unknown", "retry").inc()
         raise self.again(retry_delay_s(attempt, self.number - 1, self.settings), self.number + 1)

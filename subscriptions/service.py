@@ -12,16 +12,18 @@ import json
 import secrets
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any, cast
 
 import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from evaluator.catalog import Catalog
-from evaluator.spec import Condition, SubscriptionSpec
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.catalog import Catalog
+from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
+from subscriptions.channel_kinds import endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
@@ -122,7 +124,8 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
     """
     history = keys.history(subscription_id)
     marks: list[str] = []
-    for _, fields in client.xrange(history):
+    entries = cast("list[tuple[object, dict[Any, Any]]]", client.xrange(history))  # a sync client: a list, never None
+    for _, fields in entries:
         alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
         marks += [keys.alert_mark(alert_id), keys.decision(alert_id)]
     pipe = client.pipeline(transaction=False)
@@ -175,7 +178,7 @@ class SubscriptionService:
         lock_owner(self.session, self.owner.id)  # the count and the insert are one step: no parallel overshoot
         if self._count(Endpoint) >= self.settings.user_max_endpoints:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
-        secret = data.secret or (secrets.token_urlsafe(32) if data.kind == "webhook" else None)
+        secret = data.secret or (secrets.token_urlsafe(32) if endpoint_kind(data.kind).has_secret else None)
         endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target)
         endpoint.set_secret(self.settings, secret)
         self.session.add(endpoint)
@@ -193,10 +196,10 @@ class SubscriptionService:
         return endpoint
 
     def rotate_secret(self, endpoint_id: int) -> Endpoint:
-        """A new signing secret for a webhook; the old one stops working at once."""
+        """A new signing secret for an endpoint of a kind that signs; the old one stops working at once."""
         endpoint = self.get_endpoint(endpoint_id)
-        if endpoint.kind != "webhook":
-            raise FieldError("kind", "only webhook endpoints have a secret")
+        if endpoint.kind not in secret_kinds():
+            raise FieldError("kind", f"only {' and '.join(secret_kinds())} endpoints have a secret")
         endpoint.set_secret(self.settings, secrets.token_urlsafe(32))
         self.session.commit()
         return endpoint

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import notifier.channels  # noqa: F401 - fills the endpoint-kind registry, as the web app and the worker do at start
 from core.settings import Settings
 from devstack.services import free_port, start_redis, start_tansu
 from tests.users import api_client, new_user

@@ -14,7 +14,7 @@ from evaluator.spark.job import build_query
 from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
-from notifier.webhook import SIGNATURE_HEADER, verify
+from notifier.channels.webhook import SIGNATURE_HEADER, verify
 from tests.processes import running, worker_args
 from tests.users import api_client, new_user
 

@@ -208,7 +208,7 @@ def test_alert_policy_groups_cools_down_mutes_and_reminds(settings, service, red
 
 
 def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> None:
-    from notifier.webhook import SIGNATURE_HEADER, verify
+    from notifier.channels.webhook import SIGNATURE_HEADER, verify
 
     receiver = WebhookReceiver()
     _user, token = new_user(settings)

@@ -9,7 +9,7 @@ import pytest
 from core.settings import Settings
 from devstack.mailsink import MailSink, self_signed_certificate
 from devstack.services import free_port
-from notifier.email import render, send_email
+from notifier.channels.email import render, send_email
 from notifier.notification import build_notification, notification_id
 
 ALERTS = [

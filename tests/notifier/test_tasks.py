@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from core.settings import Settings
 from notifier.attempt import Attempt
+from notifier.channels import EndpointView
+from notifier.channels.email import header_text, render
 from notifier.deliveries import endpoint_generation
-from notifier.email import header_text, render
-from notifier.tasks import Target, retry_delay_s, stale_reason
+from notifier.tasks import retry_delay_s, stale_reason
 
 GENERATION = endpoint_generation("webhook", "https://a.example/hook", "secret-1")
-ENDPOINT = Target("webhook", "https://a.example/hook", "secret-1", owner_id=7, generation=GENERATION)
+ENDPOINT = EndpointView("webhook", "https://a.example/hook", "secret-1", owner_id=7, generation=GENERATION, id=1)
 
 
 def test_stale_deliveries_are_named_for_why() -> None:

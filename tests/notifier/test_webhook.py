@@ -11,7 +11,7 @@ import pytest
 import trustme
 
 from devstack.receiver import WebhookReceiver
-from notifier.webhook import (
+from notifier.channels.webhook import (
     DestinationRefused,
     DestinationUnresolved,
     WebhookLimits,

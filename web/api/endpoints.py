@@ -1,4 +1,7 @@
-"""Delivery endpoints: webhooks (secret shown once, rotatable) and e-mail addresses, with test alerts."""
+"""Delivery endpoints of every registered kind (``notifier.channels``), their secrets and test alerts.
+
+Kinds that sign their deliveries get a secret, shown once and rotatable.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
+from notifier.channels import endpoint_kinds
 from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
-from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointOut, TestFireOut
+from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointKindOut, EndpointOut, TestFireOut
 from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep
 from web.limits import LimiterDep, limit_test_alerts
 
@@ -16,8 +20,14 @@ router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EndpointCreated)
 def create_endpoint(data: EndpointIn, service: ServiceDep) -> EndpointCreated:
-    """A webhook's signing secret is generated unless given, and shown only in this response."""
+    """The signing secret of a kind that signs is generated unless given, and shown only in this response."""
     return EndpointCreated.model_validate(service.create_endpoint(data))
+
+
+@router.get("/kinds", response_model=list[EndpointKindOut])
+def list_endpoint_kinds() -> list[EndpointKindOut]:
+    """The kinds of endpoint this deployment delivers to, default first."""
+    return [EndpointKindOut.of(kind) for kind in endpoint_kinds()]
 
 
 @router.get("", response_model=list[EndpointOut])
@@ -32,7 +42,7 @@ def get_endpoint(endpoint_id: IdPath, service: ServiceDep) -> EndpointOut:
 
 @router.post("/{endpoint_id}/rotate-secret", response_model=EndpointCreated)
 def rotate_secret(endpoint_id: IdPath, service: ServiceDep) -> EndpointCreated:
-    """A new webhook signing secret, shown only in this response; the old one stops working."""
+    """A new signing secret, shown only in this response; the old one stops working (422 for kinds without)."""
     return EndpointCreated.model_validate(service.rotate_secret(endpoint_id))
 
 

@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from core.redis_schema import RedisKeys
+from notifier.channels import endpoint_kinds
 from subscriptions.language import language_help
 from subscriptions.models import WebSession
 from subscriptions.service import SubscriptionService
@@ -29,6 +30,7 @@ TEMPLATES = Jinja2Templates(directory=Path(__file__).parent.parent / "templates"
 TEMPLATES.env.globals["fmt_ms"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else ""
 TEMPLATES.env.globals["fmt_s"] = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s)) if s else ""
 TEMPLATES.env.globals["language"] = language_help()  # the form's condition-language help, from the registries
+TEMPLATES.env.globals["endpoint_kinds"] = lambda: {kind.name: kind for kind in endpoint_kinds()}  # default first
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,16 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from core.settings import Settings
 from notifier.attempt import Attempt
-from notifier.notification import summary
+from notifier.channels import EndpointView, register
+from notifier.notification import Notification, summary
+from subscriptions.channel_kinds import EndpointKind
+from subscriptions.schemas import EMAIL_ADDRESS
 
 SUBJECT_PREFIX = "[Tocsin]"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -39,7 +43,7 @@ def _value(value: float | None) -> str:
 @lru_cache(maxsize=1)
 def _templates() -> Environment:
     env = Environment(
-        loader=FileSystemLoader(Path(__file__).parent / "templates"),
+        loader=FileSystemLoader(Path(__file__).parents[1] / "templates"),  # notifier/templates
         autoescape=select_autoescape(["html"]),
         trim_blocks=False,
     )
@@ -84,6 +88,7 @@ def send_email(message: EmailMessage, settings: Settings) -> Attempt:
         return Attempt(False, retryable, (time.perf_counter() - started) * 1000, code, error)
 
     try:
+        client: smtplib.SMTP
         if settings.smtp_ssl:
             client = smtplib.SMTP_SSL(settings.smtp_host, settings.smtp_port, timeout=settings.smtp_timeout_s,
                                       context=_tls_context(settings))
@@ -109,3 +114,33 @@ def send_email(message: EmailMessage, settings: Settings) -> Attempt:
     if refused:  # only some recipients refused; we send to one, so this is defensive
         return failed(True, f"recipients refused: {refused}")
     return Attempt(True, False, (time.perf_counter() - started) * 1000, 250)
+
+
+def check_address(target: str) -> str:
+    if not EMAIL_ADDRESS.match(target):
+        raise ValueError("must be one e-mail address, like ops@example.com")
+    return target
+
+
+class EmailChannel:
+    """The notification as a plain-text and HTML message to one address, over the configured SMTP server."""
+
+    kind: ClassVar[EndpointKind] = EndpointKind(
+        name="email", label="e-mail", check_target=check_address, has_secret=False, position=20,
+        placeholder="ops@example.com",
+        help="One e-mail address. Each notification arrives as one message (plain text and HTML).",
+    )
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def longest_attempt_s(cls, settings: Settings) -> float:
+        return 2 * settings.smtp_timeout_s  # the timeout bounds each socket operation, not the whole: twice it
+
+    def send(self, notification: Notification, endpoint: EndpointView) -> Attempt:
+        message = render(notification.to_json(), self.settings.smtp_from, endpoint.target, endpoint.id)
+        return send_email(message, self.settings)
+
+
+register(EmailChannel)

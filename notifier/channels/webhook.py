@@ -17,6 +17,7 @@ bounded buffer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -32,13 +33,18 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import certifi
 import httpcore
 import httpx
+from pydantic import AnyHttpUrl, ValidationError
 
+from core.settings import Settings
 from notifier.attempt import Attempt
+from notifier.channels import EndpointView, register
+from notifier.notification import Notification
+from subscriptions.channel_kinds import EndpointKind
 
 SIGNATURE_HEADER = "Tocsin-Signature"
 TIMESTAMP_HEADER = "Tocsin-Timestamp"
@@ -75,7 +81,7 @@ class WebhookLimits:
     ca_file: Path | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> WebhookLimits:  # noqa: ANN401 - core.settings.Settings
+    def from_settings(cls, settings: Any) -> WebhookLimits:
         return cls(settings.webhook_connect_timeout_s, settings.webhook_read_timeout_s,
                    settings.webhook_total_timeout_s, settings.webhook_max_response_bytes,
                    tuple(settings.webhook_allow_hosts), settings.webhook_ca_file)
@@ -125,7 +131,7 @@ def _resolve(host: str, port: int, deadline: _Deadline) -> list[str]:
         raise DestinationUnresolved(f"cannot resolve {host}: no answer within the deadline") from exc
     except OSError as exc:  # socket.gaierror and friends: DNS trouble is transient
         raise DestinationUnresolved(f"cannot resolve {host}: {exc}") from exc
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
@@ -196,7 +202,7 @@ class _DeadlineStream(httpcore.NetworkStream):
         tls = self.stream.start_tls(ssl_context, server_hostname, self.deadline.clamp(timeout, httpcore.ConnectTimeout))
         return _DeadlineStream(tls, self.deadline)
 
-    def get_extra_info(self, info: str) -> Any:  # noqa: ANN401 - httpcore's signature
+    def get_extra_info(self, info: str) -> Any:
         return self.stream.get_extra_info(info)
 
 
@@ -215,7 +221,7 @@ class _PinnedBackend(httpcore.NetworkBackend):
         self.lock = threading.Lock()
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Any = None) -> httpcore.NetworkStream:  # noqa: ANN401
+                    socket_options: Any = None) -> httpcore.NetworkStream:
         if host.lower() != self.destination.url.raw_host.decode("ascii").lower():
             raise httpcore.ConnectError(f"{host} is not the host the SSRF guard approved")
         failure: Exception = httpcore.ConnectError("no approved address")
@@ -234,10 +240,8 @@ class _PinnedBackend(httpcore.NetworkBackend):
     def abort(self) -> None:
         with self.lock:
             for sock in self.sockets:
-                try:
+                with contextlib.suppress(OSError):  # already closed: nothing left to cut
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 class _PinnedTransport(httpx.HTTPTransport):
@@ -285,7 +289,7 @@ def _drain(response: httpx.Response, limit: int) -> str | None:
 
 
 def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: str,
-                 limits: WebhookLimits = WebhookLimits()) -> Attempt:  # noqa: B008 - frozen, immutable
+                 limits: WebhookLimits = WebhookLimits()) -> Attempt:
     """One signed POST to ``url``, guarded, pinned and bounded by ``limits``."""
     started = time.perf_counter()
     deadline = _Deadline(limits.total_timeout_s)
@@ -348,3 +352,39 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
     return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+def check_url(target: str) -> str:
+    """A webhook's target is an http(s) URL; where it resolves is checked at each attempt (the SSRF guard)."""
+    try:
+        url = AnyHttpUrl(target)
+    except ValidationError:
+        raise ValueError("must be an http(s) URL") from None
+    if url.scheme not in {"http", "https"}:
+        raise ValueError("must be an http(s) URL")
+    return target
+
+
+class WebhookChannel:
+    """A signed JSON POST of the notification to the endpoint's URL."""
+
+    kind: ClassVar[EndpointKind] = EndpointKind(
+        name="webhook", label="webhook", check_target=check_url, has_secret=True, position=10,
+        placeholder="https://example.com/hooks/tocsin",
+        help=f"An http(s) URL. Each notification is POSTed as JSON and signed in the {SIGNATURE_HEADER} header "
+             "with the endpoint's secret, shown once when created or rotated.",
+    )
+
+    def __init__(self, settings: Settings) -> None:
+        self.limits = WebhookLimits.from_settings(settings)
+
+    @classmethod
+    def longest_attempt_s(cls, settings: Settings) -> float:
+        return settings.webhook_total_timeout_s
+
+    def send(self, notification: Notification, endpoint: EndpointView) -> Attempt:
+        return post_webhook(endpoint.target, notification.to_json(), endpoint.secret,
+                            idempotency_key=f"{notification.notification_id}:{endpoint.id}", limits=self.limits)
+
+
+register(WebhookChannel)
