@@ -32,7 +32,7 @@ from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import Notification, test_notification
-from subscriptions.models import Endpoint
+from subscriptions.routing import EndpointRoute
 
 ATTEMPT_LOG_LENGTH = 1_000
 DELIVERED_MARK_TTL_S = 30 * 24 * 3600
@@ -70,14 +70,14 @@ def endpoint_generation(kind: str, target: str, stored_secret: str | None) -> st
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
-def binding(endpoint: Endpoint) -> dict:
+def binding(endpoint: EndpointRoute) -> dict:
     """The task arguments that bind a delivery to this endpoint as it is now.
 
-    The one place a generation is taken from an endpoint row (enqueueing and the
+    The one place a generation is taken from an endpoint (enqueueing and the
     worker's check both come here), over the secret as stored.
     """
     return {"owner_id": endpoint.owner_id,
-            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.secret_encrypted)}
+            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.stored_secret)}
 
 
 def enqueue(celery: Celery, payload: dict, endpoint_id: int, bound: dict) -> None:
@@ -94,7 +94,7 @@ def enqueue_notification(celery: Celery, notification: Notification, endpoint_id
     enqueue(celery, notification.to_json(), endpoint_id, bound)
 
 
-def enqueue_test_alert(celery: Celery, endpoint: Endpoint) -> str:
+def enqueue_test_alert(celery: Celery, endpoint: EndpointRoute) -> str:
     """Queue a made-up alert to one endpoint through the real delivery task; returns its notification id."""
     notification = test_notification(endpoint.id, int(time.time() * 1000))
     enqueue_notification(celery, notification, endpoint.id, binding(endpoint))

@@ -35,12 +35,12 @@ from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
 from evaluator.transition import Transition
 from notifier.app import make_celery
-from notifier.deliveries import DeliveryRecords, endpoint_generation, enqueue_notification
+from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
 from notifier.policy import KeyState, decide, reminder_due
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
-from subscriptions.routing import EndpointRoute, Route, forget_subscription, routes, routes_with_reminders
+from subscriptions.routing import Route, forget_subscription, routes, routes_with_reminders
 
 log = structlog.get_logger("dispatcher")
 
@@ -62,12 +62,6 @@ class _Group:
 
 def _info(route: Route) -> dict:
     return {"id": route.subscription_id, "name": route.name, "condition": route.condition}
-
-
-def _binding(endpoint: EndpointRoute) -> dict:
-    """What ``notifier.deliveries.binding`` takes from an endpoint row, taken from its route (a test keeps them equal)."""
-    return {"owner_id": endpoint.owner_id,
-            "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.stored_secret)}
 
 
 class Dispatcher:
@@ -205,7 +199,7 @@ class Dispatcher:
 
     def enqueue(self, notification: Notification, route: Route) -> None:
         for endpoint in route.endpoints:
-            enqueue_notification(self.celery, notification, endpoint.id, _binding(endpoint))
+            enqueue_notification(self.celery, notification, endpoint.id, binding(endpoint))
         NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
 
     def remind(self, session: Session) -> int:

@@ -47,7 +47,7 @@ from notifier.deliveries import DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
-from subscriptions.models import Endpoint
+from subscriptions.routing import endpoint_route
 
 log = structlog.get_logger(__name__)
 
@@ -84,11 +84,11 @@ def retry_delay_s(attempt: Attempt, retries: int, settings: Settings) -> float:
 def load_endpoint(settings: Settings, endpoint_id: int) -> EndpointView | None:
     """The endpoint as it is now (the one place the worker reads an endpoint and its secret)."""
     with session_scope(settings.database_url) as session:
-        endpoint = session.get(Endpoint, endpoint_id)
-        if endpoint is None:
-            return None
-        return EndpointView(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
-                            binding(endpoint)["generation"], endpoint.id)
+        endpoint = endpoint_route(session, endpoint_id)
+    if endpoint is None:
+        return None
+    return EndpointView(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
+                        binding(endpoint)["generation"], endpoint.id)
 
 
 def stale_reason(endpoint: EndpointView | None, owner_id: int | None, generation: str | None) -> str | None:

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.settings import Settings
+from subscriptions import vault
 from subscriptions.models import Endpoint, Subscription
 from subscriptions.policy import AlertPolicy
 from subscriptions.service import forget_subscription
 
-__all__ = ["EndpointRoute", "Route", "forget_subscription", "routes", "routes_with_reminders"]
+__all__ = ["EndpointRoute", "Route", "endpoint_route", "forget_subscription", "routes", "routes_with_reminders"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,16 @@ class EndpointRoute:
     @classmethod
     def of(cls, endpoint: Endpoint) -> EndpointRoute:
         return cls(endpoint.id, endpoint.owner_id, endpoint.kind, endpoint.target, endpoint.secret_encrypted)
+
+    def signing_secret(self, settings: Settings) -> str | None:
+        """The signing secret in plaintext, for the one attempt that signs with it."""
+        return vault.reveal(settings, self.stored_secret) if self.stored_secret is not None else None
+
+
+def endpoint_route(session: Session, endpoint_id: int) -> EndpointRoute | None:
+    """One endpoint as it is now (None: deleted; ids are never reused)."""
+    endpoint = session.get(Endpoint, endpoint_id)
+    return EndpointRoute.of(endpoint) if endpoint is not None else None
 
 
 @dataclass(frozen=True)

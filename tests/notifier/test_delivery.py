@@ -23,6 +23,7 @@ from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher
 from notifier.notification import build_notification, notification_id
 from subscriptions.db import session_factory
+from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 from tests.processes import running, worker_args
@@ -228,7 +229,7 @@ def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> N
 
 def _send(celery, notification: dict, endpoint) -> None:
     """Queue a delivery the way the dispatcher does: bound to the endpoint as it is now."""
-    enqueue(celery, notification, endpoint.id, binding(endpoint))
+    enqueue(celery, notification, endpoint.id, binding(EndpointRoute.of(endpoint)))
 
 
 def _log_of(records: DeliveryRecords, subscription_id: int, outcome: str) -> list[dict]:

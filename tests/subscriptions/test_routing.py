@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import redis
-from sqlalchemy.orm import Session
 
 from core.settings import Settings
 from notifier.deliveries import binding
-from notifier.dispatcher import _binding
+from notifier.tasks import load_endpoint
 from subscriptions.db import session_factory
-from subscriptions.models import Endpoint, User
+from subscriptions.models import User
 from subscriptions.policy import AlertPolicy
-from subscriptions.routing import EndpointRoute, Route, routes, routes_with_reminders
+from subscriptions.routing import EndpointRoute, Route, endpoint_route, routes, routes_with_reminders
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 
@@ -59,22 +58,29 @@ def test_only_active_subscriptions_that_renotify_have_reminders(settings: Settin
     assert [(r.subscription_id, r.policy.renotify_s) for r in due] == [(reminding, 3600), (also, 60)]
 
 
-def _endpoint(session: Session, endpoint_id: int) -> Endpoint:
-    endpoint = session.get(Endpoint, endpoint_id)
-    assert endpoint is not None
-    return endpoint
-
-
 def test_the_dispatcher_binds_a_delivery_as_the_worker_checks_it(settings: Settings, redis_client: redis.Redis,
                                                                   owner: User) -> None:
-    """The dispatcher binds from the route, the worker from the row: the same owner and generation, rotation included."""
+    """Enqueueing and the worker's check bind through one function over one typed view: rotation included."""
     with session_factory(settings.database_url)() as session:
         service = SubscriptionService(session, settings, redis_client, owner)
         hook = service.create_endpoint(EndpointIn(kind="webhook", target="https://a.example/hook")).id
         mail = service.create_endpoint(EndpointIn(kind="email", target="ops@example.com")).id
-        for endpoint_id in (hook, mail):
-            assert _binding(EndpointRoute.of(_endpoint(session, endpoint_id))) == binding(_endpoint(session, endpoint_id))
-        before = _binding(EndpointRoute.of(_endpoint(session, hook)))
-        service.rotate_secret(hook)
-        after = _binding(EndpointRoute.of(_endpoint(session, hook)))
-        assert after == binding(_endpoint(session, hook)) and after["generation"] != before["generation"]
+    for endpoint_id in (hook, mail):
+        view = load_endpoint(settings, endpoint_id)
+        assert view is not None and view.generation == binding(_route(settings, endpoint_id))["generation"]
+    before = binding(_route(settings, hook))
+    with session_factory(settings.database_url)() as session:
+        SubscriptionService(session, settings, redis_client, owner).rotate_secret(hook)
+    after = binding(_route(settings, hook))
+    assert after["generation"] != before["generation"]
+    rotated = load_endpoint(settings, hook)
+    assert rotated is not None and rotated.generation == after["generation"] and rotated.secret
+    with session_factory(settings.database_url)() as session:
+        assert endpoint_route(session, 987_654_321) is None
+
+
+def _route(settings: Settings, endpoint_id: int) -> EndpointRoute:
+    with session_factory(settings.database_url)() as session:
+        route = endpoint_route(session, endpoint_id)
+    assert route is not None
+    return route

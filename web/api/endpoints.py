@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 
 from notifier.channels import endpoint_kinds
 from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
+from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointKindOut, EndpointOut, TestFireOut
 from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep
 from web.limits import LimiterDep, limit_test_alerts
@@ -58,7 +59,7 @@ def send_test_alert(endpoint_id: IdPath, request: Request, service: ServiceDep, 
     """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
     endpoint = service.get_endpoint(endpoint_id)
     limit_test_alerts(limiter, request, service.owner.id)
-    return TestFireOut(notification_id=enqueue_test_alert(celery, endpoint), endpoint_id=endpoint.id, queued=True)
+    return TestFireOut(notification_id=enqueue_test_alert(celery, EndpointRoute.of(endpoint)), endpoint_id=endpoint.id, queued=True)
 
 
 @router.get("/{endpoint_id}/deliveries")

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from notifier.deliveries import enqueue_test_alert
 from subscriptions.errors import Forbidden
+from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn
 from web.deps import CeleryDep, IdPath, KeysDep, RecordsDep, RedisDep
 from web.limits import LimiterDep, limit_test_alerts
@@ -60,7 +61,7 @@ def test_endpoint(request: Request, endpoint_id: IdPath, principal: Page, servic
     except HTTPException as exc:
         return HTMLResponse(f'<span class="error">{html.escape(exc.detail)}</span>', status_code=exc.status_code,
                             headers=exc.headers)
-    queued = enqueue_test_alert(celery, endpoint)
+    queued = enqueue_test_alert(celery, EndpointRoute.of(endpoint))
     return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
                         '</span>')
 
