@@ -89,12 +89,13 @@ class CollectiveIndexes:
 
     def matching(self, condition: Condition, now: int) -> set[str]:
         """Keys whose window ``(now - T, now]`` satisfies ``condition``, exactly."""
+        attribute = condition.attribute or ""  # COUNT(*) has none; SUM, MIN and MAX always name one (check_term)
         if condition.aggregate is Aggregate.COUNT:
             return self.count.matching_keys(condition, now)
         if condition.aggregate is Aggregate.SUM:
-            return self.sums[condition.attribute].matching_keys(condition, now)  # type: ignore[index]
+            return self.sums[attribute].matching_keys(condition, now)
         if condition.aggregate is Aggregate.MAX:
-            return set(self.maxs[condition.attribute].query(condition, now))  # type: ignore[index]
+            return set(self.maxs[attribute].query(condition, now))
         if condition.aggregate is Aggregate.MIN:
-            return set(self.mins[condition.attribute].query(condition, now))  # type: ignore[index]
+            return set(self.mins[attribute].query(condition, now))
         raise NotImplementedError(f"no collective index for {condition.aggregate}")

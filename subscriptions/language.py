@@ -317,8 +317,7 @@ def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
 
 def format_condition(condition: Condition) -> str:
     """Canonical text of a condition (parses back to an equal condition)."""
-    expression = condition.expression if condition.aggregate is Aggregate.EXPR else condition.terms[0]
-    head = f"{format_expr(expression)} OVER {format_duration(condition.window_ms)}"  # type: ignore[arg-type]
+    head = f"{format_expr(condition.computes)} OVER {format_duration(condition.window_ms)}"
     pct = "%" if condition.percent_of else ""
     comparator, thresholds = comparator_of(condition.accepted)
     return f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
@@ -327,7 +326,7 @@ def format_condition(condition: Condition) -> str:
 def explain(condition: Condition) -> str:
     """The condition in plain words, for the subscription form."""
     if condition.aggregate is Aggregate.EXPR:
-        what = format_expr(condition.expression)  # type: ignore[arg-type]
+        what = format_expr(condition.computes)
     else:
         [term] = condition.terms
         what = AGGREGATES[term.aggregate].describe(term)

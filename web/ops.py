@@ -25,6 +25,7 @@ from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys, celery_queue_keys, shard_clocks
 from core.settings import Settings
 from evaluator.catalog import Catalog
@@ -82,9 +83,8 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     """One sample; rates are taken against ``previous``."""
     keys = RedisKeys(settings)
     now = time.time()
-    # The web app's client decodes responses (decode_responses=True), so both hashes hold text.
-    evaluator: dict[str, str] = client.hgetall(keys.evaluator_stats)  # type: ignore[assignment]
-    deliveries: dict[str, str] = client.hgetall(keys.delivery_stats)  # type: ignore[assignment]
+    evaluator = text_hash(client.hgetall(keys.evaluator_stats))
+    deliveries = text_hash(client.hgetall(keys.delivery_stats))
     queue, unacked = celery_queue_keys(settings)
     sample: dict[str, Any] = {
         "t": round(now, 3),
@@ -174,7 +174,7 @@ async def run_sampler(settings: Settings, client: redis.Redis, celery: Celery | 
 def _value_text(condition: Condition) -> str:
     """What a group computes per key, as the condition language writes it."""
     if condition.aggregate is Aggregate.EXPR:
-        text = format_expr(condition.expression)  # type: ignore[arg-type]
+        text = format_expr(condition.computes)
         return f"{text} as % of LAST({condition.percent_of})" if condition.percent_of else text
     return format_expr(condition.terms[0])
 

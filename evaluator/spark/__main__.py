@@ -22,6 +22,7 @@ import time
 import redis
 import structlog
 from prometheus_client import Gauge
+from pyspark.sql.streaming import StreamingQuery
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
@@ -159,7 +160,7 @@ def _shut_down(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 -
         spark.stop()
 
 
-def _follow(query, stats: redis.Redis, keys: RedisKeys, stop: threading.Event) -> None:  # noqa: ANN001
+def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event) -> None:
     """Publish each micro-batch's progress until stopped; raise if the query failed."""
     last_batch = -1
     while not stop.wait(1.0) and query.isActive:
