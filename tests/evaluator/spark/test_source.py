@@ -34,6 +34,11 @@ def reader(settings: Settings, **extra: str) -> KafkaStreamReader:
     return KafkaStreamReader({"bootstrap": settings.kafka_bootstrap, "topic": settings.events_topic, **extra})
 
 
+def rows(src: KafkaStreamReader, part) -> list[tuple]:
+    """The records ``read`` yields for one slice (as Arrow batches), one tuple per record."""
+    return [tuple(r.values()) for batch in src.read(part) for r in batch.to_pylist()]
+
+
 def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> None:
     ensure_topics(settings)
     produce(settings, {0: 20, 1: 9, 2: 0}, "a")
@@ -43,8 +48,8 @@ def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> Non
     assert start == {"0": 0, "1": 0, "2": 0}
     end = src.latestOffset(start, ReadAllAvailable())
     assert end == {"0": 20, "1": 9, "2": 0}
-    rows = [row for part in src.partitions(start, end) for row in src.read(part)]
-    assert sorted((r[1], r[2]) for r in rows) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
+    got = [row for part in src.partitions(start, end) for row in rows(src, part)]
+    assert sorted((r[1], r[2]) for r in got) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
 
 
 def test_read_limit_is_respected_and_fair() -> None:
@@ -126,6 +131,6 @@ def test_oversized_records_enter_spark_as_their_start_length_and_digest(settings
     producer.close()
     src = reader(settings, maxRecordBytes="1000", keepBytes="64")
     start = src.initialOffset()
-    rows = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in src.read(part)]
-    assert [row[5:] for row in rows] == [
+    got = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in rows(src, part)]
+    assert [row[5:] for row in got] == [
         (big[:64], len(big), hashlib.sha256(big).hexdigest()), (small, len(small), None), (None, None, None)]
