@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 from kafka import KafkaProducer
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from core.settings import Settings
@@ -62,7 +63,7 @@ def test_read_limit_is_respected_and_fair() -> None:
     assert split_limit(start, end, 10_000) == {**start, **end}
 
 
-def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> None:
+def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> StreamingQuery:
     stream = (
         spark.readStream.format("tocsin_kafka")
         .option("bootstrap", settings.kafka_bootstrap)
