@@ -233,26 +233,10 @@ class PaneParser:
         columns = ["shard", "key", "pane_start", *STAT_FIELDS, *EVENT_FIELDS, "partition", "progress"]
         parts: list[pd.DataFrame] = []
         if len(events):
-            pane_ms = self.settings.pane_ms
             df = events if isinstance(events, pd.DataFrame) else pd.DataFrame.from_records(
                 events, columns=["key", "ts", *ATTRIBUTES])
-            df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
-            # by time within each (key, pane); among equal times in arrival order, so the last row is LAST's
-            df = df.sort_values(["key", "pane_start", "ts"], kind="stable", ignore_index=True)
-            spec: dict[str, tuple[str, str]] = {"count": ("ts", "size")}
-            for a in ATTRIBUTES:
-                spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
-            panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
-            ends = np.cumsum(panes["count"].to_numpy())
-            if self.settings.quantile_max_window_ms:  # every event, for quantiles
-                cuts = ends[:-1]
-                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
-                    panes[field] = np.split(df[column].to_numpy(), cuts)
-            else:  # only the newest event of each pane, for LAST
-                newest = df.iloc[ends - 1]
-                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
-                    panes[field] = [np.array([v]) for v in newest[column].to_numpy()]
-            panes["shard"] = [shard_of(k, self.shard_ids) for k in panes["key"]]
+            panes = self._panes(df["key"].to_numpy(dtype=object), df["ts"].to_numpy(dtype=np.int64),
+                                {a: df[a].to_numpy(dtype=np.float64) for a in ATTRIBUTES})
             panes["partition"] = NO_PARTITION
             panes["progress"] = 0
             parts.append(panes)
@@ -275,6 +259,40 @@ class PaneParser:
         frame["count"] = frame["count"].astype("int64")
         frame["partition"] = frame["partition"].astype("int32")
         return frame
+
+    def _panes(self, keys: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray]) -> pd.DataFrame:
+        """One row per (key, pane) in (key, pane) order: count, sum/min/max per attribute, the pane's events.
+
+        Array work only: keys are factorised (sorted, so rows come in key order), events sorted by
+        (key, pane, time) with a stable sort, so among equal times arrival order holds and a pane's
+        last event is LAST's; sums go through pandas' compensated group sum (as exact as ``math.fsum``
+        to 1e-12), minima and maxima through ``reduceat``.
+        """
+        codes, uniques = pd.factorize(keys, sort=True)
+        pane = (ts // self.settings.pane_ms) * self.settings.pane_ms
+        order = np.lexsort((ts, pane, codes))
+        codes, pane, ts = codes[order], pane[order], ts[order]
+        values = {a: v[order] for a, v in values.items()}
+        first = np.flatnonzero(np.r_[True, (codes[1:] != codes[:-1]) | (pane[1:] != pane[:-1])])
+        ends = np.r_[first[1:], len(ts)]
+        group = np.repeat(np.arange(len(first)), ends - first)
+        pane_keys = np.asarray(uniques, dtype=object)[codes[first]]
+        shards = np.array([shard_of(k, self.shard_ids) for k in uniques], dtype=np.int64)  # per key, not per pane
+        sums = pd.DataFrame(values).groupby(group, sort=False).sum()
+        panes = pd.DataFrame({"key": pane_keys, "pane_start": pane[first], "count": ends - first})
+        for a in ATTRIBUTES:
+            panes[f"sum_{a}"] = sums[a].to_numpy()
+            panes[f"min_{a}"] = np.minimum.reduceat(values[a], first)
+            panes[f"max_{a}"] = np.maximum.reduceat(values[a], first)
+        if self.settings.quantile_max_window_ms:  # every event, for quantiles
+            offsets = pa.array(np.r_[first, len(ts)].astype(np.int32))
+        else:  # only the newest event of each pane, for LAST
+            ts, values = ts[ends - 1], {a: v[ends - 1] for a, v in values.items()}
+            offsets = pa.array(np.arange(len(first) + 1, dtype=np.int32))
+        for field, column in zip(EVENT_FIELDS, (ts, *values.values()), strict=True):
+            panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
+        panes["shard"] = shards[codes[first]]
+        return panes
 
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
