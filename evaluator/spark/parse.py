@@ -192,8 +192,7 @@ class PaneParser:
         progress: dict[int, int] = {}
         dead: list[DeadLetter] = []
         refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
-        columns = (raw["topic"], raw["partition"], raw["offset"], raw["value"], raw["value_bytes"], raw["value_sha256"])
-        picked = (column.to_numpy(dtype=object)[rows] for column in columns)
+        picked = (raw[c].iloc[rows] for c in ("topic", "partition", "offset", "value", "value_bytes", "value_sha256"))
         for row, topic, partition, offset, value, size, digest in zip(rows, *picked, strict=True):
             source = f"{topic}[{partition}]@{offset}"
             try:
