@@ -22,7 +22,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,7 +171,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side ------------------------------------------------------------
 
-    def read(self, partition: KafkaSlice) -> Iterator[pa.RecordBatch]:  # type: ignore[override]  # Arrow, not tuples
+    def read(self, partition: KafkaSlice) -> Generator[pa.RecordBatch, None, None]:  # type: ignore[override]  # Arrow, not tuples
         """Yield ``[start, end)`` of one partition as Arrow record batches (no per-row conversion in Spark).
 
         The consumer comes from this worker process's pool (building one costs ~250 ms); it

@@ -135,3 +135,30 @@ def test_oversized_records_enter_spark_as_their_start_length_and_digest(settings
     got = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in rows(src, part)]
     assert [row[5:] for row in got] == [
         (big[:64], len(big), hashlib.sha256(big).hexdigest()), (small, len(small), None), (None, None, None)]
+
+
+def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reused(settings: Settings) -> None:
+    from evaluator.spark import source
+    from evaluator.spark.source import KafkaSlice
+
+    ensure_topics(settings)
+    produce(settings, {0: 30}, "pool")
+    src = reader(settings)
+
+    def offsets(start: int, end: int) -> list[int]:
+        return [r[2] for r in rows(src, KafkaSlice(settings.events_topic, 0, start, end))]
+
+    assert offsets(10, 30) == list(range(10, 30))
+    [(_, pooled)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert offsets(0, 12) == list(range(12)), "seeking back on a reused consumer"
+    assert offsets(12, 13) == [12]
+    [(_, again)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert again is pooled, "the worker's consumer is reused, not rebuilt"
+
+    abandoned = src.read(KafkaSlice(settings.events_topic, 0, 0, 30))
+    next(abandoned)
+    abandoned.close()  # a read given up half-way: its consumer's state is unknown
+    assert source._CONSUMERS._idle[src._consumer_options()] == []
+    assert offsets(5, 9) == [5, 6, 7, 8]
+    [(_, fresh)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert fresh is not pooled
