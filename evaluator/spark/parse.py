@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from core.settings import Settings
 from evaluator.panerows import PaneRows
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
-from ingest.model import ATTRIBUTES, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
+from ingest.model import ATTRIBUTES, MAX_TS, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
 STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
 EVENT_FIELDS = ("event_ts", *(f"event_{a}" for a in ATTRIBUTES))  # the pane's events, for QUANTILE and LAST
@@ -47,6 +50,41 @@ def shard_of(key: str, shard_ids: tuple[int, ...]) -> int:
     return shard_ids[zlib.crc32(key.encode()) % len(shard_ids)]
 
 
+#: JSON whitespace (RFC 8259), allowed between tokens.
+_WS = r"[ \t\n\r]*"
+#: A non-negative JSON number of bounded length: far from any rounding or overflow corner, so Arrow's parse
+#: and pydantic's agree bit for bit (both round correctly). Anything longer or signed takes the careful path.
+_NUMBER = r"(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,2})?"
+#: A plain event as producers write it (``Event.to_json``): its four fields once each, in order, flat, ASCII,
+#: no escapes, a key of the allowed characters and length, ts a non-negative integer. Such a record is valid
+#: exactly when ts <= MAX_TS and its values are <= max_value, which is checked on the parsed columns.
+PLAIN_EVENT = (
+    rf'^{_WS}\{{{_WS}"key"{_WS}:{_WS}"(?P<key>[A-Za-z0-9._:\-/]{{1,64}})"{_WS},'
+    rf'{_WS}"ts"{_WS}:{_WS}(?P<ts>0|[1-9][0-9]{{0,14}}){_WS},'
+    rf'{_WS}"price"{_WS}:{_WS}(?P<price>{_NUMBER}){_WS},'
+    rf'{_WS}"volume"{_WS}:{_WS}(?P<volume>{_NUMBER}){_WS}\}}{_WS}$'
+)
+
+
+@dataclass
+class ParsedRecords:
+    """What a batch of raw records holds: events (columns, in arrival order), progress and dead letters.
+
+    ``rows`` is each event's position in the batch; ``dead`` is in batch order.
+    """
+
+    rows: np.ndarray
+    keys: np.ndarray  # str objects
+    ts: np.ndarray
+    values: dict[str, np.ndarray]
+    progress: dict[int, int]
+    dead: list[DeadLetter]
+    refused: dict[str, int]
+
+    def events(self) -> pd.DataFrame:
+        return pd.DataFrame({"key": self.keys, "ts": self.ts, **self.values})
+
+
 class PaneParser:
     """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
 
@@ -55,6 +93,14 @@ class PaneParser:
     an ``internal: ...`` reason, so a poison record costs that record only and a retried or
     restarted batch cannot crash on it again. Rejects go to the dead-letter topic, at least
     once: a retried task may send one twice, never zero times (and counts it twice).
+
+    Records are judged in two passes. The vectorised pass (Arrow's RE2 over the value column,
+    then casts and range checks on whole columns) accepts only records it can prove are plain
+    valid events (:data:`PLAIN_EVENT`, ts and values in range, not ahead of the clock) and
+    yields exactly the events ``parse_record`` would; every other record -- heartbeats,
+    malformed or hostile input, anything in an unusual layout -- goes through the per-record
+    pass, which gives dead letters their field-level reasons. ``vectorised=False`` runs every
+    record through the per-record pass (the reference the property tests compare against).
 
     Time the outside cannot hijack. An event whose time is more than ``max_future_skew_ms``
     ahead of the processing clock is dead-lettered, and such a heartbeat refused (and
@@ -69,81 +115,127 @@ class PaneParser:
     judged against the time it is read, never refused for being old.
     """
 
-    def __init__(self, settings: Settings, shard_ids: tuple[int, ...]) -> None:
+    def __init__(self, settings: Settings, shard_ids: tuple[int, ...], *, vectorised: bool = True) -> None:
         self.settings = settings
         self.shard_ids = shard_ids
+        self.vectorised = vectorised
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        limits = RecordLimits.of(self.settings)
-        skew = self.settings.max_future_skew_ms
         for raw in frames:
-            events: list[tuple] = []
-            progress: dict[int, int] = {}
-            dead: list[DeadLetter] = []
-            refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
-            now = int(raw["now"].iat[0]) if len(raw) else 0  # one batch timestamp for every row
-            for topic, partition, offset, value, size, digest in zip(
-                raw["topic"], raw["partition"], raw["offset"], raw["value"], raw["value_bytes"], raw["value_sha256"],
-                strict=True,
-            ):
-                source = f"{topic}[{partition}]@{offset}"
-                try:
-                    if digest is not None:  # the source kept only the start of an oversized record
-                        dead.append(DeadLetter.of(
-                            f"record: {int(size)} bytes, more than the {limits.max_record_bytes} allowed",
-                            value, source, limits, size=int(size), digest=digest))
-                        continue
-                    parsed = parse_record(value, source, limits)
-                    if isinstance(parsed, DeadLetter):
-                        dead.append(parsed)
-                        continue
-                    if parsed.ts - now > skew:
-                        what = "heartbeat" if isinstance(parsed, Heartbeat) else "event"
-                        refused[f"future_{what}s_refused"] += 1
-                        dead.append(DeadLetter.of(
-                            f"ts: {what} time {parsed.ts} is {parsed.ts - now} ms ahead of the processing clock "
-                            f"({now}); at most {skew} allowed (TOCSIN_MAX_FUTURE_SKEW_MS)", value, source, limits))
-                        continue
-                    if isinstance(parsed, Event):
-                        events.append((parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
-                    p = int(partition)
-                    progress[p] = max(progress.get(p, parsed.ts), parsed.ts)
-                except Exception as exc:  # noqa: BLE001 - a record must never fail the batch
-                    dead.append(DeadLetter.of(f"internal: {type(exc).__name__}: {exc}", value, source, limits))
-            if dead:
+            parsed = self.parse(raw)
+            if parsed.dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
-                for letter in dead:
+                for letter in parsed.dead:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
                 stats = shared_catalog_source(self.settings)  # its Redis client and key names
                 pipe = stats.redis.pipeline(transaction=False)
-                add_totals(pipe, stats.keys, {"dead_lettered": len(dead), **refused})
+                add_totals(pipe, stats.keys, {"dead_lettered": len(parsed.dead), **parsed.refused})
                 pipe.execute()
-            yield self._frame(events, progress)
+            yield self._frame(parsed.events(), parsed.progress)
 
-    def _frame(self, events: list[tuple], progress: dict[int, int]) -> pd.DataFrame:
+    def parse(self, raw: pd.DataFrame) -> ParsedRecords:
+        """Judge every record of ``raw`` (no I/O)."""
+        now = int(raw["now"].iat[0]) if len(raw) else 0  # one batch timestamp for every row
+        plain = np.zeros(len(raw), dtype=bool)
+        fast: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None = None
+        if self.vectorised and len(raw):
+            try:
+                plain, fast = self._plain_events(raw, now)
+            except Exception:  # noqa: BLE001 - the per-record pass judges every record instead
+                plain, fast = np.zeros(len(raw), dtype=bool), None
+        careful = self._parse_each(raw, np.flatnonzero(~plain), now)
+        if fast is None:
+            careful.progress = dict(sorted(careful.progress.items()))  # progress rows in partition order
+            return careful
+        rows = np.flatnonzero(plain)
+        keys, ts, values = fast
+        progress = dict(careful.progress)
+        partitions = raw["partition"].to_numpy()[rows].astype(np.int64)
+        for p in np.unique(partitions):
+            newest = int(ts[partitions == p].max())
+            progress[int(p)] = max(progress.get(int(p), newest), newest)
+        order = np.argsort(np.concatenate([rows, careful.rows]), kind="stable")
+        return ParsedRecords(
+            np.concatenate([rows, careful.rows])[order],
+            np.concatenate([keys, careful.keys])[order],
+            np.concatenate([ts, careful.ts])[order],
+            {a: np.concatenate([values[a], careful.values[a]])[order] for a in ATTRIBUTES},
+            dict(sorted(progress.items())), careful.dead, careful.refused,
+        )
+
+    def _plain_events(self, raw: pd.DataFrame, now: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, dict]]:
+        """Which rows are plain valid events (a mask), and those events' key, ts and values."""
+        limits = RecordLimits.of(self.settings)
+        value = pa.array(raw["value"], type=pa.binary())
+        fields = pc.extract_regex(value, PLAIN_EVENT)
+        small = pc.less_equal(pc.binary_length(value), limits.max_record_bytes)
+        # not cut to its start by the source; exactly None, as the per-record pass asks (NaN raises: all careful)
+        whole = pa.array(raw["value_sha256"].to_numpy(dtype=object), type=pa.string(), from_pandas=False).is_null()
+        candidate = pc.and_kleene(pc.and_kleene(fields.is_valid(), small), whole)
+        matched = fields.filter(pc.fill_null(candidate, False))
+        ts = pc.cast(pc.cast(matched.field("ts"), pa.string()), pa.int64()).to_numpy()
+        values = {a: pc.cast(pc.cast(matched.field(a), pa.string()), pa.float64()).to_numpy() for a in ATTRIBUTES}
+        ok = (ts <= MAX_TS) & (ts - now <= self.settings.max_future_skew_ms)
+        for a in ATTRIBUTES:
+            ok &= np.isfinite(values[a]) & (values[a] <= limits.max_value)
+        mask = pc.fill_null(candidate, False).to_numpy(zero_copy_only=False)
+        mask[np.flatnonzero(mask)[~ok]] = False
+        keys = pc.cast(matched.field("key").filter(pa.array(ok)), pa.string()).to_numpy(zero_copy_only=False)
+        return mask, (keys, ts[ok], {a: values[a][ok] for a in ATTRIBUTES})
+
+    def _parse_each(self, raw: pd.DataFrame, rows: np.ndarray, now: int) -> ParsedRecords:
+        """The per-record pass over ``rows`` of ``raw``: :func:`parse_record` with its field-level reasons."""
+        limits = RecordLimits.of(self.settings)
+        skew = self.settings.max_future_skew_ms
+        events: list[tuple] = []
+        progress: dict[int, int] = {}
+        dead: list[DeadLetter] = []
+        refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
+        picked = (raw[c].iloc[rows] for c in ("topic", "partition", "offset", "value", "value_bytes", "value_sha256"))
+        for row, topic, partition, offset, value, size, digest in zip(rows, *picked, strict=True):
+            source = f"{topic}[{partition}]@{offset}"
+            try:
+                if digest is not None:  # the source kept only the start of an oversized record
+                    dead.append(DeadLetter.of(
+                        f"record: {int(size)} bytes, more than the {limits.max_record_bytes} allowed",
+                        value, source, limits, size=int(size), digest=digest))
+                    continue
+                parsed = parse_record(value, source, limits)
+                if isinstance(parsed, DeadLetter):
+                    dead.append(parsed)
+                    continue
+                if parsed.ts - now > skew:
+                    what = "heartbeat" if isinstance(parsed, Heartbeat) else "event"
+                    refused[f"future_{what}s_refused"] += 1
+                    dead.append(DeadLetter.of(
+                        f"ts: {what} time {parsed.ts} is {parsed.ts - now} ms ahead of the processing clock "
+                        f"({now}); at most {skew} allowed (TOCSIN_MAX_FUTURE_SKEW_MS)", value, source, limits))
+                    continue
+                if isinstance(parsed, Event):
+                    events.append((row, parsed.key, parsed.ts, *(getattr(parsed, a) for a in ATTRIBUTES)))
+                p = int(partition)
+                progress[p] = max(progress.get(p, parsed.ts), parsed.ts)
+            except Exception as exc:  # noqa: BLE001 - a record must never fail the batch
+                dead.append(DeadLetter.of(f"internal: {type(exc).__name__}: {exc}", value, source, limits))
+        cols: list[Any] = list(zip(*events, strict=True)) if events else [()] * (3 + len(ATTRIBUTES))
+        return ParsedRecords(
+            np.array(cols[0], dtype=np.int64),
+            np.array(cols[1], dtype=object),
+            np.array(cols[2], dtype=np.int64),
+            {a: np.array(c, dtype=np.float64) for a, c in zip(ATTRIBUTES, cols[3:], strict=True)},
+            progress, dead, refused,
+        )
+
+    def _frame(self, events: pd.DataFrame | list[tuple], progress: dict[int, int]) -> pd.DataFrame:
+        """Pane rows of ``events`` (key, ts, *ATTRIBUTES, in arrival order) and progress rows for every shard."""
         columns = ["shard", "key", "pane_start", *STAT_FIELDS, *EVENT_FIELDS, "partition", "progress"]
         parts: list[pd.DataFrame] = []
-        if events:
-            pane_ms = self.settings.pane_ms
-            df = pd.DataFrame.from_records(events, columns=["key", "ts", *ATTRIBUTES])
-            df["pane_start"] = (df["ts"] // pane_ms) * pane_ms
-            # by time within each (key, pane); among equal times in arrival order, so the last row is LAST's
-            df = df.sort_values(["key", "pane_start", "ts"], kind="stable", ignore_index=True)
-            spec: dict[str, tuple[str, str]] = {"count": ("ts", "size")}
-            for a in ATTRIBUTES:
-                spec.update({f"sum_{a}": (a, "sum"), f"min_{a}": (a, "min"), f"max_{a}": (a, "max")})
-            panes = df.groupby(["key", "pane_start"], sort=False).agg(**spec).reset_index()
-            ends = np.cumsum(panes["count"].to_numpy())
-            if self.settings.quantile_max_window_ms:  # every event, for quantiles
-                cuts = ends[:-1]
-                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
-                    panes[field] = np.split(df[column].to_numpy(), cuts)
-            else:  # only the newest event of each pane, for LAST
-                newest = df.iloc[ends - 1]
-                for field, column in zip(EVENT_FIELDS, ("ts", *ATTRIBUTES), strict=True):
-                    panes[field] = [np.array([v]) for v in newest[column].to_numpy()]
-            panes["shard"] = [shard_of(k, self.shard_ids) for k in panes["key"]]
+        if len(events):
+            df = events if isinstance(events, pd.DataFrame) else pd.DataFrame.from_records(
+                events, columns=["key", "ts", *ATTRIBUTES])
+            panes = self._panes(df["key"].to_numpy(dtype=object), df["ts"].to_numpy(dtype=np.int64),
+                                {a: df[a].to_numpy(dtype=np.float64) for a in ATTRIBUTES})
             panes["partition"] = NO_PARTITION
             panes["progress"] = 0
             parts.append(panes)
@@ -166,6 +258,40 @@ class PaneParser:
         frame["count"] = frame["count"].astype("int64")
         frame["partition"] = frame["partition"].astype("int32")
         return frame
+
+    def _panes(self, keys: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray]) -> pd.DataFrame:
+        """One row per (key, pane) in (key, pane) order: count, sum/min/max per attribute, the pane's events.
+
+        Array work only: keys are factorised (sorted, so rows come in key order), events sorted by
+        (key, pane, time) with a stable sort, so among equal times arrival order holds and a pane's
+        last event is LAST's; sums go through pandas' compensated group sum (as exact as ``math.fsum``
+        to 1e-12), minima and maxima through ``reduceat``.
+        """
+        codes, uniques = pd.factorize(keys, sort=True)
+        pane = (ts // self.settings.pane_ms) * self.settings.pane_ms
+        order = np.lexsort((ts, pane, codes))
+        codes, pane, ts = codes[order], pane[order], ts[order]
+        values = {a: v[order] for a, v in values.items()}
+        first = np.flatnonzero(np.r_[True, (codes[1:] != codes[:-1]) | (pane[1:] != pane[:-1])])
+        ends = np.r_[first[1:], len(ts)]
+        group = np.repeat(np.arange(len(first)), ends - first)
+        pane_keys = np.asarray(uniques, dtype=object)[codes[first]]
+        shards = np.array([shard_of(k, self.shard_ids) for k in uniques], dtype=np.int64)  # per key, not per pane
+        sums = pd.DataFrame(values).groupby(group, sort=False).sum()
+        panes = pd.DataFrame({"key": pane_keys, "pane_start": pane[first], "count": ends - first})
+        for a in ATTRIBUTES:
+            panes[f"sum_{a}"] = sums[a].to_numpy()
+            panes[f"min_{a}"] = np.minimum.reduceat(values[a], first)
+            panes[f"max_{a}"] = np.maximum.reduceat(values[a], first)
+        if self.settings.quantile_max_window_ms:  # every event, for quantiles
+            offsets = pa.array(np.r_[first, len(ts)].astype(np.int32))
+        else:  # only the newest event of each pane, for LAST
+            ts, values = ts[ends - 1], {a: v[ends - 1] for a, v in values.items()}
+            offsets = pa.array(np.arange(len(first) + 1, dtype=np.int32))
+        for field, column in zip(EVENT_FIELDS, (ts, *values.values()), strict=True):
+            panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
+        panes["shard"] = shards[codes[first]]
+        return panes
 
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 from kafka import KafkaProducer
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from core.settings import Settings
@@ -34,6 +35,11 @@ def reader(settings: Settings, **extra: str) -> KafkaStreamReader:
     return KafkaStreamReader({"bootstrap": settings.kafka_bootstrap, "topic": settings.events_topic, **extra})
 
 
+def rows(src: KafkaStreamReader, part) -> list[tuple]:
+    """The records ``read`` yields for one slice (as Arrow batches), one tuple per record."""
+    return [tuple(r.values()) for batch in src.read(part) for r in batch.to_pylist()]
+
+
 def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> None:
     ensure_topics(settings)
     produce(settings, {0: 20, 1: 9, 2: 0}, "a")
@@ -43,8 +49,8 @@ def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> Non
     assert start == {"0": 0, "1": 0, "2": 0}
     end = src.latestOffset(start, ReadAllAvailable())
     assert end == {"0": 20, "1": 9, "2": 0}
-    rows = [row for part in src.partitions(start, end) for row in src.read(part)]
-    assert sorted((r[1], r[2]) for r in rows) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
+    got = [row for part in src.partitions(start, end) for row in rows(src, part)]
+    assert sorted((r[1], r[2]) for r in got) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
 
 
 def test_read_limit_is_respected_and_fair() -> None:
@@ -57,7 +63,7 @@ def test_read_limit_is_respected_and_fair() -> None:
     assert split_limit(start, end, 10_000) == {**start, **end}
 
 
-def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> None:
+def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> StreamingQuery:
     stream = (
         spark.readStream.format("tocsin_kafka")
         .option("bootstrap", settings.kafka_bootstrap)
@@ -126,6 +132,33 @@ def test_oversized_records_enter_spark_as_their_start_length_and_digest(settings
     producer.close()
     src = reader(settings, maxRecordBytes="1000", keepBytes="64")
     start = src.initialOffset()
-    rows = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in src.read(part)]
-    assert [row[5:] for row in rows] == [
+    got = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in rows(src, part)]
+    assert [row[5:] for row in got] == [
         (big[:64], len(big), hashlib.sha256(big).hexdigest()), (small, len(small), None), (None, None, None)]
+
+
+def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reused(settings: Settings) -> None:
+    from evaluator.spark import source
+    from evaluator.spark.source import KafkaSlice
+
+    ensure_topics(settings)
+    produce(settings, {0: 30}, "pool")
+    src = reader(settings)
+
+    def offsets(start: int, end: int) -> list[int]:
+        return [r[2] for r in rows(src, KafkaSlice(settings.events_topic, 0, start, end))]
+
+    assert offsets(10, 30) == list(range(10, 30))
+    [(_, pooled)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert offsets(0, 12) == list(range(12)), "seeking back on a reused consumer"
+    assert offsets(12, 13) == [12]
+    [(_, again)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert again is pooled, "the worker's consumer is reused, not rebuilt"
+
+    abandoned = src.read(KafkaSlice(settings.events_topic, 0, 0, 30))
+    next(abandoned)
+    abandoned.close()  # a read given up half-way: its consumer's state is unknown
+    assert source._CONSUMERS._idle[src._consumer_options()] == []
+    assert offsets(5, 9) == [5, 6, 7, 8]
+    [(_, fresh)] = source._CONSUMERS._idle[src._consumer_options()]
+    assert fresh is not pooled

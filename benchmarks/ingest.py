@@ -1,0 +1,173 @@
+"""Ingest micro-benchmark: parsing records into panes, and reading them from Tansu.
+
+    python benchmarks/ingest.py                 # parse at 100k and 1M records; read 200k records
+    python benchmarks/ingest.py --quick         # smoke run
+
+- *Parse*: ``PaneParser.parse`` + pane pre-aggregation on one batch of plain events
+  (``Event.to_json``, 5,000 Zipf-popular keys), per record (``vectorised=False``: every
+  record through ``parse_record``) against the vectorised pass; and, for reference only,
+  ``pyarrow.json`` on the same bytes (not used: it is lenient where ``parse_record`` is strict,
+  e.g. duplicate fields, strings for numbers).
+- *Read*: records/s of ``KafkaStreamReader.read`` (Arrow batches) over the whole topic in
+  slices of ``--slice`` records, as Spark tasks would, each configuration in a fresh process:
+  kafka-python's pure-Python CRC32C or the ``crc32c`` C module, a new KafkaConsumer per
+  slice or the worker's pooled one.
+
+Numbers are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import table
+from core.settings import Settings
+from evaluator.spark.parse import PaneParser
+from ingest.model import Event
+
+NOW = 1_700_000_000_000
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def records(n: int, keys: int = 5_000, seed: int = 14) -> list[bytes]:
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) ** 0.8 for i in range(keys)]
+    names = rng.choices([f"S{i:05d}" for i in range(keys)], weights, k=n)
+    return [Event(key=k, ts=NOW - 60_000 + i * 60_000 // n, price=round(rng.uniform(1, 500), 2),
+                  volume=rng.randrange(1, 10_000)).to_json() for i, k in enumerate(names)]
+
+
+def raw_frame(values: list[bytes]) -> pd.DataFrame:
+    return pd.DataFrame({"topic": "bench", "partition": np.zeros(len(values), dtype=np.int32),
+                         "offset": np.arange(len(values)), "value": pd.Series(values, dtype=object),
+                         "value_bytes": [len(v) for v in values], "value_sha256": pd.Series([None] * len(values)),
+                         "now": NOW})
+
+
+def panes_per_second(parser: PaneParser, raw: pd.DataFrame) -> float:
+    start = time.perf_counter()
+    parsed = parser.parse(raw)
+    parser._frame(parsed.events(), parsed.progress)
+    seconds = time.perf_counter() - start
+    assert not parsed.dead and len(parsed.rows) == len(raw)
+    return len(raw) / seconds
+
+
+def parse_rows(sizes: list[int]) -> list[list[object]]:
+    settings = Settings()
+    rows: list[list[object]] = []
+    for n in sizes:
+        raw = raw_frame(records(n))
+        panes_per_second(PaneParser(settings, (0, 1)), raw.head(1_000))  # warm up: imports, regex compilation
+        old = panes_per_second(PaneParser(settings, (0, 1), vectorised=False), raw)
+        new = panes_per_second(PaneParser(settings, (0, 1)), raw)
+        ndjson = io.BytesIO(b"\n".join(raw["value"]))
+        start = time.perf_counter()
+        pa_json.read_json(ndjson)
+        lenient = n / (time.perf_counter() - start)
+        rows.append([f"{n:,}", old, new, lenient, f"{new / old:.1f}x"])
+    return rows
+
+
+def produce(settings: Settings, n: int) -> None:
+    from kafka import KafkaProducer
+
+    from ingest.kafka import ensure_topics
+
+    ensure_topics(settings)
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=50, batch_size=1 << 20,
+                             max_request_size=8 << 20)
+    partitions = settings.event_partitions
+    for i, value in enumerate(records(n)):
+        producer.send(settings.events_topic, value=value, partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def read_all(bootstrap: str, topic: str, slice_rows: int, pooled: bool) -> dict:
+    """In this process: read the whole topic in slices; records/s and whether the C CRC was used."""
+    from kafka.record import util
+
+    from evaluator.spark import source
+    from evaluator.spark.source import KafkaStreamReader
+
+    if not pooled:
+        source._CONSUMERS.max_idle_s = -1.0  # every pooled consumer counts as stale: a new one per slice
+    reader = KafkaStreamReader({"bootstrap": bootstrap, "topic": topic})
+    start, end = reader.initialOffset(), reader._log_ends()
+    cuts = {p: [*range(start[p], end[p], slice_rows), end[p]] for p in end}
+    slices = [source.KafkaSlice(topic, int(p), a, b) for p, c in cuts.items() for a, b in itertools.pairwise(c)]
+    began = time.perf_counter()
+    rows = sum(batch.num_rows for part in slices for batch in reader.read(part))
+    seconds = time.perf_counter() - began
+    return {"rows": rows, "seconds": seconds, "c_crc": util.crc32c_c is not None, "slices": len(slices)}
+
+
+def read_rows(settings: Settings, n: int, slice_rows: int) -> list[list[object]]:
+    hide = Path(tempfile.mkdtemp(prefix="tocsin-no-crc32c-"))
+    (hide / "crc32c.py").write_text('raise ImportError("hidden: measure the pure-Python CRC32C")\n')
+    rows: list[list[object]] = []
+    for c_crc in (False, True):
+        for pooled in (False, True):
+            path = [str(ROOT)] if c_crc else [str(hide), str(ROOT)]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+            code = ("import json, sys; from benchmarks.ingest import read_all; "
+                    f"print(json.dumps(read_all({settings.kafka_bootstrap!r}, {settings.events_topic!r}, "
+                    f"{slice_rows}, {pooled})))")
+            out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            assert got["rows"] == n and got["c_crc"] == c_crc, got
+            rows.append(["C (crc32c)" if c_crc else "pure Python", "pooled" if pooled else "new per slice",
+                         got["slices"], got["rows"] / got["seconds"]])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--read-records", type=int, default=200_000)
+    parser.add_argument("--slice", type=int, default=10_000, help="records per source task")
+    args = parser.parse_args()
+    sizes = [10_000] if args.quick else [100_000, 1_000_000]
+    read_n = 20_000 if args.quick else args.read_records
+    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
+
+    table("Parse + pane pre-aggregation, one batch of plain events (records/s)",
+          ["records", "per record", "vectorised", "pyarrow.json alone (lenient, not used)", "speed-up"], parse_rows(sizes))
+
+    from devstack.services import free_port, start_tansu
+
+    work = Path(tempfile.mkdtemp(prefix="tocsin-bench-ingest-"))
+    port = free_port()
+    broker = start_tansu("127.0.0.1", port, work / "tansu.log")
+    try:
+        settings = Settings(kafka_bootstrap=f"127.0.0.1:{port}", events_topic="bench-ingest", event_partitions=4,
+                            data_dir=work)
+        produce(settings, read_n)
+        table(f"Read from Tansu, {read_n:,} records in slices of {args.slice:,} (records/s)",
+              ["CRC32C", "KafkaConsumer", "slices", "records/s"], read_rows(settings, read_n, args.slice))
+    finally:
+        broker.stop()
+    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+
+
+if __name__ == "__main__":
+    pa.set_cpu_count(1)  # like one Spark task: the other core runs the other task
+    main()
