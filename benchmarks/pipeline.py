@@ -7,11 +7,20 @@ Real components: a Tansu broker and a Redis server of its own, one local[2]
 SparkSession running the production query (``evaluator.spark.job.build_query``).
 
 - *Throughput*: a stream of ``--rate`` events per event-second over ``--keys`` keys
-  (Zipf popularity) is published once; each configuration runs its own query over
-  it (own checkpoint and Redis prefix), one event-second per micro-batch, as fast
-  as it can. Sustained events/s is measured from the end of the third event-second
-  (start-up, and the first evaluations where every match fires at once, are not
-  counted) to the end of the budget, which starts there, or of the stream.
+  (Zipf popularity) is published once, pre-serialised and in large producer
+  batches (the publish rate is printed); each configuration runs its own query
+  over it (own checkpoint and Redis prefix), one event-second per micro-batch, as
+  fast as it can. events/s = rows processed after the warm-up (the first three
+  event-seconds: start-up, and the first evaluations where every match fires at
+  once) over the wall time of the batches that processed them, from Spark's
+  progress (``benchmarks/progress.py``), never from the event clock, which the
+  final heartbeat would jump to the end. ``--budget`` wall seconds after the
+  warm-up, then the row says "budget".
+- *Peers* (``benchmarks/peers.py``), on the same topic, data and thresholds
+  (``--peer-subscriptions``): Spark's built-in ``window()`` + a threshold join at
+  each ``--spark-windows`` length, and a single-process quixstreams hopping-window
+  job at each ``--quix-windows`` length (run before Spark starts), measured the
+  same way; one ratio table.
 - *Latency*: events produced live at ``--live-rate`` per second (event time = now)
   with 10k subscriptions; for every alert, the time from the moment its window
   became complete in the log (window end + allowed delay) to its arrival in the
@@ -19,8 +28,8 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
 - *Where time goes*: Spark's per-trigger durations and the shard operator's own
   stages (restoring the shard, ingesting + evaluating, persisting the change log).
 
-Collective and naive evaluation run in the same process on the same data; the
-naive baseline evaluates every subscription on every key at every pane boundary.
+Collective and naive evaluation and the peers run in the same process on the same
+data; the naive baseline evaluates every subscription on every key at every pane boundary.
 Numbers are printed, never asserted.
 """
 
@@ -39,27 +48,28 @@ from pathlib import Path
 
 import psutil
 import redis
+from kafka.admin import KafkaAdminClient, NewTopic
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
+from benchmarks.progress import drain
 from benchmarks.report import percentiles, table
-from core.redis_replies import text_entries, text_hash
+from core.redis_replies import text_entries
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.services import free_port, start_redis, start_tansu
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
 from evaluator.spark.session import spark_session
-from evaluator.spark.sink import evaluated_through
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
-from ingest.model import Event
+from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher
 from subscriptions.service import publish_catalog
 
 SECOND = 1_000
-WARM_UP_LIMIT_S = 900
 WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 1 h
 
 
@@ -117,15 +127,71 @@ def subscriptions(n: int, keys: list[str], rate: int, seed: int = 9) -> tuple[Su
     return tuple(specs)
 
 
-def publish(settings: Settings, events: list[tuple], heartbeat_every_ms: int = 500) -> None:
-    with EventPublisher(settings) as publisher:
-        next_beat = events[0][1] + heartbeat_every_ms
-        for key, ts, price, volume in tqdm(events, desc="publishing", unit="event", leave=False):
-            if ts >= next_beat:
-                publisher.heartbeat(next_beat)
-                next_beat += heartbeat_every_ms
-            publisher.publish(Event(key=key, ts=ts, price=price, volume=volume))
-        publisher.heartbeat(events[-1][1] + 30 * SECOND)
+def event_value(key: str, ts: int, price: float, volume: float) -> bytes:
+    """The JSON ``Event.to_json`` writes, without building a model per event (checked in :func:`publish`)."""
+    return f'{{"key":"{key}","ts":{ts},"price":{price!r},"volume":{volume!r}}}'.encode()
+
+
+def publish(settings: Settings, events: list[tuple], heartbeat_every_ms: int = 500) -> tuple[int, float]:
+    """Publish pre-serialised events through librdkafka in large batches, partitioned as ``EventPublisher`` does.
+
+    ``murmur2_random`` is the Java (and kafka-python) key hash, so a key lands on the partition the production
+    publisher would choose. Heartbeats go to every partition every ``heartbeat_every_ms`` of event time, and a
+    last one 30 s past the stream so every window closes. Returns (records written, wall seconds).
+    """
+    from confluent_kafka import Producer  # comes with quixstreams (the dev extra)
+
+    key, ts, price, volume = events[0]
+    assert event_value(key, ts, price, volume) == Event(key=key, ts=ts, price=price, volume=volume).to_json()
+    producer = Producer({
+        "bootstrap.servers": settings.kafka_bootstrap, "acks": 1, "linger.ms": 50, "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
+        "partitioner": "murmur2_random",
+    })
+    topic = settings.events_topic
+    partitions = sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions)
+
+    def send(value: bytes, key: bytes | None = None, partition: int = -1) -> None:
+        while True:
+            try:
+                producer.produce(topic, value, key, partition)
+                return
+            except BufferError:  # the local queue is full: let librdkafka send some
+                producer.poll(0.05)
+
+    def heartbeat(at: int) -> int:
+        for partition in partitions:
+            send(Heartbeat(partition=partition, ts=at).to_json(), partition=partition)
+        return len(partitions)
+
+    records = 0
+    started = time.monotonic()
+    next_beat = events[0][1] + heartbeat_every_ms
+    for key, ts, price, volume in events:
+        if ts >= next_beat:
+            records += heartbeat(next_beat)
+            next_beat += heartbeat_every_ms
+        send(event_value(key, ts, price, volume), key.encode())
+        records += 1
+    records += heartbeat(events[-1][1] + 30 * SECOND)
+    if producer.flush(60):
+        raise RuntimeError("records left unsent after 60 s")
+    return records, time.monotonic() - started
+
+
+def create_event_topic(settings: Settings) -> None:
+    """The event topic with an explicit retention: quixstreams derives its changelog topics' config from it.
+
+    Tansu's DescribeConfigs reports no ``retention.ms`` for a topic created without one, and quixstreams
+    3.28 then fails with ``KeyError: 'retention.ms'`` (``TopicManager.derive_topic_config``).
+    """
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(settings.events_topic, settings.event_partitions, 1,
+                                      topic_configs={"retention.ms": "-1", "retention.bytes": "-1"})])
+    finally:
+        admin.close()
+    ensure_topics(settings)  # the dead-letter topic
 
 
 def install_catalog(settings: Settings, specs: tuple[SubscriptionSpec, ...]) -> None:
@@ -141,7 +207,7 @@ def tree_rss_mb() -> float:
     return total / 2**20
 
 
-def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int], rate: int,
+def throughput_run(spark, base: Settings, tag: str, specs, rate: int, total_rows: int, warm_up_rows: int,
                    budget_s: float, mode: str) -> dict:
     settings = base.model_copy(update={
         "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}", "evaluator_mode": mode,
@@ -150,53 +216,28 @@ def throughput_run(spark, base: Settings, tag: str, specs, event_times: list[int
     install_catalog(settings, specs)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     stats_key = RedisKeys(settings).evaluator_stats
-    shards = settings.spark_shuffle_partitions
-    last_ts = event_times[-1]
-    warm_up_events = 3 * rate
-    query = build_query(spark, settings)
-    first: tuple[float, int] | None = None
-    last: tuple[float, int] | None = None
-    started = time.monotonic()
-    try:
-        with tqdm(total=len(event_times), desc=f"{mode} {len(specs):,} subs", unit="event", leave=False) as bar:
-            # The budget runs from the end of the warm-up, which may take long with many first firings.
-            while time.monotonic() - (first[0] if first else started) < (budget_s if first else WARM_UP_LIMIT_S):
-                if (failed := query.exception()) is not None:
-                    raise failed
-                clock = evaluated_through(text_hash(client.hgetall(stats_key)), shards)
-                now = time.monotonic()
-                if clock is not None:
-                    done = bisect.bisect_left(event_times, clock)
-                    bar.update(done - bar.n)
-                    if first is None and done >= warm_up_events:  # past start-up and the first firings
-                        first = (now, done)
-                    last = (now, done)
-                    if clock > last_ts:
-                        break
-                time.sleep(0.25)
-    finally:
-        query.stop()
+    print(f"{mode} {len(specs):,} subscriptions ...", file=sys.stderr, flush=True)
+    throughput, progress = drain(build_query(spark, settings), total_rows, warm_up_rows, budget_s)
     stats = client.hgetall(stats_key)
-    progress = [p for p in query.recentProgress if p["numInputRows"]]
     boundaries = max(float(stats.get("boundaries", 0)), 1.0)
     shard_batches = max(float(stats.get("shard_batches", 0)), 1.0)
-    result = {
-        "rate": (last[1] - first[1]) / (last[0] - first[0]) if first and last and last[0] > first[0] else float("nan"),
-        "events": last[1] if last else 0,
+    batches = max(len(progress), 1)
+    return {
+        "rate": throughput.rate,
+        "events": throughput.rows,
+        "finished": throughput.finished,
         "batches": len(progress),
-        "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1),
-        "add_batch_ms": sum(p["durationMs"].get("addBatch", 0) for p in progress) / max(len(progress), 1),
+        "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / batches,
+        "add_batch_ms": sum(p["durationMs"].get("addBatch", 0) for p in progress) / batches,
         "restore_ms": float(stats.get("restore_ms_total", 0)) / shard_batches,
         "evaluate_ms": float(stats.get("evaluate_ms_total", 0)) / shard_batches,
         "persist_ms": float(stats.get("persist_ms_total", 0)) / shard_batches,
-        "sink_ms": float(stats.get("sink_ms_total", 0)) / max(len(progress), 1),
-        "transitions": float(stats.get("transitions", 0)) / max(len(progress), 1),
+        "sink_ms": float(stats.get("sink_ms_total", 0)) / batches,
+        "transitions": float(stats.get("transitions", 0)) / batches,
         "candidates": float(stats.get("candidates", 0)) / boundaries,
         "matches": float(stats.get("matches", 0)) / boundaries,
         "rss_mb": tree_rss_mb(),
-        "finished": last is not None and bisect.bisect_left(event_times, last_ts) <= last[1],
     }
-    return result
 
 
 def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, seconds: int,
@@ -252,15 +293,57 @@ def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, s
     return latencies
 
 
+def peer_rows(spark, base: Settings, specs, args, total_rows: int, warm_up_rows: int) -> list[tuple[str, float, float]]:
+    """(name, events/s, RSS MB) of the Spark ``window()`` peer at each window length."""
+    limits = thresholds(specs)
+    rows = []
+    for seconds in [int(x) for x in args.spark_windows.split(",") if x]:
+        print(f"Spark window() {seconds} s ...", file=sys.stderr, flush=True)
+        throughput, alerts, progress = spark_window_peer(
+            spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
+            window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=args.rate,
+            checkpoint=base.data_dir / f"checkpoint-spark-window-{seconds}", total_rows=total_rows,
+            warm_up_rows=warm_up_rows, budget_s=args.budget,
+        )
+        batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1)
+        print(f"  {throughput} alerts={alerts} batch_ms={batch_ms:.0f}", file=sys.stderr, flush=True)
+        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, tree_rss_mb()))
+    return rows
+
+
+def quix_rows(base: Settings, specs, args, total_rows: int, warm_up_rows: int) -> list[tuple[str, float, float]]:
+    """(name, events/s, RSS MB) of the quixstreams peer at each window length; run before Spark starts."""
+    limits = thresholds(specs)
+    rows = []
+    for seconds in [int(x) for x in args.quix_windows.split(",") if x]:
+        print(f"quixstreams {seconds} s ...", file=sys.stderr, flush=True)
+        throughput, alerts = quixstreams_peer(
+            bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits, window_ms=seconds * SECOND,
+            state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows, warm_up_rows=warm_up_rows,
+            budget_s=args.budget,
+        )
+        print(f"  {throughput} alerts={alerts}", file=sys.stderr, flush=True)
+        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, tree_rss_mb()))
+    return rows
+
+
+def window_label(seconds: int) -> str:
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
     parser.add_argument("--keys", type=int, default=5_000)
-    parser.add_argument("--rate", type=int, default=5_000, help="events per event-second")
+    parser.add_argument("--rate", type=int, default=5_000, help="events per event-second (and per micro-batch)")
     parser.add_argument("--seconds", type=int, default=40, help="event-seconds in the stream")
     parser.add_argument("--subscriptions", default="1000,10000,100000")
     parser.add_argument("--naive-up-to", type=int, default=10_000, help="largest subscription count run naively")
-    parser.add_argument("--budget", type=float, default=150.0, help="wall seconds per configuration")
+    parser.add_argument("--peer-subscriptions", type=int, default=10_000,
+                        help="the subscription count the peers check (one of --subscriptions)")
+    parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
+    parser.add_argument("--quix-windows", default="60", help="window lengths (s) of the quixstreams peer")
+    parser.add_argument("--budget", type=float, default=150.0, help="wall seconds per configuration after warm-up")
     parser.add_argument("--live-rate", type=int, default=1_000)
     parser.add_argument("--live-seconds", type=int, default=60)
     parser.add_argument("--triggers", default="1,2", help="trigger intervals (s) of the live runs")
@@ -268,6 +351,7 @@ def main() -> None:
     if args.quick:
         args.keys, args.rate, args.seconds, args.subscriptions = 200, 200, 4, "300"
         args.budget, args.live_rate, args.live_seconds, args.triggers = 30.0, 100, 20, "1"
+        args.peer_subscriptions, args.spark_windows = 300, "60"
 
     work = Path(tempfile.mkdtemp(prefix="tocsin-bench-pipeline-"))
     kafka_port, redis_port = free_port(), free_port()
@@ -281,38 +365,59 @@ def main() -> None:
     keys = key_names(args.keys)
     start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
     events = list(stream(keys, args.rate, args.seconds, start_ms))
-    event_times = sorted(ts for _, ts, *_ in events)
-    ensure_topics(base)
-    publish(base, events)
-    spark = spark_session(base, "tocsin-benchmark")
-    rows, naive_rates = [], {}
+    create_event_topic(base)
+    total_rows, publish_s = publish(base, events)
+    print(f"published {total_rows:,} records in {publish_s:.1f} s: {total_rows / publish_s:,.0f} records/s",
+          flush=True)
+    warm_up_rows = min(3 * args.rate, total_rows // 2)  # start-up, and the first evaluations where every match fires
+    peer_specs = subscriptions(args.peer_subscriptions, keys, args.rate)
+    peers: list[tuple[str, float, float]] = []
+    spark = None
+    rows, naive_rates, tocsin = [], {}, []
     try:
+        peers += quix_rows(base, peer_specs, args, total_rows, warm_up_rows)
+        spark = spark_session(base, "tocsin-benchmark")
         for n in [int(x) for x in args.subscriptions.split(",")]:
             specs = subscriptions(n, keys, args.rate)
             modes = ["naive", "collective"] if n <= args.naive_up_to else ["collective"]
             for mode in modes:
-                r = throughput_run(spark, base, f"{mode}-{n}", specs, event_times, args.rate, args.budget, mode)
+                r = throughput_run(spark, base, f"{mode}-{n}", specs, args.rate, total_rows, warm_up_rows,
+                                   args.budget, mode)
                 if mode == "naive":
                     naive_rates[n] = r["rate"]
+                if n == args.peer_subscriptions:
+                    tocsin.append((f"Tocsin {mode}", r["rate"], r["rss_mb"]))
                 ratio = r["rate"] / naive_rates[n] if n in naive_rates else float("nan")
                 rows.append([f"{n:,}", mode, r["rate"], r["events"], "yes" if r["finished"] else "budget",
                              r["batch_ms"], r["add_batch_ms"], r["restore_ms"], r["evaluate_ms"], r["persist_ms"],
                              r["sink_ms"], r["transitions"], r["candidates"], r["matches"], r["rss_mb"], ratio])
+        peers = peer_rows(spark, base, peer_specs, args, total_rows, warm_up_rows) + peers
         live_specs = subscriptions(10_000 if not args.quick else 300, keys, args.live_rate)
         latencies = {t: latency_run(spark, base, live_specs, keys, args.live_rate, args.live_seconds, t)
                      for t in [int(x) for x in args.triggers.split(",")]}
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
         broker.stop()
         redis_server.stop()
 
+    print(f"\nPublished {total_rows:,} records (events and heartbeats) in {publish_s:.1f} s: "
+          f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
     table(
         f"Sustained throughput, {args.keys:,} keys, {args.rate:,} events per event-second, one event-second per "
-        "micro-batch, local[2] (per-batch and per-shard-batch means, ms)",
+        "micro-batch, local[2]; events/s = rows processed after the warm-up / wall time of their batches "
+        "(per-batch and per-shard-batch means, ms)",
         ["subscriptions", "evaluation", "events/s", "events done", "finished", "batch ms", "addBatch ms",
          "restore ms", "evaluate ms", "persist ms", "sink ms", "transitions/batch", "candidates/boundary",
          "matches/boundary", "RSS MB", "vs naive"],
         rows,
+    )
+    table(
+        f"Peers: {args.peer_subscriptions:,} subscriptions' thresholds, the same topic and data, rows processed "
+        "per wall second (RSS: the process tree when the row ended; Spark rows include the JVM)",
+        ["pipeline", "events/s", "RSS MB", *(f"x {name}" for name, *_ in peers)],
+        [[name, rate, rss, *(rate / other if other > 0 else float("nan") for _, other, _ in peers)]
+         for name, rate, rss in tocsin + peers],
     )
     table(
         f"Alert latency, live stream at {args.live_rate:,} events/s, {len(live_specs):,} subscriptions, "

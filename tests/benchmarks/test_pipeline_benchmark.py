@@ -1,15 +1,43 @@
-"""The pipeline benchmark still runs end to end and prints its tables (numbers are read, never asserted)."""
+"""The pipeline benchmark still runs end to end, Tocsin and its peers all process the stream, one ratio table."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from tests.benchmarks.quick import run_quick
 
 
+def table_rows(stdout: str, title: str) -> list[list[str]]:
+    """The cells of each row of the printed table whose title starts with ``title``."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 3:]:  # title, header, dashes
+        if not line.strip():
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
 @pytest.mark.spark
 def test_quick_run_prints_every_table() -> None:
     stdout = run_quick("pipeline.py", timeout_s=900)
-    for title in ("Sustained throughput", "Alert latency", "vs naive", "evaluate ms", "p99 s"):
+    for title in ("Sustained throughput", "Alert latency", "vs naive", "evaluate ms", "p99 s", "records/s"):
         assert title in stdout
-    assert "  naive  " in stdout and "  collective  " in stdout
+
+    throughput = table_rows(stdout, "Sustained throughput")
+    assert [cells[1] for cells in throughput] == ["naive", "collective"]
+    assert all(number(cells[2]) > 0 for cells in throughput), throughput  # events/s from rows processed
+
+    peers = {cells[0]: cells[1:] for cells in table_rows(stdout, "Peers:")}
+    assert set(peers) == {"Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"}
+    for name, (rate, rss, *ratios) in peers.items():
+        assert number(rate) > 0 and number(rss) > 0, (name, rate, rss)
+        assert len(ratios) == 2 and all(number(r) > 0 for r in ratios), (name, ratios)
+    assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
