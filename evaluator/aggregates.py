@@ -155,32 +155,32 @@ class Avg(PaneAggregate):
         return sources.indexes.sums[term.attribute].value(key, window_ms, now) / count  # type: ignore[index]  # takes_attribute
 
 
-class Max(PaneAggregate):
+class _Extreme(PaneAggregate):
+    """MAX or MIN: answered by the extreme index of its side (``maxs`` or ``mins``), exactly."""
+
+    side: ClassVar[str]  # the CollectiveIndexes attribute holding this extreme's index per attribute
+
+    @override
+    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveExtreme:
+        return getattr(indexes, self.side)[attribute]  # an attribute is required (takes_attribute)
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        return getattr(sources.indexes, self.side)[term.attribute].value(key, window_ms, now)
+
+
+class Max(_Extreme):
     name = "MAX"
     summary = "the highest value"
     words = "highest {attribute}"
-
-    @override
-    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveExtreme:
-        return indexes.maxs[attribute]  # type: ignore[index]  # an attribute is required (takes_attribute)
-
-    @override
-    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
-        return sources.indexes.maxs[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
+    side = "maxs"
 
 
-class Min(PaneAggregate):
+class Min(_Extreme):
     name = "MIN"
     summary = "the lowest value"
     words = "lowest {attribute}"
-
-    @override
-    def index(self, indexes: CollectiveIndexes, attribute: str | None) -> CollectiveExtreme:
-        return indexes.mins[attribute]  # type: ignore[index]  # an attribute is required (takes_attribute)
-
-    @override
-    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
-        return sources.indexes.mins[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
+    side = "mins"
 
 
 # -- over each key's events ---------------------------------------------------------------------------
