@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
+from core.redis_replies import text_hash
 from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings, get_settings
 from evaluator.transition import Transition
@@ -208,7 +209,7 @@ class Dispatcher:
         sent = 0
         for route in routes_with_reminders(session):
             policy = route.policy
-            firing = {k: Transition.from_json(v).to_dict() for k, v in self.redis.hgetall(self.keys.firing(route.subscription_id)).items()}
+            firing = self._firing(route.subscription_id)
             if not firing:
                 continue
             keys = sorted(firing)
@@ -230,6 +231,21 @@ class Dispatcher:
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
             self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
         return sent
+
+    def _firing(self, subscription_id: int) -> dict[str, dict]:
+        """The subscription's firing transitions by key; a value that is not one is skipped and logged.
+
+        One bad value must not stop the reminders of every subscription after it, at every reminder round.
+        """
+        firing: dict[str, dict] = {}
+        for key, raw in text_hash(self.redis.hgetall(self.keys.firing(subscription_id))).items():
+            try:
+                firing[key] = Transition.from_json(raw).to_dict()
+            except (ValueError, TypeError, KeyError) as exc:
+                TRANSITIONS.labels("malformed").inc()
+                log.error("malformed_firing_transition_skipped", subscription_id=subscription_id, key=key,
+                          reason=f"{type(exc).__name__}: {exc}")
+        return firing
 
     # -- the loop ----------------------------------------------------------------------------------
 

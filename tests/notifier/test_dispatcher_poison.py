@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import redis
+from prometheus_client import REGISTRY
 
 from core.redis_schema import NOTIFIER_GROUP, RedisKeys
 from core.settings import Settings
@@ -10,6 +13,9 @@ from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.dispatcher import Dispatcher
+from subscriptions.db import session_factory
+from subscriptions.schemas import SubscriptionIn
+from subscriptions.service import SubscriptionService
 
 
 def _transition(subscription_id: int, evaluated_at: int) -> dict:
@@ -43,3 +49,21 @@ def test_malformed_entries_are_dead_lettered_with_reasons_and_the_rest_flows(set
     # nothing is left pending: a restarted dispatcher does not trip over them again
     assert redis_client.xpending(keys.alerts_stream, NOTIFIER_GROUP)["pending"] == 0
     assert dispatcher.read(block_ms=10, pending=True) == 0
+
+
+def test_a_malformed_firing_value_costs_its_key_not_every_reminder(settings: Settings, redis_client: redis.Redis,
+                                                                   owner) -> None:
+    keys = RedisKeys(settings)
+    with session_factory(settings.database_url)() as session:
+        service = SubscriptionService(session, settings, redis_client, owner)
+        sid = service.create(SubscriptionIn(name="r", condition="SUM(volume) OVER 1m > 100",
+                                            policy={"renotify_s": 60})).id
+    good = _transition(sid, 1_700_000_060_000)
+    redis_client.hset(keys.firing(sid), mapping={"AAPL": json.dumps(good), "BAD": "{not json", "WORSE": "[1]"})
+    dispatcher = Dispatcher(settings, make_celery(settings))
+    before = REGISTRY.get_sample_value("tocsin_dispatcher_transitions_total", {"outcome": "malformed"}) or 0.0
+    assert dispatcher._firing(sid) == {"AAPL": good}
+    with session_factory(settings.database_url)() as session:
+        assert dispatcher.remind(session) == 0  # AAPL was never decided on: nothing due, and no crash
+    after = REGISTRY.get_sample_value("tocsin_dispatcher_transitions_total", {"outcome": "malformed"})
+    assert after == before + 4  # two bad values, read twice
