@@ -12,11 +12,14 @@ from __future__ import annotations
 import time
 
 import redis
+import structlog
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.preview import PreviewRequest
+
+log = structlog.get_logger("evaluator")
 
 
 class CatalogSource:
@@ -36,8 +39,14 @@ class CatalogSource:
         self._answered = {k: at for k, at in self._answered.items() if now - at < 2 * self.preview_max_age_s}
         pending = []
         for raw_id, payload in raw.items():
-            request_id = raw_id.decode()
-            request = PreviewRequest.from_json(payload)
+            request_id = raw_id.decode(errors="replace")
+            try:
+                request = PreviewRequest.from_json(payload)
+            except (ValueError, KeyError, TypeError) as exc:  # a request no shard can read must not fail the batch
+                self.redis.hdel(self.keys.previews, raw_id)
+                log.warning("malformed_preview_request_dropped", request_id=request_id,
+                            reason=f"{type(exc).__name__}: {exc}")
+                continue
             if now - request.at > self.preview_max_age_s or (shard, request_id) in self._answered:
                 continue
             self._answered[(shard, request_id)] = now
