@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import redis
+import structlog
 from fastapi.concurrency import run_in_threadpool
 
 from core.evaluator_status import EvaluatorStatus, evaluator_status
@@ -26,6 +27,8 @@ from evaluator.preview import PreviewAnswer, PreviewRequest, most_extreme
 from evaluator.spec import Condition
 from subscriptions.language import explain, format_condition
 from subscriptions.service import checked_condition
+
+log = structlog.get_logger("web")
 
 
 def describe(text: str, settings: Settings) -> dict[str, Any]:
@@ -51,9 +54,15 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
             if left <= 0:
                 break
             got = client.blpop([answers_key], timeout=max(min(left, 1.0), 0.01))
-            if got:
+            if not got:
+                continue
+            try:
                 answer = PreviewAnswer.from_json(got[1])
-                answers[answer.shard] = answer
+            except (ValueError, KeyError, TypeError) as exc:  # one unreadable answer must not cost the others
+                log.warning("malformed_preview_answer_skipped", request_id=request_id,
+                            reason=f"{type(exc).__name__}: {exc}")
+                continue
+            answers[answer.shard] = answer
     finally:
         client.hdel(keys.previews, request_id)
         client.delete(answers_key)
