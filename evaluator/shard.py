@@ -381,11 +381,14 @@ class ShardEvaluator:
             index = group.aggregate.index(self.indexes, group.template.attribute)
         if index is not None:
             assert group.loosest is not None
-            if len(group.loosest) == 1:
-                return index.query(group.loosest[0], now)
             values = {}
             for loosest in group.loosest:  # a union of ranges is the union of range queries
                 values.update(index.query(loosest, now))
+            # the indexes forget keys with no data in the horizon; one still firing is watched all the same
+            for key in set().union(*(self.firing.get(spec.id, ()) for spec in group.specs)) - known:
+                value = self.value(group.template, key, now)
+                if value is not None and any(c.holds(value) for c in group.loosest):
+                    values[key] = value
             return values
         values = {}
         watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))
