@@ -384,11 +384,11 @@ class ShardEvaluator:
             values = {}
             for loosest in group.loosest:  # a union of ranges is the union of range queries
                 values.update(index.query(loosest, now))
-            # the indexes forget keys with no data in the horizon; one still firing is watched all the same
-            for key in set().union(*(self.firing.get(spec.id, ()) for spec in group.specs)) - known:
-                value = self.value(group.template, key, now)
-                if value is not None and any(c.holds(value) for c in group.loosest):
-                    values[key] = value
+            empty = group.aggregate.empty if group.aggregate is not None else None
+            if empty is not None and any(c.holds(empty) for c in group.loosest):
+                # the indexes forget keys with no data in the horizon; one still firing keeps its empty value
+                for key in set().union(*(self.firing.get(spec.id, ()) for spec in group.specs)) - known:
+                    values[key] = empty
             return values
         values = {}
         watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))

@@ -337,7 +337,7 @@ class CollectiveSum(SubstreamIndex):
 
         For a lower bound ``c`` alone, the keys stamped at the smallest ``(l, j)`` with
         ``j s >= c`` (``> c`` when strict) certainly match; only the other candidates,
-        the ε-band, are checked against their exact sums.
+        the ε-band, are checked against their exact sums. Cost as :meth:`query`.
         """
         t0 = now - condition.window_ms
         ids, zero, _bound, _exact = self._candidate_ids(condition, t0)
