@@ -174,12 +174,13 @@ def compare(before: list[Segment], after: list[Segment], finished: bool) -> None
 
     rows: list[list[object]] = []
     for b, a in zip(before, after, strict=False):
-        rows.append([f"{a.keys_seen:,}", f"{b.held:,} -> {a.held:,}", f"{b.rss_mb:.0f} -> {a.rss_mb:.0f}",
+        seen = f"{a.keys_seen:,}" if a.keys_seen == b.keys_seen else f"{b.keys_seen:,} / {a.keys_seen:,}"
+        rows.append([seen, f"{b.held:,} -> {a.held:,}", f"{b.rss_mb:.0f} -> {a.rss_mb:.0f}",
                      f"{b.expire_ms:.2f} -> {a.expire_ms:.2f}", f"{b.sum_below_ms:.2f} -> {a.sum_below_ms:.2f}",
                      f"{b.count_below_ms:.2f} -> {a.count_below_ms:.2f}", b.expire_ms / a.expire_ms,
                      b.sum_below_ms / a.sum_below_ms])
     table("before -> after, same stream" + ("" if finished else " (before stopped by its time budget)"),
-          ["keys seen", "held", "RSS MB", "expire ms", "SUM<v ms", "COUNT<v ms", "expire x", "SUM<v x"], rows)
+          ["keys seen (before / after)", "held", "RSS MB", "expire ms", "SUM<v ms", "COUNT<v ms", "expire x", "SUM<v x"], rows)
 
 
 def main() -> None:
