@@ -230,15 +230,21 @@ class CollectiveSum(SubstreamIndex):
             self.first.set(i, sub.ts[0])
 
     def _forget(self, sub: _Substream) -> None:
-        """Drop a key with no element left: its stamps (only on levels with ``s <= total``), its id and name."""
-        self.first.discard(sub.id)
-        self.last.discard(sub.id)
+        """Drop a key with no element left: its stamps, its id and name.
+
+        A stamp ``(l, j)`` exists only if ``j s <= m <= total``: only those indexes are visited.
+        """
+        key_id, indexes = sub.id, self.indexes
+        self.first.discard(key_id)
+        self.last.discard(key_id)
         level, size, total = 0, self.unit_units, sub.total
-        while size <= total:
+        while self.p * size <= total:
             for j in self.js:
-                index = self.indexes.get((level, j))
+                if j * size > total:
+                    break
+                index = indexes.get((level, j))
                 if index is not None:
-                    index.discard(sub.id)
+                    index.discard(key_id)
             level += 1
             size <<= 1
         self.keys.drop(sub)

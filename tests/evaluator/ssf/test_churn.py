@@ -47,6 +47,8 @@ def check_sum_bounded(index: CollectiveSum, held: set[str], peak: int) -> None:
     for stamps in (index.last, index.first, *index.indexes.values()):
         assert set(stamps.stamp) <= live
         assert sum(map(len, stamps.buckets.values())) == len(stamps)
+    for (level, j), stamps in index.indexes.items():  # what forgetting relies on: a stamp only where j s <= total
+        assert all(j * (index.unit_units << level) <= index.by_id[i].total for i in stamps.stamp)
 
 
 def check_extreme_bounded(index: CollectiveExtreme, held: set[str], peak: int, retained: int,
