@@ -381,11 +381,14 @@ class ShardEvaluator:
             index = group.aggregate.index(self.indexes, group.template.attribute)
         if index is not None:
             assert group.loosest is not None
-            if len(group.loosest) == 1:
-                return index.query(group.loosest[0], now)
             values = {}
             for loosest in group.loosest:  # a union of ranges is the union of range queries
                 values.update(index.query(loosest, now))
+            empty = group.aggregate.empty if group.aggregate is not None else None
+            if empty is not None and any(c.holds(empty) for c in group.loosest):
+                # the indexes forget keys with no data in the horizon; one still firing keeps its empty value
+                for key in set().union(*(self.firing.get(spec.id, ()) for spec in group.specs)) - known:
+                    values[key] = empty
             return values
         values = {}
         watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))

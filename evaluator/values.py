@@ -99,11 +99,22 @@ class KeyValues:
                 events.add(rows.event_ts[index], rows.event_values[:, index])
 
     def expire(self, boundary: int, horizon_ms: int) -> None:
-        """At ``boundary``: keep ``retention_ms`` of events, and keys with an event within the horizon."""
-        for key in [k for k, events in self.keys.items() if events.ts[events.end - 1] < boundary - horizon_ms]:
+        """At ``boundary``: keep ``retention_ms`` of events, and keys with an event within the horizon.
+
+        One pass over the keys held, comparing two times each; only the keys with an event to
+        drop are trimmed (a search each), so a boundary costs O(keys held) cheap steps, never
+        anything for a key gone from the horizon.
+        """
+        gone, cut = boundary - horizon_ms, boundary - self.retention_ms
+        dropped = []
+        for key, events in self.keys.items():
+            ts = events.ts
+            if ts[events.end - 1] < gone:
+                dropped.append(key)
+            elif events.end - events.head > 1 and ts[events.head] < cut:
+                events.expire(cut)
+        for key in dropped:
             del self.keys[key]
-        for events in self.keys.values():
-            events.expire(boundary - self.retention_ms)
 
     def window(self, key: str, attribute: str, window_ms: int, boundary: int) -> np.ndarray | None:
         """The attribute's values in ``key``'s window ``[boundary - window_ms, boundary)``, oldest first (a view)."""

@@ -11,6 +11,13 @@ when a newer, at-least-as-large element of its key arrives. Below-bound queries
 (``MAX < v``) are the keys with anything in the window minus those reported above
 ``v``. Every answer is checked against the key's exact window maximum, read off its
 staircase by binary search.
+
+Key churn. Points are appended in time order, so the expired points are a prefix of
+the array: :meth:`CollectiveExtreme.expire` walks only the points added since the last
+expiry that it now passes, trims their keys' staircases and forgets a key left with no
+point (no element in the horizon: a key's newest element is always a point), recycling
+its id. The array is compacted to the live points when full, so memory and expiry cost
+in proportion to the keys (and points) held, not to every key ever seen.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from evaluator.spec import Condition
-from evaluator.ssf.base import SubstreamIndex
+from evaluator.ssf.base import KeyTable, SubstreamIndex
 from evaluator.ssf.encoding import StampIndex
 
 NEG = -math.inf
@@ -43,8 +50,9 @@ class CollectiveExtreme(SubstreamIndex):
             raise ValueError("agg must be MAX or MIN")
         self.agg = agg
         self.sign = 1.0 if agg == "MAX" else -1.0
-        self.stairs: dict[str, _Staircase] = {}
-        self.names: list[str] = []
+        self.keys: KeyTable[_Staircase] = KeyTable()
+        self.stairs = self.keys.by_name  # the keys held: each has a point in the retained horizon
+        self.names = self.keys.names
         self.last = StampIndex(bucket_ms)
         self._reset(capacity)
 
@@ -54,6 +62,11 @@ class CollectiveExtreme(SubstreamIndex):
         self.point_ts: list[int] = []
         self.point_key: list[int] = []
         self.point_x: list[float] = []
+        self.expired = 0  # points before this index were passed by expire()
+
+    def held(self) -> list[str]:
+        """The keys with an element in the retained horizon (every key the index holds)."""
+        return list(self.stairs)
 
     # -- the segment tree over points ----------------------------------------------------
 
@@ -116,9 +129,7 @@ class CollectiveExtreme(SubstreamIndex):
             raise ValueError("NaN has no order")
         if self.point_ts and ts < self.point_ts[-1]:
             raise ValueError(f"timestamp {ts} is older than {self.point_ts[-1]}")
-        stair = self.stairs.get(key)
-        if stair is None:
-            stair = self.stairs[key] = _Staircase(self._new_id(key))
+        stair = self.keys.get(key, _Staircase)
         x = self.sign * value
         while stair.points and self.point_x[stair.points[-1]] <= x:  # dominated: can never be a maximum again
             self._set(stair.points.pop(), NEG)
@@ -146,9 +157,7 @@ class CollectiveExtreme(SubstreamIndex):
         for key, t, v in zip(keys, ts, values, strict=True):
             if math.isnan(v):
                 raise ValueError("NaN has no order")
-            stair = self.stairs.get(key)
-            if stair is None:
-                stair = self.stairs[key] = _Staircase(self._new_id(key))
+            stair = self.keys.get(key, _Staircase)
             points = touched.get(key)
             if points is None:
                 points = touched[key] = [(self.point_ts[p], self.point_x[p]) for p in stair.points]
@@ -177,17 +186,28 @@ class CollectiveExtreme(SubstreamIndex):
             stair.ts.append(t)
 
     def expire(self, before_ts: int) -> None:
-        """Drop staircase points with ``ts <= before_ts``."""
-        for stair in self.stairs.values():
+        """Drop staircase points with ``ts <= before_ts``, and the keys left without one.
+
+        Visits the keys of the points passed since the last call only: O(those points), as
+        points are in time order (a recycled id may bring its new key along: harmless).
+        """
+        end = bisect.bisect_right(self.point_ts, before_ts, lo=self.expired)
+        by_id, live = self.keys.by_id, self.keys.live
+        for key_id in {self.point_key[p] for p in range(self.expired, end)} & live:
+            stair = by_id[key_id]
             i = bisect.bisect_right(stair.ts, before_ts)
             for p in stair.points[:i]:
                 self._set(p, NEG)
             del stair.points[:i], stair.ts[:i]
+            if not stair.points:
+                self.last.discard(key_id)
+                self.keys.drop(stair)
+        self.expired = max(self.expired, end)
 
     # -- lookups ----------------------------------------------------------------------------
 
     def value(self, key: str, duration: int, now: int) -> float | None:
-        """Exact MAX (MIN) of key's window, or None when the window is empty."""
+        """Exact MAX (MIN) of key's window, or None when the window is empty (or the key not held)."""
         stair = self.stairs.get(key)
         if stair is None:
             return None
@@ -221,11 +241,17 @@ class CollectiveExtreme(SubstreamIndex):
     # -- state ---------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        """Only the staircases (time, value per point, per key); the tree is rebuilt on load."""
-        order = sorted((p, stair.id) for stair in self.stairs.values() for p in stair.points)
-        header = struct.pack("<4sqi", self.agg.encode(), self.last.bucket_ms, len(self.names))
-        names = b"".join(struct.pack("<H", len(n.encode())) + n.encode() for n in self.names)
-        last = np.array([self.last.stamp.get(i, _NO_STAMP) for i in range(len(self.names))], dtype=np.int64)
+        """Only the staircases (time, value per point, per key); the tree is rebuilt on load.
+
+        Only the keys held are written, renumbered 0, 1, ... in id order: forgotten keys leave
+        no trace, and the layout is the one written before keys were forgotten.
+        """
+        held = self.keys.ordered()
+        number = {stair.id: n for n, stair in enumerate(held)}
+        order = sorted((p, number[stair.id]) for stair in held for p in stair.points)
+        header = struct.pack("<4sqi", self.agg.encode(), self.last.bucket_ms, len(held))
+        names = b"".join(struct.pack("<H", len(n.encode())) + n.encode() for n in (self.names[s.id] for s in held))
+        last = np.array([self.last.stamp.get(s.id, _NO_STAMP) for s in held], dtype=np.int64)
         points = np.array(
             [(self.point_ts[p], key_id, self.sign * self.point_x[p]) for p, key_id in order],
             dtype=[("ts", "<i8"), ("key", "<i4"), ("value", "<f8")],
@@ -241,7 +267,7 @@ class CollectiveExtreme(SubstreamIndex):
             (length,) = struct.unpack_from("<H", blob, offset)
             name = blob[offset + 2 : offset + 2 + length].decode()
             offset += 2 + length
-            index.stairs[name] = _Staircase(index._new_id(name))
+            index.keys.get(name, _Staircase)
         last = np.frombuffer(blob, dtype=np.int64, count=count, offset=offset)
         offset += 8 * count
         (n_points,) = struct.unpack_from("<q", blob, offset)
@@ -249,12 +275,15 @@ class CollectiveExtreme(SubstreamIndex):
                                offset=offset + 8)
         index._reset(max(2 * n_points, 1024))
         for ts, key_id, value in points.tolist():
-            stair = index.stairs[index.names[key_id]]
+            stair = index.keys.by_id[key_id]
             stair.points.append(index._append_point(ts, key_id, index.sign * value))
             stair.ts.append(ts)
         for key_id, ts in enumerate(last.tolist()):
             if ts != _NO_STAMP:
                 index.last.set(key_id, ts)
+        for stair in [s for s in index.stairs.values() if not s.points]:  # expired (bytes from before forgetting)
+            index.last.discard(stair.id)
+            index.keys.drop(stair)
         return index
 
     def candidates(self, condition: Condition, now: int) -> frozenset[str]:

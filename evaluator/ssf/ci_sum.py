@@ -29,6 +29,14 @@ not float prefix sums, so a window's sum is its elements' exact sum rounded once
 (relative error at most 2^-53, whatever the key's history), and the stamps' guarantees
 hold for the true sums (float positions lose a small element after a large history:
 its stamps would never move and its key could be missed).
+
+Key churn. The index holds a key only while it has an element (of any value, zero
+included) in the retained horizon: :meth:`CollectiveSum.expire` trims just the keys
+whose oldest element it passes (found in a stamp index of oldest elements), and
+forgets a key it empties — substream, stamps, name — recycling its id. Memory,
+``expire`` and the below-bound lookups (``SUM < v``) therefore cost in proportion to
+the keys with data in the horizon, not to every key ever seen; a key that comes back
+starts a fresh substream.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import numpy as np
 
 from evaluator.exactsum import FixedPoint
 from evaluator.spec import Condition
-from evaluator.ssf.base import SubstreamIndex
+from evaluator.ssf.base import KeyTable, SubstreamIndex
 from evaluator.ssf.encoding import StampIndex
 
 
@@ -96,9 +104,11 @@ class CollectiveSum(SubstreamIndex):
         self.js: tuple[int, ...] = tuple(range(p, 2 * p))  # p stamps per level; j = 2p is j = p one level up
         self.indexes: dict[tuple[int, int], StampIndex] = {}
         self.last = StampIndex(bucket_ms)  # newest element of positive value per key: exact for SUM > 0
-        self.substreams: dict[str, _Substream] = {}
-        self.by_id: list[_Substream] = []
-        self.names: list[str] = []
+        self.first = StampIndex(bucket_ms)  # oldest retained element per key: what expiry must trim
+        self.keys: KeyTable[_Substream] = KeyTable()
+        self.substreams = self.keys.by_name  # the keys held: each has an element in the retained horizon
+        self.by_id = self.keys.by_id
+        self.names = self.keys.names
         self.latest_ts: int | None = None
 
     @property
@@ -109,11 +119,11 @@ class CollectiveSum(SubstreamIndex):
     # -- updates ----------------------------------------------------------------------
 
     def _substream(self, key: str) -> _Substream:
-        sub = self.substreams.get(key)
-        if sub is None:
-            sub = self.substreams[key] = _Substream(self._new_id(key))
-            self.by_id.append(sub)
-        return sub
+        return self.keys.get(key, _Substream)
+
+    def held(self) -> list[str]:
+        """The keys with an element in the retained horizon (every key the index holds)."""
+        return list(self.substreams)
 
     def _units(self, value: float) -> int:
         """``value`` in exact units, refining every stored position first if it needs a finer unit."""
@@ -122,7 +132,7 @@ class CollectiveSum(SubstreamIndex):
         units, grow = self.fixed.units(value)
         if grow:
             self.unit_units <<= grow
-            for sub in self.by_id:
+            for sub in self.substreams.values():
                 sub.base <<= grow
                 sub.ends = [e << grow for e in sub.ends]
         return units
@@ -134,12 +144,14 @@ class CollectiveSum(SubstreamIndex):
         if sub.ts and ts < sub.ts[-1]:
             raise ValueError(f"{key}: timestamp {ts} is older than {sub.ts[-1]}")
         self.latest_ts = ts if self.latest_ts is None else max(self.latest_ts, ts)
-        if not units:
-            return
+        if not sub.ts:
+            self.first.set(sub.id, ts)
         old = sub.total
         new = old + units
-        sub.ts.append(ts)
+        sub.ts.append(ts)  # a zero element too: it keeps its key held (SUM < v sees it), moving no stamp
         sub.ends.append(new)
+        if not units:
+            return
         self.last.set(sub.id, ts)
         level, size = 0, self.unit_units
         while size <= new:
@@ -165,16 +177,19 @@ class CollectiveSum(SubstreamIndex):
         Stamps are a function of the substream alone, so the result is what adding the
         elements in time order would have built: O(elements of the key + levels).
         """
-        sub = self._substream(key)
-        if not sub.ts or ts >= sub.ts[-1]:
+        sub = self.substreams.get(key)
+        if sub is None or not sub.ts or ts >= sub.ts[-1]:
             self.add(key, ts, value)
             return
         units = self._units(value)
-        if not units:
-            return
         i = bisect.bisect_right(sub.ts, ts)
         sub.ts.insert(i, ts)
         sub.ends.insert(i, (sub.ends[i - 1] if i else sub.base) + units)
+        if not i:
+            self.first.set(sub.id, ts)
+        if not units:
+            return
+        self.last.set(sub.id, max(self.last.stamp.get(sub.id, ts), ts))  # the key's newest zero may be newer
         for n in range(i + 1, len(sub.ends)):
             sub.ends[n] += units
         self._restamp(sub)
@@ -199,16 +214,45 @@ class CollectiveSum(SubstreamIndex):
             size <<= 1
 
     def expire(self, before_ts: int) -> None:
-        """Forget elements with ``ts <= before_ts``: no window will reach them again."""
-        for sub in self.substreams.values():
-            i = bisect.bisect_right(sub.ts, before_ts)
-            if i:
-                sub.base = sub.ends[i - 1]
-                del sub.ts[:i], sub.ends[:i]
+        """Forget elements with ``ts <= before_ts`` (no window will reach them again), and the keys left empty.
+
+        Visits only the keys holding such an element: O(log B + those keys' expired elements).
+        """
+        by_id = self.by_id
+        for i in self.first.at_most(before_ts):
+            sub = by_id[i]
+            cut = bisect.bisect_right(sub.ts, before_ts)
+            if cut == len(sub.ts):
+                self._forget(sub)
+                continue
+            sub.base = sub.ends[cut - 1]
+            del sub.ts[:cut], sub.ends[:cut]
+            self.first.set(i, sub.ts[0])
+
+    def _forget(self, sub: _Substream) -> None:
+        """Drop a key with no element left: its stamps, its id and name.
+
+        A stamp ``(l, j)`` exists only if ``j s <= m <= total``: only those indexes are visited.
+        """
+        key_id, indexes = sub.id, self.indexes
+        self.first.discard(key_id)
+        self.last.discard(key_id)
+        level, size, total = 0, self.unit_units, sub.total
+        while self.p * size <= total:
+            for j in self.js:
+                if j * size > total:
+                    break
+                index = indexes.get((level, j))
+                if index is not None:
+                    index.discard(key_id)
+            level += 1
+            size <<= 1
+        self.keys.drop(sub)
 
     # -- lookups ----------------------------------------------------------------------
 
     def value(self, key: str, duration: int, now: int) -> float:
+        """Exact SUM of key's window; 0 for a key not held (nothing in the horizon)."""
         sub = self.substreams.get(key)
         return 0.0 if sub is None else self.fixed.to_float(sub.sum_after(now - duration))
 
@@ -241,7 +285,16 @@ class CollectiveSum(SubstreamIndex):
     def _ids(self, index: StampIndex | None, t0: int) -> set[int]:
         return index.newer_than(t0) if index is not None else set()
 
-    def _candidate_ids(self, condition: Condition, t0: int) -> tuple[set[int], float | None, bool]:
+    def _candidate_ids(self, condition: Condition, t0: int) -> tuple[set[int], set[int], float | None, bool]:
+        """``(ids to verify, ids matching with SUM exactly 0, guarantee, exact)``.
+
+        When the low bound admits 0 (``SUM < v`` alone), every key held is a candidate, but
+        those without a positive element in the window (no ``last`` stamp after ``t0``) have
+        SUM exactly 0: one test decides them all, and only keys with a positive element in the
+        window are left to verify. The set work is O(keys held) at C speed; nothing visits a
+        key the index no longer holds.
+        """
+        zero: set[int] = set()
         low = condition.low
         if low is not None and low > 0:
             best = self._best_lower(low)
@@ -252,26 +305,33 @@ class CollectiveSum(SubstreamIndex):
         elif low is not None and low == 0 and not condition.low_inclusive:
             ids, bound, exact = self._ids(self.last, t0), None, True  # SUM > 0 exactly
         else:
-            ids, bound, exact = set(range(len(self.names))), None, True
+            ids, bound, exact = self._ids(self.last, t0), None, True
+            if condition.holds(0.0):
+                zero = self.keys.live - ids
         if condition.high is not None and (low is None or low <= 0):
             # SUM below a bound: drop the keys a stamp proves are at or above it
             guard = self._smallest_guarantee(condition.high, strict=condition.high_inclusive)
             if guard is not None:
                 ids -= self._ids(self.indexes.get(guard), t0)
             exact = False
-        return ids, bound, exact
+        return ids, zero, bound, exact
 
     def candidates(self, condition: Condition, now: int) -> Candidates:
         """A superset of ``{k | SUM_k(now - T, now] satisfies condition}`` and its guarantee."""
-        ids, bound, exact = self._candidate_ids(condition, now - condition.window_ms)
-        return Candidates(frozenset(self.names[i] for i in ids), bound, exact)
+        ids, zero, bound, exact = self._candidate_ids(condition, now - condition.window_ms)
+        return Candidates(frozenset(self.names[i] for i in ids | zero), bound, exact)
 
     def query(self, condition: Condition, now: int) -> dict[str, float]:
-        """The exact answer: candidates, each verified against its exact window sum."""
+        """The exact answer: candidates, each verified against its exact window sum.
+
+        O(log B + buckets spanned + candidates): a lower bound's candidates are the keys its
+        stamps report; below-bound-only conditions add the keys held with no positive element
+        in the window (see :meth:`_candidate_ids`), never a key that has left the horizon.
+        """
         t0 = now - condition.window_ms
-        ids, _bound, _exact = self._candidate_ids(condition, t0)
-        found = {}
+        ids, zero, _bound, _exact = self._candidate_ids(condition, t0)
         by_id, names, holds, to_float = self.by_id, self.names, condition.holds, self.fixed.to_float
+        found = dict.fromkeys((names[i] for i in zero), 0.0)
         for i in ids:
             value = to_float(by_id[i].sum_after(t0))
             if holds(value):
@@ -283,17 +343,17 @@ class CollectiveSum(SubstreamIndex):
 
         For a lower bound ``c`` alone, the keys stamped at the smallest ``(l, j)`` with
         ``j s >= c`` (``> c`` when strict) certainly match; only the other candidates,
-        the ε-band, are checked against their exact sums.
+        the ε-band, are checked against their exact sums. Cost as :meth:`query`.
         """
         t0 = now - condition.window_ms
-        ids, _bound, _exact = self._candidate_ids(condition, t0)
+        ids, zero, _bound, _exact = self._candidate_ids(condition, t0)
         sure: set[int] = set()
         if condition.high is None and condition.low is not None and condition.low > 0:
             guard = self._smallest_guarantee(condition.low, strict=not condition.low_inclusive)
             if guard is not None:
                 sure = self._ids(self.indexes.get(guard), t0)
         by_id, holds, to_float = self.by_id, condition.holds, self.fixed.to_float
-        matched = sure | {i for i in ids - sure if holds(to_float(by_id[i].sum_after(t0)))}
+        matched = sure | zero | {i for i in ids - sure if holds(to_float(by_id[i].sum_after(t0)))}
         names = self.names
         return {names[i] for i in matched}
 
@@ -303,13 +363,15 @@ class CollectiveSum(SubstreamIndex):
         """Per-key element arrays only; the stamp indexes are rebuilt from them.
 
         Each element's value is one float's units (a difference of exact positions), so it
-        is stored exactly; the base only aligns the stamps' blocks, any base will do.
+        is stored exactly; the base only aligns the stamps' blocks, any base will do. Only the
+        keys held are written, in id order (the reader numbers them 0, 1, ...): forgotten keys
+        leave no trace, and the layout is the one written before keys were forgotten.
         """
-        parts = [struct.pack("<Idqi", self.p, self.unit, self.bucket_ms, len(self.names))]
+        held = self.keys.ordered()
+        parts = [struct.pack("<Idqi", self.p, self.unit, self.bucket_ms, len(held))]
         to_float = self.fixed.to_float
-        for name in self.names:
-            sub = self.substreams[name]
-            encoded = name.encode()
+        for sub in held:
+            encoded = self.names[sub.id].encode()
             base = to_float(sub.base)
             parts.append(struct.pack("<HId", len(encoded), len(sub.ts), base if base < math.inf else 0.0) + encoded)
             parts.append(np.asarray(sub.ts, dtype=np.int64).tobytes())
@@ -331,6 +393,8 @@ class CollectiveSum(SubstreamIndex):
             offset += 8 * n
             values = np.frombuffer(blob, dtype=np.float64, count=n, offset=offset)
             offset += 8 * n
+            if not n:
+                continue  # a key whose elements all expired (written before keys were forgotten): not held
             sub = index._substream(name)
             sub.base = index._units(base)  # replaying from the base reproduces the expanded positions, every stamp
             for t, v in zip(ts.tolist(), values.tolist(), strict=True):

@@ -68,5 +68,18 @@ class StampIndex:
             found.update(self.buckets[bucket])
         return found
 
+    def at_most(self, t: int) -> builtins.set[int]:
+        """Key ids whose timestamp is <= ``t``: O(log B + buckets spanned + output)."""
+        last = t // self.bucket_ms
+        found: set[int] = set()
+        for bucket in self.order.irange(maximum=last):
+            members = self.buckets[bucket]
+            if bucket == last:
+                stamp = self.stamp
+                found.update(k for k in members if stamp[k] <= t)
+            else:
+                found.update(members)
+        return found
+
     def __len__(self) -> int:
         return len(self.stamp)
