@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 from pyspark.sql.streaming import StreamingQuery
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.parse import PANES_SCHEMA, PaneParser
@@ -49,6 +50,8 @@ def source_options(settings: Settings) -> dict[str, str]:
         "maxRecordBytes": str(settings.max_record_bytes),
         "keepBytes": str(settings.dead_letter_raw_bytes),
         "stopFile": str(stop_file(settings).resolve()),
+        "statsUrl": settings.redis_url,
+        "statsKey": RedisKeys(settings).evaluator_stats,
     }
     if settings.source_max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(settings.source_max_records_per_trigger)

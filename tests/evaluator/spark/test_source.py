@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import redis
 from kafka import KafkaProducer
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.job import source_options
 from evaluator.spark.source import KafkaStreamReader, split_limit
@@ -80,6 +82,8 @@ def test_a_backlog_drains_in_batches_of_the_cap_with_nothing_lost_or_read_twice(
     assert sizes == [cap] * (total // cap) + [total % cap]  # full batches while a backlog lasts, then the rest
     assert sorted((r[1], r[2]) for r in got) == sorted(
         [(0, i) for i in range(130)] + [(1, i) for i in range(61)] + [(2, i) for i in range(9)])
+    stats = redis.Redis.from_url(settings.redis_url).hgetall(RedisKeys(settings).evaluator_stats)
+    assert int(stats[b"read_rows"]) == total and float(stats[b"read_ms_total"]) > 0  # the per-stage profile
     produce(settings, {1: 3}, "live")  # caught up: the next batch is what arrived, however small
     assert sum(p.end - p.start for p in src.partitions(start, src.latestOffset(start, src.getDefaultReadLimit()))) == 3
 
