@@ -68,7 +68,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
-from benchmarks.progress import drain
+from benchmarks.progress import batch_end_s, drain
 from benchmarks.report import markdown_table, percentiles, table
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
@@ -278,32 +278,59 @@ def install_catalog(settings: Settings, specs: tuple[SubscriptionSpec, ...]) -> 
     publish_catalog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings), Catalog(1, specs))
 
 
-def tree_rss_mb() -> float:
+def _tree() -> list[psutil.Process]:
     me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def tree_rss_mb() -> float:
     total = 0
-    for p in [me, *me.children(recursive=True)]:
+    for p in _tree():
         with contextlib.suppress(psutil.Error):  # a child that just exited
             total += p.memory_info().rss
     return total / 2**20
 
 
-@contextlib.contextmanager
-def peak_rss() -> Iterator[list[float]]:
-    """The process tree's peak RSS (MB) while the block runs, sampled twice a second, in ``[0]``."""
-    peak, stop = [tree_rss_mb()], threading.Event()
+class Resources:
+    """The process tree's peak RSS (MB) and the CPU seconds it used while a block runs, sampled twice a second.
 
-    def sample() -> None:
-        while not stop.wait(0.5):
-            peak[0] = max(peak[0], tree_rss_mb())
+    CPU time does not depend on what else the machine runs, unlike wall time: CPU µs per record is the
+    cost a row would have on idle cores. A process that exits loses at most its last half second.
+    """
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield peak
-    finally:
-        stop.set()
-        sampler.join()
-        peak[0] = max(peak[0], tree_rss_mb())
+    def __init__(self) -> None:
+        self.rss_mb = tree_rss_mb()
+        self._start: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sample(first=True)
+
+    def _sample(self, first: bool = False) -> None:
+        for p in _tree():
+            with contextlib.suppress(psutil.Error):
+                times = p.cpu_times()
+                used = times.user + times.system
+                self._last[p.pid] = used
+                self._start.setdefault(p.pid, used if first else 0.0)
+        self.rss_mb = max(self.rss_mb, tree_rss_mb())
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(used - self._start[pid] for pid, used in self._last.items())
+
+    def __enter__(self) -> Resources:
+        def run() -> None:
+            while not self._stop.wait(0.5):
+                self._sample()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 @dataclass(frozen=True)
@@ -331,7 +358,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
     })
     install_catalog(settings, row.specs)
     print(f"{row.name} ...", file=sys.stderr, flush=True)
-    with peak_rss() as rss:
+    with Resources() as rss:
         throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s)
     stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
         RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
@@ -349,7 +376,8 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "transitions": stats.get("transitions", 0) / batches,
         "candidates": stats.get("candidates", 0) / boundaries, "matches": stats.get("matches", 0) / boundaries,
         "selectivity": stats.get("matches", 0) / boundaries * shards / (len(row.specs) * row.keys),
-        "rss_mb": rss[0], "us": us, "cores_us": CORES * wall_ms * 1000 / done,
+        "rss_mb": rss.rss_mb, "us": us, "cores_us": CORES * wall_ms * 1000 / done,
+        "cpu_us": rss.cpu_s * 1e6 / read,
         "restore_share": us["restore"] / operator if operator else float("nan"),
         "restores": [int(stats.get(f"shard_restore_{how}", 0)) for how in RESTORES],
     }
@@ -407,10 +435,15 @@ def latency_run(spark, base: Settings, specs, keys: int, live_rate: int, seconds
     producer = context.Process(target=live_feed, args=(settings.kafka_bootstrap, settings.events_topic, keys,
                                                        live_rate, stop), daemon=True)
     seen: dict[int, dict] = {}
+    deadline = time.monotonic() + 300
+    while query.lastProgress is None and time.monotonic() < deadline:  # start-up (an empty first batch) is not
+        if (failed := query.exception()) is not None:                  # what is measured
+            raise failed
+        time.sleep(0.2)
     begin = time.time()
     producer.start()
     try:
-        with peak_rss() as rss:
+        with Resources() as rss:
             while time.time() - begin < seconds:
                 time.sleep(1)
                 if (failed := query.exception()) is not None:
@@ -423,28 +456,22 @@ def latency_run(spark, base: Settings, specs, keys: int, live_rate: int, seconds
         query.stop()
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     latencies = []
-    warm = begin + min(15, seconds / 2)  # leave out the first seconds: start-up, first batches
+    warm = begin + min(10, seconds / 2)  # leave out the first seconds: the producer's start, first batches
     for entry_id, fields in text_entries(client.xrange(RedisKeys(settings).alerts_stream)):
         written = int(entry_id.split("-")[0]) / 1000
         alert = json.loads(fields["alert"])
         decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000
         if decidable >= warm:
             latencies.append(written - decidable)
-    steady = [p for b, p in sorted(seen.items()) if p["numInputRows"] and _started_s(p) >= warm]
-    wall = sum(p["durationMs"].get("triggerExecution", 0) for p in steady) / 1000
-    processed = sum(p["numInputRows"] for p in steady)
+    fed = [p for _, p in sorted(seen.items()) if p["numInputRows"]]  # batches that completed with events
+    wall = sum(p["durationMs"].get("triggerExecution", 0) for p in fed) / 1000
+    processed = sum(p["numInputRows"] for p in fed)
     return {
-        "latencies": latencies, "batches": len(steady),
-        "batch_rows": processed / max(len(steady), 1), "batch_ms": wall * 1000 / max(len(steady), 1),
-        "rate": processed / (time.time() - warm) if steady else float("nan"),
-        "behind": _behind(settings, steady), "rss_mb": rss[0],
+        "latencies": latencies, "batches": len(fed),
+        "batch_rows": processed / max(len(fed), 1), "batch_ms": wall * 1000 / max(len(fed), 1),
+        "rate": processed / (batch_end_s(fed[-1]) - begin) if fed else float("nan"),
+        "behind": _behind(settings, fed), "rss_mb": rss.rss_mb,
     }
-
-
-def _started_s(progress: dict) -> float:
-    from benchmarks.progress import batch_end_s
-
-    return batch_end_s(progress) - progress["durationMs"].get("triggerExecution", 0) / 1000
 
 
 def _behind(settings: Settings, progress: list[dict]) -> int:
@@ -465,7 +492,7 @@ def peer_rows(spark, base: Settings, specs, args, total_rows: int) -> list[tuple
     rows = []
     for seconds in [int(x) for x in args.spark_windows.split(",") if x]:
         print(f"Spark window() {seconds} s ...", file=sys.stderr, flush=True)
-        with peak_rss() as rss:
+        with Resources() as rss:
             throughput, alerts, progress = spark_window_peer(
                 spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
                 window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=args.peer_batch,
@@ -474,7 +501,7 @@ def peer_rows(spark, base: Settings, specs, args, total_rows: int) -> list[tuple
             )
         batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1)
         print(f"  {throughput} alerts={alerts} batch_ms={batch_ms:.0f}", file=sys.stderr, flush=True)
-        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, rss[0]))
+        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, rss.rss_mb))
     return rows
 
 
@@ -484,14 +511,14 @@ def quix_rows(base: Settings, specs, args, total_rows: int) -> list[tuple[str, f
     rows = []
     for seconds in [int(x) for x in args.quix_windows.split(",") if x]:
         print(f"quixstreams {seconds} s ...", file=sys.stderr, flush=True)
-        with peak_rss() as rss:
+        with Resources() as rss:
             throughput, alerts = quixstreams_peer(
                 bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits, window_ms=seconds * SECOND,
                 state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows, warm_up_rows=args.peer_batch,
                 budget_s=args.budget,
             )
         print(f"  {throughput} alerts={alerts}", file=sys.stderr, flush=True)
-        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, rss[0]))
+        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, rss.rss_mb))
     return rows
 
 
@@ -527,7 +554,7 @@ def main() -> None:
     parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
     parser.add_argument("--quix-windows", default="60", help="window lengths (s) of the quixstreams peer")
     parser.add_argument("--budget", type=float, default=90.0, help="wall seconds per row after warm-up")
-    parser.add_argument("--live-rates", default="5000,20000", help="live feed rates (events/s)")
+    parser.add_argument("--live-rates", default="1000,5000,20000", help="live feed rates (events/s)")
     parser.add_argument("--live-subscriptions", type=int, default=10_000)
     parser.add_argument("--live-seconds", type=int, default=60)
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
@@ -616,10 +643,12 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[in
           x["rate"] / naive[len(r.specs)] if r.mode == "collective" and len(r.specs) in naive else float("nan")]
          for r in runs for x in [results[r.name]]],
     ), (
-        "Where the time goes: µs of task time per record read, both cores summed (rest = 2 cores x batch wall "
-        "time - the stages: shuffle, Arrow transfers, scheduling, state commit, idle cores)",
-        ["row", *STAGES, "rest", "2 cores x wall", "restore share %", "shard restores cached/caught up/rebuilt"],
-        [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"],
+        "Where the time goes: µs per record read. Stages: wall time inside the tasks, both cores summed; rest = "
+        "2 cores x batch wall time - the stages (shuffle, Arrow transfers, scheduling, state commit, idle or "
+        "lent cores); tree CPU = CPU time of the whole process tree, what the row costs on idle cores",
+        ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %",
+         "shard restores cached/caught up/rebuilt"],
+        [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"], x["cpu_us"],
           100 * x["restore_share"], "/".join(map(str, x["restores"]))] for r in runs for x in [results[r.name]]],
     )]
     tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
