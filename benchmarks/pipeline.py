@@ -377,7 +377,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "candidates": stats.get("candidates", 0) / boundaries, "matches": stats.get("matches", 0) / boundaries,
         "selectivity": stats.get("matches", 0) / boundaries * shards / (len(row.specs) * row.keys),
         "rss_mb": rss.rss_mb, "us": us, "cores_us": CORES * wall_ms * 1000 / done,
-        "cpu_us": rss.cpu_s * 1e6 / read,
+        "cpu_us": rss.cpu_s * 1e6 / read, "evaluate_ms": stats.get("evaluate_ms_total", 0) / boundaries,
         "restore_share": us["restore"] / operator if operator else float("nan"),
         "restores": [int(stats.get(f"shard_restore_{how}", 0)) for how in RESTORES],
     }
@@ -546,7 +546,7 @@ def main() -> None:
     parser.add_argument("--subscriptions", default="1000,10000,100000", help="collective rows")
     parser.add_argument("--naive", default="1000", help="naive rows (subscription counts)")
     parser.add_argument("--sweep-caps", default="20000", help="10k collective rows at these caps too")
-    parser.add_argument("--high-selectivity", type=int, default=10_000, help="subscriptions (0: no row)")
+    parser.add_argument("--high-selectivity", default="1000,10000", help="subscription counts of its rows")
     parser.add_argument("--churn", type=int, default=10_000, help="subscriptions (0: no row)")
     parser.add_argument("--churn-turnover", type=int, default=2_000, help="new keys per event-second")
     parser.add_argument("--peer-subscriptions", type=int, default=10_000)
@@ -561,7 +561,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
-        args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", 300, 300, 50
+        args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
         args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
         args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 20
 
@@ -597,10 +597,8 @@ def main() -> None:
     runs += [row(f"naive {short(n)}", mix[n], "naive") for n in counts(args.naive)]
     sweep_n = 10_000 if 10_000 in mix else max(mix)
     runs += [row(f"collective {short(sweep_n)} cap {short(c)}", mix[sweep_n], cap=c) for c in counts(args.sweep_caps)]
-    if args.high_selectivity:
-        n = args.high_selectivity
-        runs.append(row(f"high selectivity {short(n)}",
-                        selective_subscriptions(n, keys, args.rate, args.seconds)))
+    runs += [row(f"high selectivity {short(n)}", selective_subscriptions(n, keys, args.rate, args.seconds))
+             for n in counts(args.high_selectivity)]
     if args.churn:
         runs.append(row(f"key churn {short(args.churn)}", mix[args.churn], topic=churn_topic,
                         n_keys=args.keys + args.seconds * args.churn_turnover))
@@ -647,9 +645,10 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[in
         "2 cores x batch wall time - the stages (shuffle, Arrow transfers, scheduling, state commit, idle or "
         "lent cores); tree CPU = CPU time of the whole process tree, what the row costs on idle cores",
         ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %",
-         "shard restores cached/caught up/rebuilt"],
+         "shard restores cached/caught up/rebuilt", "evaluate ms per shard boundary"],
         [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"], x["cpu_us"],
-          100 * x["restore_share"], "/".join(map(str, x["restores"]))] for r in runs for x in [results[r.name]]],
+          100 * x["restore_share"], "/".join(map(str, x["restores"])), x["evaluate_ms"]]
+         for r in runs for x in [results[r.name]]],
     )]
     tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
               if len(r.specs) == args.peer_subscriptions and r.cap == args.cap and r.topic == "bench-events"
