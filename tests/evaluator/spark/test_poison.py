@@ -112,7 +112,8 @@ def test_poison_and_future_records_cost_only_themselves(spark, settings: Setting
         wait_until(done, query=query)
         assert query.isActive and query.exception() is None
         # several batches, the bad records among them (the sink writes a batch's clocks before Spark reports it)
-        wait_until(lambda: (query.lastProgress or {}).get("batchId", -1) >= 3, timeout_s=30, query=query)
+        wait_until(lambda: query.lastProgress is not None and query.lastProgress["batchId"] >= 3, timeout_s=30,
+                   query=query)
     finally:
         query.stop()
 
