@@ -1,36 +1,47 @@
-"""The whole evaluator pipeline on this machine: Kafka -> Spark -> shard operator -> Redis.
+"""The whole evaluator pipeline on this machine: Kafka -> Spark -> shard operator -> Redis, beside its peers.
 
-    python benchmarks/pipeline.py            # 5,000 keys; 1k / 10k / 100k subscriptions; collective vs naive
-    python benchmarks/pipeline.py --quick    # smoke run
+    python benchmarks/pipeline.py              # the full run (about half an hour on two cores)
+    python benchmarks/pipeline.py --markdown   # ... and the README's tables again as markdown
+    python benchmarks/pipeline.py --quick      # smoke run
 
 Real components: a Tansu broker and a Redis server of its own, one local[2]
 SparkSession running the production query (``evaluator.spark.job.build_query``).
 
-- *Throughput*: a stream of ``--rate`` events per event-second over ``--keys`` keys
-  (Zipf popularity) is published once, pre-serialised and in large producer
-  batches (the publish rate is printed); each configuration runs its own query
-  over it (own checkpoint and Redis prefix), one event-second per micro-batch, as
-  fast as it can. events/s = rows processed after the warm-up (the first three
-  event-seconds: start-up, and the first evaluations where every match fires at
-  once) over the wall time of the batches that processed them, from Spark's
-  progress (``benchmarks/progress.py``), never from the event clock, which the
-  final heartbeat would jump to the end. ``--budget`` wall seconds after the
-  warm-up, then the row says "budget".
+- *Throughput* (backlog drain): a stream of ``--rate`` events per event-second
+  over ``--keys`` keys (Zipf popularity) is published once, pre-serialised and in
+  large librdkafka batches; each row runs its own query over it from the start
+  (own checkpoint and Redis prefix) with the production admission cap
+  (``TOCSIN_SOURCE_MAX_RECORDS_PER_TRIGGER``, ``--cap``), so the backlog drains
+  in batches of the cap. events/s = rows processed after the first batch
+  (start-up, and the first evaluations where every match fires at once) over the
+  wall time of the batches that processed them, from Spark's progress
+  (``benchmarks/progress.py``). ``--budget`` wall seconds after the warm-up, then
+  the row says "budget". Rows: collective at each ``--subscriptions``, naive at
+  ``--naive``, collective at other caps (``--sweep-caps``: the batch-size
+  trade-off), a high-selectivity mix (``--high-selectivity``: thresholds at the
+  per-key quantiles, ~8 % of keys over each) and a key-churn stream (``--churn``:
+  ``--churn-turnover`` new keys per event-second, ``--keys`` active at a time, its
+  own topic).
+- *Where the time goes*, per row, in µs of task time per record read (both
+  cores summed): read (the source's slices), parse (``PaneParser``), the shard
+  operator's restore / evaluate / persist, the sink's Redis writes, all kept in
+  the ``stats:evaluator`` hash; *rest* is 2 cores x the batches' wall time less
+  those: Spark's shuffle, Arrow transfers to and from the Python workers,
+  scheduling, the state store commit -- and idle cores.
 - *Peers* (``benchmarks/peers.py``), on the same topic, data and thresholds
   (``--peer-subscriptions``): Spark's built-in ``window()`` + a threshold join at
   each ``--spark-windows`` length, and a single-process quixstreams hopping-window
-  job at each ``--quix-windows`` length (run before Spark starts), measured the
-  same way; one ratio table.
-- *Latency*: events produced live at ``--live-rate`` per second (event time = now)
-  with 10k subscriptions; for every alert, the time from the moment its window
+  job at each ``--quix-windows`` length (run before Spark starts), ``--peer-batch``
+  records per micro-batch, measured the same way; one ratio table.
+- *Latency*: events produced live at each ``--live-rates`` (event time = now, a
+  producer process of its own) with ``--live-subscriptions`` at a ``--trigger``
+  and the production cap; for every alert, the time from the moment its window
   became complete in the log (window end + allowed delay) to its arrival in the
-  Redis stream.
-- *Where time goes*: Spark's per-trigger durations and the shard operator's own
-  stages (restoring the shard, ingesting + evaluating, persisting the change log).
+  Redis stream, with the batches' size and duration: the latency side of the
+  trade-off.
 
-Collective and naive evaluation and the peers run in the same process on the same
-data; the naive baseline evaluates every subscription on every key at every pane boundary.
-Numbers are printed, never asserted.
+RSS is the peak of the whole process tree (driver, JVM, Python workers) during a
+row. Numbers are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -39,24 +50,27 @@ import argparse
 import bisect
 import contextlib
 import json
+import multiprocessing
 import random
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psutil
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
-from benchmarks.progress import drain
-from benchmarks.report import percentiles, table
-from core.redis_replies import text_entries
+from benchmarks.progress import batch_end_s, drain
+from benchmarks.report import markdown_table, percentiles, table
+from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.services import free_port, start_redis, start_tansu
@@ -66,41 +80,65 @@ from evaluator.spark.session import spark_session
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
-from ingest.publisher import EventPublisher
 from subscriptions.service import publish_catalog
 
 SECOND = 1_000
 WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 1 h
+ZIPF_S = 0.8
+MEAN_VOLUME = 90.0  # int(lognormvariate(4, 1)) + 1
+HEARTBEAT_MS = 200  # live feed heartbeats
+CORES = 2  # local[2]
+
+
+def key_name(i: int) -> str:
+    return f"S{i:05d}"
+
+
+def churn_key_name(i: int) -> str:
+    return f"C{i:07d}"
 
 
 def key_names(n: int) -> list[str]:
-    return [f"S{i:05d}" for i in range(n)]
+    return [key_name(i) for i in range(n)]
 
 
-def stream(keys: list[str], rate: int, seconds: int, start_ms: int, seed: int = 5):
-    """(key, ts, price, volume), time ordered per key, ``rate`` per event-second, Zipf-popular keys."""
+def level(i: int) -> float:
+    """Key ``i`` trades around its own price level, log-uniform between 5 and 1,000."""
+    return round(5 * 200 ** random.Random(i * 7919 + 13).random(), 2)
+
+
+def zipf_weights(n: int) -> np.ndarray:
+    w = 1 / (np.arange(n) + 1.0) ** ZIPF_S
+    return w / w.sum()
+
+
+def stream(n_keys: int, rate: int, seconds: int, start_ms: int, *, seed: int = 5, turnover: int = 0,
+           name: Callable[[int], str] = key_name) -> Iterator[tuple[str, int, float, float]]:
+    """(key, ts, price, volume), ``rate`` per event-second, Zipf-popular among ``n_keys`` active keys.
+
+    With ``turnover`` the active keys slide: at event-second t they are ``t * turnover`` onwards, so
+    ``n_keys + seconds * turnover`` distinct keys pass through the stream.
+    """
     rng = random.Random(seed)
-    weights = [1 / (i + 1) ** 0.8 for i in range(len(keys))]
-    cumulative, total = [], 0.0
-    for w in weights:
-        total += w
-        cumulative.append(total)
-    prices = price_levels(keys)
+    cumulative = np.cumsum(zipf_weights(n_keys)).tolist()
+    prices: dict[int, float] = {}
     for second in range(seconds):
+        base = second * turnover
         for n in range(rate):
-            key = keys[bisect.bisect_left(cumulative, rng.random() * total)]
-            prices[key] = max(1.0, prices[key] * (1 + rng.gauss(0, 0.0005)))
-            yield key, start_ms + second * SECOND + n * SECOND // rate, round(prices[key] * 4) / 4, float(
+            i = base + bisect.bisect_left(cumulative, rng.random() * cumulative[-1])
+            price = prices[i] = max(1.0, prices.get(i) or level(i)) * (1 + rng.gauss(0, 0.0005))
+            yield name(i), start_ms + second * SECOND + n * SECOND // rate, round(price * 4) / 4, float(
                 int(rng.lognormvariate(4, 1)) + 1)
-
-
-def price_levels(keys: list[str]) -> dict[str, float]:
-    """Each symbol trades around its own level, log-uniform between 5 and 1,000."""
-    rng = random.Random(13)
-    return {k: round(5 * 200 ** rng.random(), 2) for k in keys}
+        if turnover:
+            for i in range(base, base + turnover):
+                prices.pop(i, None)  # gone for good: memory stays with the active keys
 
 
 INDEXED = [Aggregate.COUNT, Aggregate.SUM, Aggregate.AVG, Aggregate.MAX, Aggregate.MIN]
+
+
+def _watched(rng: random.Random, keys: list[str]) -> frozenset[str] | None:
+    return frozenset(rng.sample(keys, rng.randint(1, 5))) if rng.random() < 0.2 else None
 
 
 def subscriptions(n: int, keys: list[str], rate: int, seed: int = 9) -> tuple[SubscriptionSpec, ...]:
@@ -115,15 +153,44 @@ def subscriptions(n: int, keys: list[str], rate: int, seed: int = 9) -> tuple[Su
         if aggregate is Aggregate.COUNT:
             condition = Condition(aggregate, None, window, low=float(int(expected_count * rng.uniform(5, 40)) + 1))
         elif aggregate is Aggregate.SUM:
-            condition = Condition(aggregate, "volume", window, low=expected_count * 90 * rng.uniform(8, 60))
+            condition = Condition(aggregate, "volume", window, low=expected_count * MEAN_VOLUME * rng.uniform(8, 60))
         elif aggregate is Aggregate.AVG:
             condition = Condition(aggregate, "price", window, low=5 * 200 ** rng.uniform(0.97, 1.0))
         elif aggregate is Aggregate.MAX:
             condition = Condition(aggregate, "price", window, low=5 * 200 ** rng.uniform(0.97, 1.02))
         else:
             condition = Condition(aggregate, "price", window, high=5 * 200 ** rng.uniform(-0.02, 0.03))
-        watched = frozenset(rng.sample(keys, rng.randint(1, 5))) if rng.random() < 0.2 else None
-        specs.append(SubscriptionSpec(i + 1, condition, watched))
+        specs.append(SubscriptionSpec(i + 1, condition, _watched(rng, keys)))
+    return tuple(specs)
+
+
+def selective_subscriptions(n: int, keys: list[str], rate: int, seconds: int, share: float = 0.08,
+                            seed: int = 11) -> tuple[SubscriptionSpec, ...]:
+    """The same shapes with each threshold at a per-key quantile: about ``share`` of the keys are over it.
+
+    A key's expected window value is its Zipf share of ``rate`` over the part of the window the stream
+    covers (counts, volume sums) or its price level (AVG, MAX, MIN); each subscription takes the
+    ``1 - q`` quantile of those, q drawn around ``share``, so thresholds spread and groups mix.
+    """
+    rng = random.Random(seed)
+    counts = zipf_weights(len(keys)) * rate
+    levels = np.array([level(i) for i in range(len(keys))])
+    specs = []
+    for i in range(n):
+        window = rng.choice(WINDOWS)
+        aggregate = rng.choice(INDEXED)
+        q = share * rng.uniform(0.5, 1.5)
+        horizon_s = min(window / SECOND, seconds)
+        if aggregate is Aggregate.COUNT:
+            condition = Condition(aggregate, None, window, low=float(np.quantile(counts * horizon_s, 1 - q)))
+        elif aggregate is Aggregate.SUM:
+            low = float(np.quantile(counts * horizon_s * MEAN_VOLUME, 1 - q))
+            condition = Condition(aggregate, "volume", window, low=low)
+        elif aggregate in (Aggregate.AVG, Aggregate.MAX):
+            condition = Condition(aggregate, "price", window, low=float(np.quantile(levels, 1 - q)))
+        else:
+            condition = Condition(aggregate, "price", window, high=float(np.quantile(levels, q)))
+        specs.append(SubscriptionSpec(i + 1, condition, _watched(rng, keys)))
     return tuple(specs)
 
 
@@ -132,62 +199,75 @@ def event_value(key: str, ts: int, price: float, volume: float) -> bytes:
     return f'{{"key":"{key}","ts":{ts},"price":{price!r},"volume":{volume!r}}}'.encode()
 
 
-def publish(settings: Settings, events: list[tuple], heartbeat_every_ms: int = 500) -> tuple[int, float]:
-    """Publish pre-serialised events through librdkafka in large batches, partitioned as ``EventPublisher`` does.
-
-    ``murmur2_random`` is the Java (and kafka-python) key hash, so a key lands on the partition the production
-    publisher would choose. Heartbeats go to every partition every ``heartbeat_every_ms`` of event time, and a
-    last one 30 s past the stream so every window closes. Returns (records written, wall seconds).
-    """
+def new_producer(bootstrap: str):
     from confluent_kafka import Producer  # comes with quixstreams (the dev extra)
 
-    key, ts, price, volume = events[0]
-    assert event_value(key, ts, price, volume) == Event(key=key, ts=ts, price=price, volume=volume).to_json()
-    producer = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap, "acks": 1, "linger.ms": 50, "batch.size": 1_000_000,
+    return Producer({
+        "bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 20, "batch.size": 1_000_000,
         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
-        "partitioner": "murmur2_random",
+        "partitioner": "murmur2_random",  # the Java (and kafka-python) key hash: EventPublisher's partitions
     })
-    topic = settings.events_topic
-    partitions = sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions)
 
-    def send(value: bytes, key: bytes | None = None, partition: int = -1) -> None:
+
+class Sender:
+    """Pre-serialised records through librdkafka, waiting whenever its local queue is full."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.producer = new_producer(bootstrap)
+        self.topic = topic
+        self.partitions = sorted(self.producer.list_topics(topic, timeout=10).topics[topic].partitions)
+        self.records = 0
+
+    def send(self, value: bytes, key: bytes | None = None, partition: int = -1) -> None:
         while True:
             try:
-                producer.produce(topic, value, key, partition)
+                self.producer.produce(self.topic, value, key, partition)
+                self.records += 1
                 return
             except BufferError:  # the local queue is full: let librdkafka send some
-                producer.poll(0.05)
+                self.producer.poll(0.05)
 
-    def heartbeat(at: int) -> int:
-        for partition in partitions:
-            send(Heartbeat(partition=partition, ts=at).to_json(), partition=partition)
-        return len(partitions)
+    def event(self, key: str, ts: int, price: float, volume: float) -> None:
+        self.send(event_value(key, ts, price, volume), key.encode())
 
-    records = 0
+    def heartbeat(self, at: int) -> None:
+        for partition in self.partitions:
+            self.send(Heartbeat(partition=partition, ts=at).to_json(), partition=partition)
+
+    def flush(self) -> None:
+        if self.producer.flush(60):
+            raise RuntimeError("records left unsent after 60 s")
+
+
+def publish(settings: Settings, topic: str, events: Iterable[tuple], heartbeat_every_ms: int = 500) -> tuple[int, float]:
+    """Publish a stream as it is generated; heartbeats every ``heartbeat_every_ms`` of event time and one
+    30 s past the end so every window closes. Returns (records written, wall seconds)."""
+    sender = Sender(settings.kafka_bootstrap, topic)
     started = time.monotonic()
-    next_beat = events[0][1] + heartbeat_every_ms
+    next_beat, last_ts = None, 0
     for key, ts, price, volume in events:
+        if next_beat is None:
+            assert event_value(key, ts, price, volume) == Event(key=key, ts=ts, price=price, volume=volume).to_json()
+            next_beat = ts + heartbeat_every_ms
         if ts >= next_beat:
-            records += heartbeat(next_beat)
+            sender.heartbeat(next_beat)
             next_beat += heartbeat_every_ms
-        send(event_value(key, ts, price, volume), key.encode())
-        records += 1
-    records += heartbeat(events[-1][1] + 30 * SECOND)
-    if producer.flush(60):
-        raise RuntimeError("records left unsent after 60 s")
-    return records, time.monotonic() - started
+        sender.event(key, ts, price, volume)
+        last_ts = ts
+    sender.heartbeat(last_ts + 30 * SECOND)
+    sender.flush()
+    return sender.records, time.monotonic() - started
 
 
-def create_event_topic(settings: Settings) -> None:
-    """The event topic with an explicit retention: quixstreams derives its changelog topics' config from it.
+def create_event_topic(settings: Settings, topic: str) -> None:
+    """An event topic with an explicit retention: quixstreams derives its changelog topics' config from it.
 
     Tansu's DescribeConfigs reports no ``retention.ms`` for a topic created without one, and quixstreams
     3.28 then fails with ``KeyError: 'retention.ms'`` (``TopicManager.derive_topic_config``).
     """
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
-        admin.create_topics([NewTopic(settings.events_topic, settings.event_partitions, 1,
+        admin.create_topics([NewTopic(topic, settings.event_partitions, 1,
                                       topic_configs={"retention.ms": "-1", "retention.bytes": "-1"})])
     finally:
         admin.close()
@@ -198,132 +278,247 @@ def install_catalog(settings: Settings, specs: tuple[SubscriptionSpec, ...]) -> 
     publish_catalog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings), Catalog(1, specs))
 
 
-def tree_rss_mb() -> float:
+def _tree() -> list[psutil.Process]:
     me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def tree_rss_mb() -> float:
     total = 0
-    for p in [me, *me.children(recursive=True)]:
+    for p in _tree():
         with contextlib.suppress(psutil.Error):  # a child that just exited
             total += p.memory_info().rss
     return total / 2**20
 
 
-def throughput_run(spark, base: Settings, tag: str, specs, rate: int, total_rows: int, warm_up_rows: int,
-                   budget_s: float, mode: str) -> dict:
+class Resources:
+    """The process tree's peak RSS (MB) and the CPU seconds it used while a block runs, sampled twice a second.
+
+    CPU time does not depend on what else the machine runs, unlike wall time: CPU µs per record is the
+    cost a row would have on idle cores. A process that exits loses at most its last half second.
+    """
+
+    def __init__(self) -> None:
+        self.rss_mb = tree_rss_mb()
+        self._start: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sample(first=True)
+
+    def _sample(self, first: bool = False) -> None:
+        for p in _tree():
+            with contextlib.suppress(psutil.Error):
+                times = p.cpu_times()
+                used = times.user + times.system
+                self._last[p.pid] = used
+                self._start.setdefault(p.pid, used if first else 0.0)
+        self.rss_mb = max(self.rss_mb, tree_rss_mb())
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(used - self._start[pid] for pid, used in self._last.items())
+
+    def __enter__(self) -> Resources:
+        def run() -> None:
+            while not self._stop.wait(0.5):
+                self._sample()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One throughput row: a catalog over a topic, evaluated one way, at one admission cap."""
+
+    name: str
+    specs: tuple[SubscriptionSpec, ...]
+    topic: str
+    mode: str
+    cap: int
+    keys: int  # distinct keys in the stream
+
+
+STAGES = ("read", "parse", "restore", "evaluate", "persist", "sink")
+RESTORES = ("cached", "caught_up", "rebuilt")
+
+
+def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: float) -> dict:
+    tag = row.name.replace(" ", "-").replace(",", "")
     settings = base.model_copy(update={
-        "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}", "evaluator_mode": mode,
-        "source_max_records_per_trigger": rate, "trigger_interval": "0 seconds",
+        "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}",
+        "evaluator_mode": row.mode, "events_topic": row.topic,
+        "source_max_records_per_trigger": row.cap, "trigger_interval": "0 seconds",
     })
-    install_catalog(settings, specs)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    stats_key = RedisKeys(settings).evaluator_stats
-    print(f"{mode} {len(specs):,} subscriptions ...", file=sys.stderr, flush=True)
-    throughput, progress = drain(build_query(spark, settings), total_rows, warm_up_rows, budget_s)
-    stats = client.hgetall(stats_key)
-    boundaries = max(float(stats.get("boundaries", 0)), 1.0)
-    shard_batches = max(float(stats.get("shard_batches", 0)), 1.0)
+    install_catalog(settings, row.specs)
+    print(f"{row.name} ...", file=sys.stderr, flush=True)
+    with Resources() as rss:
+        throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s)
+    stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
+        RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
+    boundaries = max(stats.get("boundaries", 0), 1.0)
     batches = max(len(progress), 1)
+    read = max(stats.get("read_rows", 0), 1.0)
+    wall_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress)
+    done = max(sum(p["numInputRows"] for p in progress), 1)
+    us = {stage: stats.get(f"{stage}_ms_total", 0) * 1000 / read for stage in STAGES}
+    operator = us["restore"] + us["evaluate"] + us["persist"]
+    shards = base.spark_shuffle_partitions
     return {
-        "rate": throughput.rate,
-        "events": throughput.rows,
-        "finished": throughput.finished,
-        "batches": len(progress),
-        "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / batches,
-        "add_batch_ms": sum(p["durationMs"].get("addBatch", 0) for p in progress) / batches,
-        "restore_ms": float(stats.get("restore_ms_total", 0)) / shard_batches,
-        "evaluate_ms": float(stats.get("evaluate_ms_total", 0)) / shard_batches,
-        "persist_ms": float(stats.get("persist_ms_total", 0)) / shard_batches,
-        "sink_ms": float(stats.get("sink_ms_total", 0)) / batches,
-        "transitions": float(stats.get("transitions", 0)) / batches,
-        "candidates": float(stats.get("candidates", 0)) / boundaries,
-        "matches": float(stats.get("matches", 0)) / boundaries,
-        "rss_mb": tree_rss_mb(),
+        "rate": throughput.rate, "events": throughput.rows, "finished": throughput.finished,
+        "batches": len(progress), "batch_rows": done / batches, "batch_ms": wall_ms / batches,
+        "transitions": stats.get("transitions", 0) / batches,
+        "candidates": stats.get("candidates", 0) / boundaries, "matches": stats.get("matches", 0) / boundaries,
+        "selectivity": stats.get("matches", 0) / boundaries * shards / (len(row.specs) * row.keys),
+        "rss_mb": rss.rss_mb, "us": us, "cores_us": CORES * wall_ms * 1000 / done,
+        "cpu_us": rss.cpu_s * 1e6 / read, "evaluate_ms": stats.get("evaluate_ms_total", 0) / boundaries,
+        "restore_share": us["restore"] / operator if operator else float("nan"),
+        "restores": [int(stats.get(f"shard_restore_{how}", 0)) for how in RESTORES],
     }
 
 
-def latency_run(spark, base: Settings, specs, keys: list[str], live_rate: int, seconds: int,
-                trigger_s: int) -> list[float]:
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def live_feed(bootstrap: str, topic: str, keys: int, rate: int, stop) -> None:
+    """Produce ``rate`` events per second with event time = now until ``stop`` (runs in its own process)."""
+    sender = Sender(bootstrap, topic)
+    rng = random.Random(1)
+    cumulative = np.cumsum(zipf_weights(keys)).tolist()
+    prices = [level(i) for i in range(keys)]
+    tick_s = 0.01
+    next_tick = next_beat = time.time()
+    carried = 0.0
+    while not stop.is_set():
+        now = time.time()
+        now_ms = int(now * 1000)
+        carried += rate * tick_s
+        for _ in range(int(carried)):
+            i = bisect.bisect_left(cumulative, rng.random() * cumulative[-1])
+            prices[i] = max(1.0, prices[i] * (1 + rng.gauss(0, 0.0005)))
+            sender.event(key_name(i), now_ms, round(prices[i] * 4) / 4, float(int(rng.lognormvariate(4, 1)) + 1))
+        carried -= int(carried)
+        if now >= next_beat:
+            sender.heartbeat(now_ms)
+            next_beat += HEARTBEAT_MS / 1000
+        sender.producer.poll(0)
+        next_tick += tick_s
+        time.sleep(max(0.0, next_tick - time.time()))
+    sender.flush()
+
+
+def latency_run(spark, base: Settings, specs, keys: int, live_rate: int, seconds: int,
+                trigger_s: float) -> dict:
+    tag = f"{live_rate}-{trigger_s:g}"
     settings = base.model_copy(update={
-        "redis_prefix": f"bench-live-{trigger_s}", "checkpoint_dir": base.data_dir / f"checkpoint-live-{trigger_s}",
-        "events_topic": f"bench-live-{trigger_s}", "dead_letter_topic": f"bench-live-dead-{trigger_s}",
-        "watermark_delay_ms": 500, "trigger_interval": f"{trigger_s} seconds",
+        "redis_prefix": f"bench-live-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-live-{tag}",
+        "events_topic": f"bench-live-{tag}", "dead_letter_topic": f"bench-live-dead-{tag}",
+        "watermark_delay_ms": 500, "trigger_interval": f"{trigger_s:g} seconds",
     })
     ensure_topics(settings)
     install_catalog(settings, specs)
+    print(f"live {live_rate:,} events/s, trigger {trigger_s:g} s ...", file=sys.stderr, flush=True)
     query = build_query(spark, settings)
-    stop = threading.Event()
-
-    def produce() -> None:
-        rng = random.Random(1)
-        prices = price_levels(keys)
-        with EventPublisher(settings) as publisher:
-            next_beat = time.time()
-            while not stop.is_set():
-                tick = time.time()
-                for _ in range(max(1, live_rate // 10)):
-                    key = keys[min(int(rng.paretovariate(1.2)) - 1, len(keys) - 1)]
-                    prices[key] = max(1.0, prices[key] * (1 + rng.gauss(0, 0.0005)))
-                    publisher.publish(Event(key=key, ts=int(time.time() * 1000), price=round(prices[key] * 4) / 4,
-                                            volume=float(int(rng.lognormvariate(4, 1)) + 1)))
-                if time.time() >= next_beat:
-                    publisher.heartbeat(int(time.time() * 1000))
-                    next_beat += 0.2
-                time.sleep(max(0.0, 0.1 - (time.time() - tick)))
-
-    producer = threading.Thread(target=produce, daemon=True)
+    context = multiprocessing.get_context("spawn")  # not a fork of a process holding a JVM gateway
+    stop = context.Event()
+    producer = context.Process(target=live_feed, args=(settings.kafka_bootstrap, settings.events_topic, keys,
+                                                       live_rate, stop), daemon=True)
+    seen: dict[int, dict] = {}
+    deadline = time.monotonic() + 300
+    while query.lastProgress is None and time.monotonic() < deadline:  # start-up (an empty first batch) is not
+        if (failed := query.exception()) is not None:                  # what is measured
+            raise failed
+        time.sleep(0.2)
     begin = time.time()
     producer.start()
     try:
-        for _ in tqdm(range(seconds), desc="live", unit="s", leave=False):
-            time.sleep(1)
-            if (failed := query.exception()) is not None:
-                raise failed
+        with Resources() as rss:
+            while time.time() - begin < seconds:
+                time.sleep(1)
+                if (failed := query.exception()) is not None:
+                    raise failed
+                seen |= {p["batchId"]: p for p in query.recentProgress}
     finally:
         stop.set()
-        producer.join()
+        producer.join(30)
+        seen |= {p["batchId"]: p for p in query.recentProgress}
         query.stop()
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     latencies = []
-    warm = begin + min(15, seconds / 2)  # leave out the first seconds: JIT, first batches
+    warm = begin + min(10, seconds / 2)  # leave out the first seconds: the producer's start, first batches
     for entry_id, fields in text_entries(client.xrange(RedisKeys(settings).alerts_stream)):
         written = int(entry_id.split("-")[0]) / 1000
         alert = json.loads(fields["alert"])
         decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000
         if decidable >= warm:
             latencies.append(written - decidable)
-    return latencies
+    fed = [p for _, p in sorted(seen.items()) if p["numInputRows"]]  # batches that completed with events
+    wall = sum(p["durationMs"].get("triggerExecution", 0) for p in fed) / 1000
+    processed = sum(p["numInputRows"] for p in fed)
+    return {
+        "latencies": latencies, "batches": len(fed),
+        "batch_rows": processed / max(len(fed), 1), "batch_ms": wall * 1000 / max(len(fed), 1),
+        "rate": processed / (batch_end_s(fed[-1]) - begin) if fed else float("nan"),
+        "behind": _behind(settings, fed), "rss_mb": rss.rss_mb,
+    }
 
 
-def peer_rows(spark, base: Settings, specs, args, total_rows: int, warm_up_rows: int) -> list[tuple[str, float, float]]:
-    """(name, events/s, RSS MB) of the Spark ``window()`` peer at each window length."""
+def _behind(settings: Settings, progress: list[dict]) -> int:
+    """Records in the log the query had not read when it stopped: its lag."""
+    from ingest.kafka import topic_end_offsets
+
+    if not progress:
+        return -1
+    read = json.loads(json.dumps(progress[-1]["sources"][0]["endOffset"]))
+    read = json.loads(read) if isinstance(read, str) else read
+    ends = topic_end_offsets(settings, settings.events_topic)
+    return sum(end - int(read.get(str(p), 0)) for p, end in ends.items())
+
+
+def peer_rows(spark, base: Settings, specs, args, total_rows: int) -> list[tuple[str, float, float]]:
+    """(name, events/s, peak RSS MB) of the Spark ``window()`` peer at each window length."""
     limits = thresholds(specs)
     rows = []
     for seconds in [int(x) for x in args.spark_windows.split(",") if x]:
         print(f"Spark window() {seconds} s ...", file=sys.stderr, flush=True)
-        throughput, alerts, progress = spark_window_peer(
-            spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
-            window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=args.rate,
-            checkpoint=base.data_dir / f"checkpoint-spark-window-{seconds}", total_rows=total_rows,
-            warm_up_rows=warm_up_rows, budget_s=args.budget,
-        )
+        with Resources() as rss:
+            throughput, alerts, progress = spark_window_peer(
+                spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
+                window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=args.peer_batch,
+                checkpoint=base.data_dir / f"checkpoint-spark-window-{seconds}", total_rows=total_rows,
+                warm_up_rows=args.peer_batch, budget_s=args.budget,
+            )
         batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1)
         print(f"  {throughput} alerts={alerts} batch_ms={batch_ms:.0f}", file=sys.stderr, flush=True)
-        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, tree_rss_mb()))
+        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, rss.rss_mb))
     return rows
 
 
-def quix_rows(base: Settings, specs, args, total_rows: int, warm_up_rows: int) -> list[tuple[str, float, float]]:
-    """(name, events/s, RSS MB) of the quixstreams peer at each window length; run before Spark starts."""
+def quix_rows(base: Settings, specs, args, total_rows: int) -> list[tuple[str, float, float]]:
+    """(name, events/s, peak RSS MB) of the quixstreams peer at each window length; run before Spark starts."""
     limits = thresholds(specs)
     rows = []
     for seconds in [int(x) for x in args.quix_windows.split(",") if x]:
         print(f"quixstreams {seconds} s ...", file=sys.stderr, flush=True)
-        throughput, alerts = quixstreams_peer(
-            bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits, window_ms=seconds * SECOND,
-            state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows, warm_up_rows=warm_up_rows,
-            budget_s=args.budget,
-        )
+        with Resources() as rss:
+            throughput, alerts = quixstreams_peer(
+                bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits, window_ms=seconds * SECOND,
+                state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows, warm_up_rows=args.peer_batch,
+                budget_s=args.budget,
+            )
         print(f"  {throughput} alerts={alerts}", file=sys.stderr, flush=True)
-        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, tree_rss_mb()))
+        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, rss.rss_mb))
     return rows
 
 
@@ -331,28 +526,47 @@ def window_label(seconds: int) -> str:
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
+def counts(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def short(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
 def main() -> None:
+    default_cap = Settings.model_fields["source_max_records_per_trigger"].default
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
-    parser.add_argument("--keys", type=int, default=5_000)
-    parser.add_argument("--rate", type=int, default=5_000, help="events per event-second (and per micro-batch)")
-    parser.add_argument("--seconds", type=int, default=40, help="event-seconds in the stream")
-    parser.add_argument("--subscriptions", default="1000,10000,100000")
-    parser.add_argument("--naive-up-to", type=int, default=10_000, help="largest subscription count run naively")
-    parser.add_argument("--peer-subscriptions", type=int, default=10_000,
-                        help="the subscription count the peers check (one of --subscriptions)")
+    parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown (README)")
+    parser.add_argument("--keys", type=int, default=5_000, help="keys (active at a time, in the churn stream)")
+    parser.add_argument("--rate", type=int, default=20_000, help="events per event-second")
+    parser.add_argument("--seconds", type=int, default=50, help="event-seconds in the stream")
+    parser.add_argument("--cap", type=int, default=default_cap, help="records per micro-batch (admission cap)")
+    parser.add_argument("--subscriptions", default="1000,10000,100000", help="collective rows")
+    parser.add_argument("--naive", default="1000", help="naive rows (subscription counts)")
+    parser.add_argument("--sweep-caps", default="20000", help="10k collective rows at these caps too")
+    parser.add_argument("--high-selectivity", default="1000,10000", help="subscription counts of its rows")
+    parser.add_argument("--churn", type=int, default=10_000, help="subscriptions (0: no row)")
+    parser.add_argument("--churn-turnover", type=int, default=2_000, help="new keys per event-second")
+    parser.add_argument("--peer-subscriptions", type=int, default=10_000)
+    parser.add_argument("--peer-batch", type=int, default=20_000, help="records per micro-batch of the peers")
     parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
     parser.add_argument("--quix-windows", default="60", help="window lengths (s) of the quixstreams peer")
-    parser.add_argument("--budget", type=float, default=150.0, help="wall seconds per configuration after warm-up")
-    parser.add_argument("--live-rate", type=int, default=1_000)
+    parser.add_argument("--budget", type=float, default=90.0, help="wall seconds per row after warm-up")
+    parser.add_argument("--live-rates", default="1000,5000,20000", help="live feed rates (events/s)")
+    parser.add_argument("--live-subscriptions", type=int, default=10_000)
     parser.add_argument("--live-seconds", type=int, default=60)
-    parser.add_argument("--triggers", default="1,2", help="trigger intervals (s) of the live runs")
+    parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
     args = parser.parse_args()
     if args.quick:
-        args.keys, args.rate, args.seconds, args.subscriptions = 200, 200, 4, "300"
-        args.budget, args.live_rate, args.live_seconds, args.triggers = 30.0, 100, 20, "1"
-        args.peer_subscriptions, args.spark_windows = 300, "60"
+        args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
+        args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
+        args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
+        args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 20
 
+    load_before = psutil.getloadavg()
+    begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     work = Path(tempfile.mkdtemp(prefix="tocsin-bench-pipeline-"))
     kafka_port, redis_port = free_port(), free_port()
     broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
@@ -364,68 +578,108 @@ def main() -> None:
     )
     keys = key_names(args.keys)
     start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
-    events = list(stream(keys, args.rate, args.seconds, start_ms))
-    create_event_topic(base)
-    total_rows, publish_s = publish(base, events)
-    print(f"published {total_rows:,} records in {publish_s:.1f} s: {total_rows / publish_s:,.0f} records/s",
-          flush=True)
-    warm_up_rows = min(3 * args.rate, total_rows // 2)  # start-up, and the first evaluations where every match fires
-    peer_specs = subscriptions(args.peer_subscriptions, keys, args.rate)
+    create_event_topic(base, base.events_topic)
+    total_rows, publish_s = publish(base, base.events_topic, stream(args.keys, args.rate, args.seconds, start_ms))
+    print(f"published {total_rows:,} records in {publish_s:.1f} s", file=sys.stderr, flush=True)
+    churn_topic, churn_rows = "bench-churn", 0
+    if args.churn:
+        create_event_topic(base, churn_topic)
+        churn_rows, _ = publish(base, churn_topic, stream(args.keys, args.rate, args.seconds, start_ms,
+                                                          turnover=args.churn_turnover, name=churn_key_name))
+
+    def row(name: str, specs, mode: str = "collective", cap: int = args.cap, topic: str = base.events_topic,
+            n_keys: int = args.keys) -> Row:
+        return Row(name, specs, topic, mode, cap, n_keys)
+
+    mix = {n: subscriptions(n, keys, args.rate) for n in {*counts(args.subscriptions), *counts(args.naive),
+                                                          args.peer_subscriptions, args.churn} if n}
+    runs = [row(f"collective {short(n)}", mix[n]) for n in counts(args.subscriptions)]
+    runs += [row(f"naive {short(n)}", mix[n], "naive") for n in counts(args.naive)]
+    sweep_n = 10_000 if 10_000 in mix else max(mix)
+    runs += [row(f"collective {short(sweep_n)} cap {short(c)}", mix[sweep_n], cap=c) for c in counts(args.sweep_caps)]
+    runs += [row(f"high selectivity {short(n)}", selective_subscriptions(n, keys, args.rate, args.seconds))
+             for n in counts(args.high_selectivity)]
+    if args.churn:
+        runs.append(row(f"key churn {short(args.churn)}", mix[args.churn], topic=churn_topic,
+                        n_keys=args.keys + args.seconds * args.churn_turnover))
+    peer_specs = mix[args.peer_subscriptions]
     peers: list[tuple[str, float, float]] = []
+    results: dict[str, dict] = {}
+    live: dict[int, dict] = {}
     spark = None
-    rows, naive_rates, tocsin = [], {}, []
     try:
-        peers += quix_rows(base, peer_specs, args, total_rows, warm_up_rows)
+        peers += quix_rows(base, peer_specs, args, total_rows)
         spark = spark_session(base, "tocsin-benchmark")
-        for n in [int(x) for x in args.subscriptions.split(",")]:
-            specs = subscriptions(n, keys, args.rate)
-            modes = ["naive", "collective"] if n <= args.naive_up_to else ["collective"]
-            for mode in modes:
-                r = throughput_run(spark, base, f"{mode}-{n}", specs, args.rate, total_rows, warm_up_rows,
-                                   args.budget, mode)
-                if mode == "naive":
-                    naive_rates[n] = r["rate"]
-                if n == args.peer_subscriptions:
-                    tocsin.append((f"Tocsin {mode}", r["rate"], r["rss_mb"]))
-                ratio = r["rate"] / naive_rates[n] if n in naive_rates else float("nan")
-                rows.append([f"{n:,}", mode, r["rate"], r["events"], "yes" if r["finished"] else "budget",
-                             r["batch_ms"], r["add_batch_ms"], r["restore_ms"], r["evaluate_ms"], r["persist_ms"],
-                             r["sink_ms"], r["transitions"], r["candidates"], r["matches"], r["rss_mb"], ratio])
-        peers = peer_rows(spark, base, peer_specs, args, total_rows, warm_up_rows) + peers
-        live_specs = subscriptions(10_000 if not args.quick else 300, keys, args.live_rate)
-        latencies = {t: latency_run(spark, base, live_specs, keys, args.live_rate, args.live_seconds, t)
-                     for t in [int(x) for x in args.triggers.split(",")]}
+        for r in runs:
+            results[r.name] = throughput_run(spark, base, r, churn_rows if r.topic == churn_topic else total_rows,
+                                             args.budget)
+        peers = peer_rows(spark, base, peer_specs, args, total_rows) + peers
+        live_specs = subscriptions(args.live_subscriptions, keys, max(counts(args.live_rates)))
+        live = {rate: latency_run(spark, base, live_specs, args.keys, rate, args.live_seconds, args.trigger)
+                for rate in counts(args.live_rates)}
     finally:
         if spark is not None:
             spark.stop()
         broker.stop()
         redis_server.stop()
+    load_after = psutil.getloadavg()
+    report(args, runs, results, peers, live, total_rows, publish_s, begun, load_before, load_after)
 
-    print(f"\nPublished {total_rows:,} records (events and heartbeats) in {publish_s:.1f} s: "
-          f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
-    table(
-        f"Sustained throughput, {args.keys:,} keys, {args.rate:,} events per event-second, one event-second per "
-        "micro-batch, local[2]; events/s = rows processed after the warm-up / wall time of their batches "
-        "(per-batch and per-shard-batch means, ms)",
-        ["subscriptions", "evaluation", "events/s", "events done", "finished", "batch ms", "addBatch ms",
-         "restore ms", "evaluate ms", "persist ms", "sink ms", "transitions/batch", "candidates/boundary",
-         "matches/boundary", "RSS MB", "vs naive"],
-        rows,
-    )
-    table(
+
+def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[int, dict],
+           total_rows: int, publish_s: float, begun: str, load_before, load_after) -> None:
+    naive = {len(r.specs): results[r.name]["rate"] for r in runs if r.mode == "naive"}
+    tables = [(
+        f"Sustained throughput (backlog drain), {args.rate:,} events per event-second, {args.seconds} event-seconds, "
+        "local[2]; events/s = rows processed after the first batch / wall time of their batches",
+        ["row", "subscriptions", "keys", "events/s", "events done", "finished", "batches", "events/batch",
+         "batch ms", "transitions/batch", "candidates/boundary", "matches/boundary", "selectivity %",
+         "peak RSS MB", "vs naive"],
+        [[r.name, f"{len(r.specs):,}", f"{r.keys:,}", x["rate"], x["events"], "yes" if x["finished"] else "budget",
+          x["batches"], x["batch_rows"], x["batch_ms"], x["transitions"], x["candidates"], x["matches"],
+          100 * x["selectivity"], x["rss_mb"],
+          x["rate"] / naive[len(r.specs)] if r.mode == "collective" and len(r.specs) in naive else float("nan")]
+         for r in runs for x in [results[r.name]]],
+    ), (
+        "Where the time goes: µs per record read. Stages: wall time inside the tasks, both cores summed; rest = "
+        "2 cores x batch wall time - the stages (shuffle, Arrow transfers, scheduling, state commit, idle or "
+        "lent cores); tree CPU = CPU time of the whole process tree, what the row costs on idle cores",
+        ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %",
+         "shard restores cached/caught up/rebuilt", "evaluate ms per shard boundary"],
+        [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"], x["cpu_us"],
+          100 * x["restore_share"], "/".join(map(str, x["restores"])), x["evaluate_ms"]]
+         for r in runs for x in [results[r.name]]],
+    )]
+    tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
+              if len(r.specs) == args.peer_subscriptions and r.cap == args.cap and r.topic == "bench-events"
+              and not r.name.startswith("high")]
+    tables.append((
         f"Peers: {args.peer_subscriptions:,} subscriptions' thresholds, the same topic and data, rows processed "
-        "per wall second (RSS: the process tree when the row ended; Spark rows include the JVM)",
-        ["pipeline", "events/s", "RSS MB", *(f"x {name}" for name, *_ in peers)],
+        f"per wall second (Tocsin at {args.cap:,} records per batch, peers at {args.peer_batch:,}; peak RSS of "
+        "the process tree, Spark rows include the JVM)",
+        ["pipeline", "events/s", "peak RSS MB", *(f"x {name}" for name, *_ in peers)],
         [[name, rate, rss, *(rate / other if other > 0 else float("nan") for _, other, _ in peers)]
          for name, rate, rss in tocsin + peers],
-    )
-    table(
-        f"Alert latency, live stream at {args.live_rate:,} events/s, {len(live_specs):,} subscriptions, "
-        "allowed delay 0.5 s (window complete in the log -> alert in Redis)",
-        ["trigger s", "alerts", "p50 s", "p95 s", "p99 s", "max s", "p99 / trigger"],
-        [[t, len(lat), *(percentiles(lat, (50, 95, 99, 100), 1.0) if lat else [float("nan")] * 4),
-          percentiles(lat, (99,), 1.0)[0] / t if lat else float("nan")] for t, lat in latencies.items()],
-    )
+    ))
+    tables.append((
+        f"Alert latency, live feed, {args.live_subscriptions:,} subscriptions, trigger {args.trigger:g} s, "
+        f"cap {args.cap:,}, allowed delay 0.5 s (window complete in the log -> alert in Redis)",
+        ["feed events/s", "processed events/s", "events/batch", "batch ms", "lag at end", "alerts", "p50 s",
+         "p95 s", "p99 s", "max s", "peak RSS MB"],
+        [[f"{rate:,}", x["rate"], x["batch_rows"], x["batch_ms"], f"{x['behind']:,}", len(x["latencies"]),
+          *(percentiles(x["latencies"], (50, 95, 99, 100), 1.0) if x["latencies"] else [float("nan")] * 4),
+          x["rss_mb"]] for rate, x in live.items()],
+    ))
+    print(f"\nPublished {total_rows:,} records (events and heartbeats) in {publish_s:.1f} s: "
+          f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
+    load = f"load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end"
+    print(f"Run of {begun}, {psutil.cpu_count()} cores, {load}")
+    for title, header, rows in tables:
+        table(title, header, rows)
+    if args.markdown:
+        print(f"\n<!-- benchmarks/pipeline.py --markdown, {begun}, {load} -->")
+        for title, header, rows in tables:
+            markdown_table(title, header, rows)
 
 
 if __name__ == "__main__":

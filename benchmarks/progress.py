@@ -55,11 +55,14 @@ def batch_end_s(progress: dict[str, Any]) -> float:
 def drain(query: Any, total_rows: int, warm_up_rows: int, budget_s: float) -> tuple[Throughput, list[dict]]:
     """Run a Spark streaming query until it has read ``total_rows`` or spent ``budget_s`` past its warm-up.
 
+    A batch under way when the budget runs out is awaited if no batch has completed since the warm-up,
+    so a row of slow batches still gets a rate (within ``WARM_UP_LIMIT_S``).
+
     Progress is collected while it runs (Spark keeps only the recent batches), then the query is stopped.
     Returns the throughput and the progress of every batch that read rows, in order.
     """
     seen: dict[int, dict] = {}
-    started, warm_at = time.monotonic(), None
+    started, warm_at, warmed = time.monotonic(), None, 0
     try:
         while True:
             if (failed := query.exception()) is not None:
@@ -70,10 +73,13 @@ def drain(query: Any, total_rows: int, warm_up_rows: int, budget_s: float) -> tu
             done = sum(p["numInputRows"] for p in seen.values())
             now = time.monotonic()
             if warm_at is None and done >= warm_up_rows:
-                warm_at = now
+                warm_at, warmed = now, done
             if done >= total_rows:
                 break
-            if now - (warm_at or started) > (budget_s if warm_at is not None else WARM_UP_LIMIT_S):
+            if warm_at is None and now - started > WARM_UP_LIMIT_S:
+                break
+            # past the budget, stop once a batch after the warm-up has completed (a rate to report) or the limit
+            if warm_at is not None and now - warm_at > budget_s and (done > warmed or now - warm_at > WARM_UP_LIMIT_S):
                 break
             time.sleep(0.25)
     finally:

@@ -8,15 +8,28 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def cell(c: object) -> str:
+    return f"{c:,.0f}" if isinstance(c, float) and abs(c) >= 100 else f"{c:.3g}" if isinstance(c, float) else str(c)
+
+
 def table(title: str, header: list[str], rows: list[list[object]]) -> None:
-    cells = [header] + [[f"{c:,.0f}" if isinstance(c, float) and abs(c) >= 100 else
-                         f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    cells = [header] + [[cell(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     print(f"\n{title}")
     print("  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in cells[1:]:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def markdown_table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    """The same table as markdown, to paste into the README."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|:---|" + "|".join("---:" for _ in header[1:]) + "|")
+    for row in rows:
+        print("| " + " | ".join(cell(c) for c in row) + " |")
     sys.stdout.flush()
 
 

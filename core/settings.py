@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = Field(4, ge=1)
     trigger_interval: str = Field(
-        "5 seconds", description="micro-batch trigger: longer batches amortise Spark's fixed cost per batch"
+        "1 second", description="micro-batch trigger: a batch takes what arrived since the last (README: batching)"
     )
     checkpoint_dir: Path | None = None  # defaults to data_dir/checkpoints/evaluator
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
@@ -56,7 +56,9 @@ class Settings(BaseSettings):
     quantile_max_window_ms: int = Field(
         3_600_000, ge=0, description="longest QUANTILE window: shards keep every event value this long (0: off)"
     )
-    source_max_records_per_trigger: int | None = Field(None, ge=1)
+    source_max_records_per_trigger: int | None = Field(
+        100_000, ge=1, description="admission cap per micro-batch: a backlog drains in batches this large (None: all)"
+    )
     evaluator_mode: Literal["collective", "naive"] = Field(
         "collective", description="collective indexes, or every subscription on every key (the baseline)"
     )

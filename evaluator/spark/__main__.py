@@ -124,7 +124,7 @@ def main() -> None:
             return
         query = build_query(spark, settings)
         log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path),
-                 trigger=settings.trigger_interval)
+                 trigger=settings.trigger_interval, max_records_per_batch=settings.source_max_records_per_trigger)
         _follow(query, stats, keys, stop)
     finally:
         stop.set()

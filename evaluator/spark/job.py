@@ -15,11 +15,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 from pyspark.sql.streaming import StreamingQuery
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.parse import PANES_SCHEMA, PaneParser
 from evaluator.spark.sink import TRANSITIONS_SCHEMA, RedisAlertSink
-from evaluator.spark.source import stop_file
+from evaluator.spark.source import SOURCE_NAME, stop_file
 from ingest.kafka import new_consumer, partitions_of
 
 
@@ -35,6 +36,28 @@ def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
     return tuple(first[p] for p in sorted(first)[:shards])
 
 
+def source_options(settings: Settings) -> dict[str, str]:
+    """The Kafka source's options: each micro-batch takes what arrived, up to the admission cap.
+
+    The cap (``TOCSIN_SOURCE_MAX_RECORDS_PER_TRIGGER``) matters only with a backlog (a restart, a
+    burst): it drains in batches that large, each amortising Spark's fixed cost per batch, instead of
+    one batch holding everything. Live, a batch holds what arrived during the previous one.
+    """
+    options = {
+        "bootstrap": settings.kafka_bootstrap,
+        "topic": settings.events_topic,
+        "requestTimeoutMs": str(settings.kafka_request_timeout_ms),
+        "maxRecordBytes": str(settings.max_record_bytes),
+        "keepBytes": str(settings.dead_letter_raw_bytes),
+        "stopFile": str(stop_file(settings).resolve()),
+        "statsUrl": settings.redis_url,
+        "statsKey": RedisKeys(settings).evaluator_stats,
+    }
+    if settings.source_max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = str(settings.source_max_records_per_trigger)
+    return options
+
+
 def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
     consumer = new_consumer(settings)
     try:
@@ -42,17 +65,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
     finally:
         consumer.close()
     shard_ids = shard_ids_for(spark, settings.evaluator_shards or settings.spark_shuffle_partitions)
-    reader = (
-        spark.readStream.format("tocsin_kafka")
-        .option("bootstrap", settings.kafka_bootstrap)
-        .option("topic", settings.events_topic)
-        .option("requestTimeoutMs", str(settings.kafka_request_timeout_ms))
-        .option("maxRecordBytes", str(settings.max_record_bytes))
-        .option("keepBytes", str(settings.dead_letter_raw_bytes))
-        .option("stopFile", str(stop_file(settings).resolve()))
-    )
-    if settings.source_max_records_per_trigger:
-        reader = reader.option("maxRecordsPerTrigger", str(settings.source_max_records_per_trigger))
+    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings))
     panes = (
         reader.load()
         .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256",

@@ -28,12 +28,21 @@ def number(cell: str) -> float:
 @pytest.mark.spark
 def test_quick_run_prints_every_table() -> None:
     stdout = run_quick("pipeline.py", timeout_s=900)
-    for title in ("Sustained throughput", "Alert latency", "vs naive", "evaluate ms", "p99 s", "records/s"):
+    for title in ("Sustained throughput", "Where the time goes", "Peers:", "Alert latency", "records/s"):
         assert title in stdout
 
     throughput = table_rows(stdout, "Sustained throughput")
-    assert [cells[1] for cells in throughput] == ["naive", "collective"]
-    assert all(number(cells[2]) > 0 for cells in throughput), throughput  # events/s from rows processed
+    assert [cells[0] for cells in throughput] == ["collective 300", "naive 300", "high selectivity 300",
+                                                  "key churn 300"]
+    assert all(number(cells[3]) > 0 for cells in throughput), throughput  # events/s from rows processed
+    assert all(number(cells[13]) > 0 for cells in throughput), throughput  # peak RSS of the process tree
+
+    stages = {cells[0]: cells[1:] for cells in table_rows(stdout, "Where the time goes")}
+    assert set(stages) == {cells[0] for cells in throughput}
+    for name, (read, parse, _, evaluate, *_, total, share, restores, per_boundary) in stages.items():
+        assert number(per_boundary) > 0, (name, per_boundary)
+        assert all(number(c) > 0 for c in (read, parse, evaluate, total)), (name, stages[name])
+        assert 0 <= number(share) <= 100 and len(restores.split("/")) == 3, (name, share, restores)
 
     peers = {cells[0]: cells[1:] for cells in table_rows(stdout, "Peers:")}
     assert set(peers) == {"Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"}
@@ -41,3 +50,6 @@ def test_quick_run_prints_every_table() -> None:
         assert number(rate) > 0 and number(rss) > 0, (name, rate, rss)
         assert len(ratios) == 2 and all(number(r) > 0 for r in ratios), (name, ratios)
     assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
+
+    [live] = table_rows(stdout, "Alert latency")
+    assert number(live[1]) > 0 and int(live[5]) > 0, live  # processed events/s, alerts

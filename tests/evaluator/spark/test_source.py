@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import redis
 from kafka import KafkaProducer
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.spark.job import source_options
 from evaluator.spark.source import KafkaStreamReader, split_limit
 from ingest.kafka import ensure_topics, topic_end_offsets
 
@@ -63,6 +66,36 @@ def test_read_limit_is_respected_and_fair() -> None:
     assert split_limit(start, end, 10_000) == {**start, **end}
 
 
+def test_a_backlog_drains_in_batches_of_the_cap_with_nothing_lost_or_read_twice(settings: Settings) -> None:
+    """Spark's loop over the driver side: each batch is what is available up to the settings' cap."""
+    ensure_topics(settings)
+    total = produce(settings, {0: 130, 1: 61, 2: 9}, "backlog")
+    cap = 45
+    src = KafkaStreamReader(source_options(settings.model_copy(update={"source_max_records_per_trigger": cap})))
+    assert src.getDefaultReadLimit() == ReadMaxRows(cap)
+    start, sizes, got = src.initialOffset(), [], []
+    while (end := src.latestOffset(start, src.getDefaultReadLimit())) != start:
+        batch = [row for part in src.partitions(start, end) for row in rows(src, part)]
+        sizes.append(len(batch))
+        got += batch
+        start = end
+    assert sizes == [cap] * (total // cap) + [total % cap]  # full batches while a backlog lasts, then the rest
+    assert sorted((r[1], r[2]) for r in got) == sorted(
+        [(0, i) for i in range(130)] + [(1, i) for i in range(61)] + [(2, i) for i in range(9)])
+    stats = redis.Redis.from_url(settings.redis_url).hgetall(RedisKeys(settings).evaluator_stats)
+    assert int(stats[b"read_rows"]) == total and float(stats[b"read_ms_total"]) > 0  # the per-stage profile
+    produce(settings, {1: 3}, "live")  # caught up: the next batch is what arrived, however small
+    assert sum(p.end - p.start for p in src.partitions(start, src.latestOffset(start, src.getDefaultReadLimit()))) == 3
+
+
+def test_the_default_cap_admits_a_backlog_in_large_batches() -> None:
+    """Large enough that a batch's fixed cost is amortised, bounded so a long backlog never becomes one batch."""
+    defaults = {name: field.default for name, field in Settings.model_fields.items()}
+    cap = defaults["source_max_records_per_trigger"]
+    assert cap is not None and 50_000 <= cap <= 1_000_000
+    assert defaults["trigger_interval"] == "1 second"
+
+
 def _read_all(spark, settings: Settings, checkpoint: str, trigger: dict, sink: str) -> StreamingQuery:
     stream = (
         spark.readStream.format("tocsin_kafka")
@@ -83,7 +116,7 @@ def test_spark_reads_each_record_exactly_once_across_restarts(spark, settings: S
     first = produce(settings, {0: 40, 1: 23, 2: 17}, "first")
     checkpoint, sink = str(tmp_path / "checkpoint"), str(tmp_path / "sink")
 
-    def run_until(expected: int) -> None:
+    def run_until(expected: int, new: int) -> None:
         if mode == "availableNow":
             query = _read_all(spark, settings, checkpoint, {"availableNow": True}, sink)
             query.awaitTermination(120)
@@ -96,16 +129,18 @@ def test_spark_reads_each_record_exactly_once_across_restarts(spark, settings: S
                         break
             finally:
                 query.stop()
-            assert max(p["numInputRows"] for p in query.recentProgress) <= 25  # maxRecordsPerTrigger holds
         assert query.exception() is None
+        read = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert max(read) <= 25, read  # maxRecordsPerTrigger holds, for availableNow too
+        assert sum(read) == new, read  # the backlog drained in several capped batches, each record once
 
-    run_until(first)
+    run_until(first, first)
     got = spark.read.parquet(sink)
     assert got.count() == first
     assert got.select("partition", "offset").distinct().count() == first
 
     second = produce(settings, {0: 5, 1: 11, 2: 31}, "second")
-    run_until(first + second)  # restart from the checkpoint
+    run_until(first + second, second)  # restart from the checkpoint
     got = spark.read.parquet(sink)
     pairs = got.select("partition", "offset").distinct().count()
     assert got.count() == first + second, "a record was read twice or lost across the restart"
