@@ -6,15 +6,18 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
+from evaluator.spark.catalog_source import caught_up
 from tests.users import api_client, new_user, sign_in
 
 
 def published(settings: Settings) -> Catalog:
-    raw = redis.Redis.from_url(settings.redis_url).get(RedisKeys(settings).catalog_snapshot)
-    return Catalog.decode(raw) if raw else Catalog.empty()
+    """The catalog a new evaluator reader sees (the snapshot, if any, and the changes after it)."""
+    log = CatalogLog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings))
+    return caught_up(log, Catalog.empty(), settings.catalog_snapshot_every)
 
 
 def make_endpoint(api: TestClient) -> dict:
