@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from evaluator.catalog import Catalog, CatalogChange
+from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
 from subscriptions.channel_kinds import endpoint_kind, secret_kinds
@@ -108,9 +108,8 @@ class CatalogPublisher:
     def rewrite_snapshot(self) -> bool:
         """Bring the snapshot forward by the log (no database read): what new or lagging readers start from."""
         read = self.log.read_with_snapshot()
-        base = Catalog.decode(read.snapshot) if read.snapshot else Catalog.empty()
-        catalog = base.brought_forward(read.entries, keep=0)
-        return catalog.version > base.version and self.log.publish_snapshot(catalog.version, catalog.encode(), rewrite=True)
+        version, snapshot = rewritten_snapshot(read.snapshot, read.entries)
+        return version > read.snapshot_version and self.log.publish_snapshot(version, snapshot, rewrite=True)
 
     def resnapshot(self) -> bool:
         """Publish the whole catalog from the database under a version newer than any Redis holds.

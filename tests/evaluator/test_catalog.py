@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evaluator import catalog as catalog_module
-from evaluator.catalog import Catalog, CatalogChange
+from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import SubscriptionSpec
 from subscriptions.language import parse_condition
 
@@ -82,6 +82,8 @@ def test_brought_forward_applies_the_contiguous_run_and_stops_at_a_gap(start: li
     for c in changes:
         expected = rebuilt(expected, c)
     assert full.subscriptions == expected
+    version, snapshot = rewritten_snapshot(catalog.encode() if at or start else None, log)  # the JSON-level rewrite
+    assert version == full.version and Catalog.decode(snapshot).subscriptions == expected
     if len(changes) - at >= 2:  # lose one change after the reader's version: it stops before it
         lost = data.draw(st.integers(at + 1, len(changes)))
         partial = catalog.brought_forward([e for e in log if e[0] != lost])
