@@ -212,9 +212,9 @@ def shard(n: int, keys: int, events: int, batches: int, rate: int, seed: int) ->
     step_ms: tuple[list[float], list[float]] = ([], [])
     apply_ms = []
     for second in range(1, batches + 1):
-        started = time.perf_counter()
+        changes = []
         for _ in range(rate):  # 60 % edits, 20 % new subscriptions, 20 % deletions or pauses
-            i, kind, version = rng.randrange(len(live)), rng.random(), changing.version + 1
+            i, kind, version = rng.randrange(len(live)), rng.random(), changing.version + 1 + len(changes)
             if kind < 0.6:
                 change = CatalogChange(version, (spec(rng, live[i], keys),))
             elif kind < 0.8:
@@ -224,6 +224,9 @@ def shard(n: int, keys: int, events: int, batches: int, rate: int, seed: int) ->
                 change = CatalogChange(version, removals=(live[i],))
                 live[i] = live[-1]
                 live.pop()
+            changes.append(change)
+        started = time.perf_counter()
+        for change in changes:
             changing = changing.applied(change)
         apply_ms.append((time.perf_counter() - started) * 1_000)
         rows_in = stream(keys, events, second, numbers)
