@@ -180,6 +180,22 @@ def readers(settings: Settings, per_poll: int, polls: int) -> list[list[object]]
             [f"a new reader (snapshot + {len(full.entries)} changes)", new_ms, ""]]
 
 
+def applying(n: int, keys: int, changes: int, seed: int) -> list[list[object]]:
+    """``Catalog.applied`` per change, against rebuilding the catalog from its specs (what a version cost before)."""
+    rng = random.Random(seed)
+    catalog = Catalog(1, tuple(spec(rng, sid, keys) for sid in range(1, n + 1)))
+    diffs = [CatalogChange(2 + j, (spec(rng, rng.randint(1, n), keys),)) for j in range(changes)]
+
+    def apply_all() -> None:
+        latest = catalog
+        for diff in diffs:
+            latest = latest.applied(diff)
+
+    diff_ms = timed(apply_all, 1) / changes
+    rebuild_ms = timed(lambda: Catalog(2, catalog.subscriptions[1:]).for_key("K0"), 3)
+    return [["before: rebuild (specs by id, key index)", rebuild_ms], ["after: Catalog.applied", diff_ms]]
+
+
 def stream(keys: int, events: int, second: int, rng: np.random.Generator) -> PaneRows:
     """One second of events (one pane per key that has any), built with NumPy."""
     key_ids = np.sort(rng.integers(0, keys, events))
@@ -212,7 +228,7 @@ def shard(n: int, keys: int, events: int, batches: int, rate: int, seed: int) ->
     step_ms: tuple[list[float], list[float]] = ([], [])
     apply_ms = []
     for second in range(1, batches + 1):
-        changes = []
+        changes: list[CatalogChange] = []
         for _ in range(rate):  # 60 % edits, 20 % new subscriptions, 20 % deletions or pauses
             i, kind, version = rng.randrange(len(live)), rng.random(), changing.version + 1 + len(changes)
             if kind < 0.6:
@@ -271,6 +287,8 @@ def main() -> None:
                   ["how", "changes", "ms/change", "of which publishing", "KB to Redis/change"], published)
             table(f"A reader catching up, {args.rate} changes/s, polled every {REFRESH_S} s",
                   ["how", "ms/poll", "ms/change"], read)
+            table(f"Applying one change to a catalog of {args.subscriptions:,} subscriptions",
+                  ["how", "ms/change"], applying(args.subscriptions, args.keys, args.changes, seed=14))
         finally:
             server.stop()
     n = args.shard_subscriptions or args.subscriptions
