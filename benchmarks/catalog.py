@@ -184,6 +184,7 @@ def applying(n: int, keys: int, changes: int, seed: int) -> list[list[object]]:
     """``Catalog.applied`` per change, against rebuilding the catalog from its specs (what a version cost before)."""
     rng = random.Random(seed)
     catalog = Catalog(1, tuple(spec(rng, sid, keys) for sid in range(1, n + 1)))
+    changes = max(changes, 3_000)  # enough for the overlay to be folded into new bases several times
     diffs = [CatalogChange(2 + j, (spec(rng, rng.randint(1, n), keys),)) for j in range(changes)]
 
     def apply_all() -> None:
