@@ -1,7 +1,10 @@
 """Where things live in Redis, in one place for every writer and reader.
 
-- ``subscriptions:version`` / ``subscriptions:snapshot``: the active catalog the
-  evaluator loads (written by the subscriptions service);
+- ``subscriptions:version``: the newest catalog version published; ``subscriptions:changes``:
+  a Stream of the catalog's changes, entry id ``<version>-0``, so stream order is version order;
+  ``subscriptions:snapshot`` / ``subscriptions:snapshot-version``: the whole catalog at some
+  version the change log reaches back to, for new or lagging readers (see ``core.catalog_log``;
+  written by the subscriptions service, read by the evaluator);
 - ``alerts``: a Stream of transitions (written by the evaluator sink, consumed by
   the notifier's dispatcher in the ``notifier`` group);
 - ``alerts:dead``: stream entries the dispatcher could not read as a transition, with the reason;
@@ -70,6 +73,8 @@ class RedisKeys:
         k = settings.redis_key
         self.catalog_version = k("subscriptions", "version")
         self.catalog_snapshot = k("subscriptions", "snapshot")
+        self.catalog_snapshot_version = k("subscriptions", "snapshot-version")
+        self.catalog_changes = k("subscriptions", "changes")
         self.alerts_stream = k("alerts")
         self.alerts_dead = k("alerts", "dead")  # stream entries the dispatcher could not read, with the reason
         self.evaluator_stats = k("stats", "evaluator")

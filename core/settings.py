@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         1_000, ge=1, description="keys one subscription may name (bounds what one change adds to the catalog)"
     )
     user_max_tokens: int = Field(20, ge=0)
+    # The catalog travels to the evaluator as versioned diffs (see subscriptions.service, core.catalog_log).
+    catalog_snapshot_every: int = Field(1_000, ge=1, description="catalog changes between full snapshots in Redis; the "
+                                        "change log keeps as many before the snapshot, and readers remember as many")
+    catalog_gap_wait_s: float = Field(0.5, ge=0, description="how long a catalog change waits for its predecessor's "
+                                      "publication before publishing a full snapshot from the database instead")
     # Limits a public service needs (see web.limits); rates in the notation of `limits`: "10/minute", "5 per hour".
     request_max_bytes: int = Field(1_048_576, ge=1_024, description="largest request body; larger ones get a 413")
     rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")

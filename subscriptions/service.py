@@ -1,26 +1,35 @@
 """Subscription and endpoint operations, scoped to their owner, and publishing the catalog to the evaluator.
 
-Every change bumps the catalog version in the same transaction; after commit the
-active subscriptions are published to Redis with that version by a script that
-refuses to overwrite a newer snapshot, so concurrent writers cannot publish out
-of order.
+Every change bumps the catalog version in the same transaction; after commit just
+that change (the subscription's spec, or its removal) is appended to the catalog's
+change log in Redis at that version (``core.catalog_log``), in time proportional to
+the change. A change whose predecessor is not there yet waits for it a moment
+(``catalog_gap_wait_s``: two processes may commit v and v+1 and publish out of order);
+one that still cannot be appended, or finds a newer version there (Redis lost its data,
+or a writer died between commit and publication), publishes the whole catalog from the
+database under a new version instead. Every ``catalog_snapshot_every`` changes the
+snapshot for new readers is rewritten from the old one and the log, so its cost is
+amortised over the changes.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
 import redis
+import structlog
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from evaluator.catalog import Catalog
+from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
 from subscriptions.channel_kinds import endpoint_kind, secret_kinds
@@ -30,21 +39,24 @@ from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
 from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 
-_PUBLISH_IF_NEWER = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > current then
-  redis.call('SET', KEYS[2], ARGV[2])
-  redis.call('SET', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
+log = structlog.get_logger("subscriptions")
+
+_GAP_POLLS = 50  # how many times a change looks for its predecessor within catalog_gap_wait_s
 
 
 def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> bool:
-    """Publish ``catalog`` for the evaluator unless Redis already holds a newer one."""
-    script = client.register_script(_PUBLISH_IF_NEWER)
-    return bool(script(keys=[keys.catalog_version, keys.catalog_snapshot], args=[catalog.version, catalog.encode()]))
+    """Publish ``catalog`` whole for the evaluator unless Redis already holds a newer version."""
+    return CatalogLog(client, keys).publish_snapshot(catalog.version, catalog.encode())
+
+
+def subscription_spec(subscription: Subscription) -> SubscriptionSpec:
+    """What the evaluator is told of a subscription."""
+    return SubscriptionSpec(
+        id=subscription.id,
+        condition=Condition.from_dict(subscription.condition_spec),
+        keys=frozenset(subscription.keys) if subscription.keys is not None else None,
+        text=subscription.condition,
+    )
 
 
 class CatalogPublisher:
@@ -55,50 +67,78 @@ class CatalogPublisher:
         self.settings = settings
         self.redis = redis_client
         self.keys = RedisKeys(settings)
+        self.log = CatalogLog(redis_client, self.keys, settings.catalog_snapshot_every)
 
-    def commit_change(self) -> None:
-        """Commit the session's change with a new catalog version, then publish that catalog."""
+    def _bump(self, at_least: int = 0) -> int:
+        """A new catalog version in the session's transaction; the row lock orders concurrent writers."""
         row = self.session.get(CatalogVersion, 1, with_for_update=True)
         if row is None:
             row = CatalogVersion(id=1, version=0)
             self.session.add(row)
-        row.version += 1
+        row.version = max(row.version, at_least) + 1
         self.session.flush()
-        catalog = self.catalog(row.version)
+        return row.version
+
+    def commit_change(self, subscription: Subscription, removed: bool = False) -> None:
+        """Commit the session's change to ``subscription`` with a new catalog version, then publish that change."""
+        version = self._bump()
+        if subscription.active and not removed:
+            change = CatalogChange(version, upserts=(subscription_spec(subscription),))
+        else:
+            change = CatalogChange(version, removals=(subscription.id,))
         self.session.commit()
-        self.publish(catalog)
+        self.publish_change(change)
+
+    def publish_change(self, change: CatalogChange) -> None:
+        """Append ``change`` to the log (waiting a moment for its predecessor), else publish the whole catalog."""
+        payload = change.encode()
+        deadline = time.monotonic() + self.settings.catalog_gap_wait_s
+        status, snapshot_version = self.log.append(change.version, payload)
+        while status is Appended.GAP and time.monotonic() < deadline:
+            time.sleep(self.settings.catalog_gap_wait_s / _GAP_POLLS)
+            status, snapshot_version = self.log.append(change.version, payload)
+        if status is not Appended.APPENDED:
+            log.info("catalog_change_not_appended", version=change.version, outcome=status.name)
+            self.resnapshot()
+            return
+        since = change.version - snapshot_version
+        if since >= self.settings.catalog_snapshot_every and since % self.settings.catalog_snapshot_every == 0:
+            self.rewrite_snapshot()
+
+    def rewrite_snapshot(self) -> bool:
+        """Bring the snapshot forward by the log (no database read): what new or lagging readers start from."""
+        read = self.log.read_with_snapshot()
+        version, snapshot = rewritten_snapshot(read.snapshot, read.entries)
+        return version > read.snapshot_version and self.log.publish_snapshot(version, snapshot, rewrite=True)
+
+    def resnapshot(self) -> bool:
+        """Publish the whole catalog from the database under a version newer than any Redis holds.
+
+        The version is bumped so the read is consistent on every database (the row lock, a write
+        transaction on SQLite) and so the snapshot is newer than every change published before it.
+        """
+        version = self._bump(at_least=self.log.version())
+        catalog = self.catalog(version)
+        self.session.commit()
+        return self.publish(catalog)
 
     def catalog(self, version: int) -> Catalog:
+        """Every active subscription, read from the database: O(subscriptions), for whole snapshots only."""
         active = self.session.scalars(select(Subscription).where(Subscription.active).order_by(Subscription.id))
-        return Catalog(
-            version,
-            tuple(
-                SubscriptionSpec(
-                    id=s.id,
-                    condition=Condition.from_dict(s.condition_spec),
-                    keys=frozenset(s.keys) if s.keys is not None else None,
-                    text=s.condition,
-                )
-                for s in active
-            ),
-        )
+        return Catalog(version, tuple(subscription_spec(s) for s in active))
 
     def publish(self, catalog: Catalog) -> bool:
         return publish_catalog(self.redis, self.keys, catalog)
 
     def republish(self) -> bool:
-        """Publish the current catalog (at start-up, or after Redis lost its data)."""
+        """At start-up: publish the whole catalog when Redis does not hold the database's version (it lost its
+        data, missed a change, or the database was reset)."""
         row = self.session.get(CatalogVersion, 1)
         version = row.version if row else 0
-        current = int(self.redis.get(self.keys.catalog_version) or 0)
-        if current > version:  # Redis is ahead of this database (e.g. the DB was reset): restart numbering
-            version = current + 1
-            if row is None:
-                row = CatalogVersion(id=1, version=version)
-                self.session.add(row)
-            row.version = version
-            self.session.commit()
-        return self.publish(self.catalog(version)) if version else False
+        self.session.rollback()  # end the read: resnapshot locks the row afresh
+        if version == self.log.version():
+            return False
+        return self.resnapshot()
 
 
 def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.Pipeline,
@@ -232,13 +272,13 @@ class SubscriptionService:
         subscription = Subscription(owner_id=self.owner.id)
         self._assign(subscription, data)
         self.session.add(subscription)
-        self.catalogs.commit_change()
+        self.catalogs.commit_change(subscription)
         return subscription
 
     def update(self, subscription_id: int, data: SubscriptionIn) -> Subscription:
         subscription = self.get(subscription_id)
         self._assign(subscription, data)
-        self.catalogs.commit_change()
+        self.catalogs.commit_change(subscription)
         return subscription
 
     def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
@@ -257,7 +297,7 @@ class SubscriptionService:
     def set_active(self, subscription_id: int, active: bool) -> Subscription:
         subscription = self.get(subscription_id)
         subscription.active = active
-        self.catalogs.commit_change()
+        self.catalogs.commit_change(subscription)
         return subscription
 
     def set_muted(self, subscription_id: int, until: datetime | None) -> Subscription:
@@ -269,8 +309,9 @@ class SubscriptionService:
         return subscription
 
     def delete(self, subscription_id: int) -> None:
-        self.session.delete(self.get(subscription_id))
-        self.catalogs.commit_change()
+        subscription = self.get(subscription_id)
+        self.session.delete(subscription)
+        self.catalogs.commit_change(subscription, removed=True)
         forget_subscription(self.redis, self.keys, subscription_id)
 
     def get(self, subscription_id: int) -> Subscription:

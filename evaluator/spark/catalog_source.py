@@ -1,10 +1,12 @@
 """Reading what the web app asks of the evaluator, inside Spark's Python workers.
 
-The subscription catalog: the version number is checked at most every
-``refresh_s`` and the snapshot is re-read only when it changed, so edits take
-effect within one trigger without restarting the query and without a Redis
-round trip per key. Condition previews: one-off questions every shard answers
-once (see ``web.conditions``).
+The subscription catalog: at most every ``refresh_s`` one round trip reads the newest
+version and the changes after the one held, which are applied in time proportional to
+them (``Catalog.applied``); the whole snapshot is read only by a new reader, one the
+change log no longer reaches back to, or when the version went backwards (Redis lost
+its data and was republished). Edits take effect within one trigger without
+restarting the query and without a Redis round trip per key. Condition previews:
+one-off questions every shard answers once (see ``web.conditions``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 import redis
 import structlog
 
+from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
@@ -22,12 +25,36 @@ from evaluator.preview import PreviewRequest
 log = structlog.get_logger("evaluator")
 
 
+def caught_up(source: CatalogLog, catalog: Catalog, keep: int) -> Catalog:
+    """``catalog`` brought to the newest version published, remembering up to ``keep`` changes.
+
+    By the changes after it when the log reaches back to it, else from the snapshot and the changes
+    after the snapshot. Nothing published (Redis lost its data and nobody republished yet) keeps it.
+    """
+    read = source.read(after=catalog.version)
+    if read.version in (0, catalog.version):
+        return catalog
+    if read.version > catalog.version:
+        ahead = catalog.brought_forward(read.entries, keep)
+        if ahead.version == read.version:
+            return ahead
+    full = source.read_with_snapshot()
+    base = Catalog.decode(full.snapshot) if full.snapshot else Catalog.empty()
+    reloaded = base.brought_forward(full.entries, keep)
+    if full.version == 0 or reloaded.version != full.version:  # the invariants of core.catalog_log say never
+        log.warning("catalog_unreachable", held=catalog.version, published=full.version, reached=reloaded.version)
+        return catalog
+    return reloaded
+
+
 class CatalogSource:
     def __init__(self, settings: Settings, refresh_s: float = 0.2) -> None:
         self.keys = RedisKeys(settings)
         self.refresh_s = refresh_s
         self.preview_max_age_s = settings.preview_timeout_s
         self.redis = redis.Redis.from_url(settings.redis_url)
+        self.catalog_log = CatalogLog(self.redis, self.keys)
+        self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()
         self._checked = 0.0
         self._answered: dict[tuple[int, str], float] = {}  # (shard, request) -> when, in this worker
@@ -57,11 +84,7 @@ class CatalogSource:
         now = time.monotonic()
         if now - self._checked >= self.refresh_s:
             self._checked = now
-            version = int(self.redis.get(self.keys.catalog_version) or 0)
-            if version != self._catalog.version:
-                raw: bytes | None = self.redis.get(self.keys.catalog_snapshot)  # type: ignore[assignment]  # bytes: no decode_responses
-                if raw is not None:
-                    self._catalog = Catalog.decode(raw)
+            self._catalog = caught_up(self.catalog_log, self._catalog, self.keep)
         return self._catalog
 
 

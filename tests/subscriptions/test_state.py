@@ -113,4 +113,4 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
     decision = redis_client.get(RedisKeys(b).decision(_transition(sid_b, "AAPL", 1_700_000_120_000)["alert_id"]))
     assert '"reason": null' in decision
     # The catalogs are apart too: each evaluator reads its own deployment's.
-    assert redis_client.exists(RedisKeys(a).catalog_snapshot, RedisKeys(b).catalog_snapshot) == 2
+    assert redis_client.exists(RedisKeys(a).catalog_changes, RedisKeys(b).catalog_changes) == 2

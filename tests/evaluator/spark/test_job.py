@@ -9,9 +9,10 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
+from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
-from evaluator.catalog import Catalog
+from evaluator.catalog import Catalog, CatalogChange
 from evaluator.spark.job import build_query
 from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
@@ -122,8 +123,11 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
         publish_busy_key(settings, base)
         wait(query, lambda: {(t["subscription_id"], t["state"]) for t in transitions(settings)} == {(1, "firing")})
 
-        # Without restarting the query: subscription 1 goes away (no resolution), 2 arrives and fires at once.
-        publish_catalog(settings, SubscriptionSpec(2, parse_condition("SUM(volume) OVER 5s >= 3")), version=2)
+        # Without restarting the query: subscription 1 goes away (no resolution), 2 arrives and fires at once,
+        # in one diff of the change log, as the web app publishes them.
+        change = CatalogChange(2, (SubscriptionSpec(2, parse_condition("SUM(volume) OVER 5s >= 3")),), (1,))
+        log = CatalogLog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings))
+        assert log.append(2, change.encode())[0] is Appended.APPENDED
         time.sleep(0.5)  # the workers re-read the version at most every 0.2 s
         with EventPublisher(settings) as publisher:
             publisher.heartbeat(base + 5_000)

@@ -6,15 +6,18 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
+from evaluator.spark.catalog_source import caught_up
 from tests.users import api_client, new_user, sign_in
 
 
 def published(settings: Settings) -> Catalog:
-    raw = redis.Redis.from_url(settings.redis_url).get(RedisKeys(settings).catalog_snapshot)
-    return Catalog.decode(raw) if raw else Catalog.empty()
+    """The catalog a new evaluator reader sees (the snapshot, if any, and the changes after it)."""
+    log = CatalogLog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings))
+    return caught_up(log, Catalog.empty(), settings.catalog_snapshot_every)
 
 
 def make_endpoint(api: TestClient) -> dict:
@@ -169,3 +172,40 @@ def test_dead_letters_are_listed_with_a_replay_button(api: TestClient, settings:
         assert api.delete("/api/dead-letters/n1:4").status_code == 204
         assert api.delete("/api/dead-letters/n1:4").status_code == 404
         assert "None: every delivery" in browser.get("/ops/dead-letters").text
+
+
+def test_each_change_publishes_one_diff_and_reads_no_other_subscription(api: TestClient, settings: Settings,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from evaluator.catalog import CatalogChange
+    from subscriptions.service import CatalogPublisher
+
+    def whole_catalog(*_: object) -> Catalog:
+        raise AssertionError("a change read every subscription")
+
+    monkeypatch.setattr(CatalogPublisher, "catalog", whole_catalog)
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = RedisKeys(settings)
+    log = CatalogLog(client, keys)
+    other = api.post("/api/subscriptions", json={"name": "o", "condition": "COUNT(*) OVER 1m >= 3"}).json()
+    body = {"name": "x", "condition": "SUM(volume) OVER 5m > 1", "keys": ["AAPL"]}
+
+    def change(method: str, path: str, **kwargs: object) -> CatalogChange:
+        before = log.read(after=0)
+        response = api.request(method, path, **kwargs)
+        assert response.status_code < 300, response.text
+        after = log.read(after=before.version)
+        assert after.version == before.version + 1 and len(after.entries) == 1
+        assert not client.exists(keys.catalog_snapshot), "a snapshot was published"
+        return CatalogChange.decode(after.entries[0][1])
+
+    created = change("POST", "/api/subscriptions", json=body)
+    [spec] = created.upserts
+    assert created.removals == () and spec.keys == frozenset({"AAPL"})
+    sid = spec.id
+    edited = change("PUT", f"/api/subscriptions/{sid}", json={**body, "keys": None})
+    assert [s.keys for s in edited.upserts] == [None] and edited.upserts[0].id == sid
+    assert change("POST", f"/api/subscriptions/{sid}/pause") == CatalogChange(edited.version + 1, (), (sid,))
+    assert [s.id for s in change("POST", f"/api/subscriptions/{sid}/resume").upserts] == [sid]
+    assert change("PUT", f"/api/subscriptions/{sid}", json={**body, "active": False}).removals == (sid,)
+    assert change("DELETE", f"/api/subscriptions/{sid}").removals == (sid,)
+    assert [s.id for s in published(settings).subscriptions] == [other["id"]]
