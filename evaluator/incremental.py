@@ -284,7 +284,8 @@ class GroupState:
         value = self.empty if k is None else float(self.values[k])
         known = k is not None and bool(ctx.known[k])
         was = name in ctx.firing.get(sid, ())
-        now = (known or was) and self.restricted[sid].condition.holds(value)
+        spec = self.restricted[sid]
+        now = (known or was) and name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # restricted
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value))]
 
     def _full(self, ctx: Context, sid: int) -> list[Flip]:
@@ -293,7 +294,8 @@ class GroupState:
         ctx.work["full"] += 1
         spec = self.everyone.get(sid) or self.restricted[sid]
         if spec.keys is not None:
-            return [f for name in sorted(spec.keys) for f in self._one(ctx, sid, name, ctx.ids.get(name))]
+            names = spec.keys | ctx.firing.get(sid, set())  # an edit may have left keys it no longer names
+            return [f for name in sorted(names) for f in self._one(ctx, sid, name, ctx.ids.get(name))]
         members = self.members
         m = members.row[sid]
         capacity = self.values.size
