@@ -97,7 +97,7 @@ def _step(shard: ShardEvaluator, batch, end: int, catalog: Catalog, stats: Batch
 @given(batches=disordered(), catalog=catalogs())
 def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog) -> None:
     batches, end = _batches(batches)
-    seen = _catalogs(*catalog, len(batches))
+    seen = _catalogs(catalog[0], catalog[1], len(batches))
     shards = {plan: ShardEvaluator(config) for plan, config in PLANS.items()}
     for batch, cat in zip(batches, seen, strict=True):
         outputs = {}
@@ -130,7 +130,7 @@ def test_snapshots_and_replayed_deltas_continue_exactly(batches, catalog, split:
     """A copy restored from a snapshot, and a stale cached copy that replays the deltas it missed, evaluate the
     rest of the stream exactly as the original."""
     batches, end = _batches(batches)
-    seen = _catalogs(*catalog, len(batches))
+    seen = _catalogs(catalog[0], catalog[1], len(batches))
     split = min(split, len(batches) - 1)
     stale_at = max(split - behind, 0)
     original = ShardEvaluator(PLANS["incremental"])
