@@ -93,6 +93,7 @@ class Members:
     def __init__(self, specs: list[SubscriptionSpec]) -> None:
         self.specs = sorted(specs, key=lambda s: s.id)
         self.row = {s.id: i for i, s in enumerate(self.specs)}
+        self.sids = np.array([s.id for s in self.specs], dtype=np.int64)
         ranges = [s.condition.accepted for s in self.specs]
         width = max((len(r) for r in ranges), default=1)
         shape = (len(ranges), width)
@@ -152,7 +153,8 @@ class Members:
         return key[flip], member[flip], now[flip], total
 
 
-Flip = tuple[str, int, int, str, float | None]  # (group order, subscription, 0 firing / 1 resolved, key, value)
+# (group order, subscription, 0 firing / 1 resolved, key, value, window): sorted, the transitions' order
+Flip = tuple[str, int, int, str, float | None, int]
 
 
 @dataclass
@@ -257,10 +259,12 @@ class GroupState:
             key, member, now, candidates = members.flips(old[r], new[r])
             ctx.work["candidates"] += candidates
             keep = ~fresh[member]
-            for k, m, accepted in zip(ids[r][key[keep]].tolist(), member[keep].tolist(), now[keep].tolist(),
-                                      strict=True):
-                flips.append((self.order, members.specs[m].id, 0 if accepted else 1, ctx.names[k] or "",
-                              _value(self.values[k])))
+            changed = ids[r][key[keep]]
+            values = self.values[changed]
+            order, window, names = self.order, self.window_ms, ctx.names
+            flips += [(order, sid, 0 if accepted else 1, names[k] or "", None if v != v else v, window)
+                      for k, sid, accepted, v in zip(changed.tolist(), members.sids[member[keep]].tolist(),
+                                                     now[keep].tolist(), values.tolist(), strict=True)]
             for k in ids[moved & ~regular].tolist():  # decided against the firing sets
                 ctx.work["explicit"] += 1
                 name = ctx.names[k] or ""
@@ -269,7 +273,7 @@ class GroupState:
                 now_mask = members.holding(self.values[k]) & (bool(ctx.known[k]) | was) & ~fresh
                 for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
                     flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
-                                  _value(self.values[k])))
+                                  _value(self.values[k]), self.window_ms))
         if self.restricted:
             for k in ids[moved & ctx.restricted[ids]].tolist():
                 name = ctx.names[k]
@@ -286,7 +290,7 @@ class GroupState:
         was = name in ctx.firing.get(sid, ())
         spec = self.restricted[sid]
         now = (known or was) and name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # restricted
-        return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value))]
+        return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
     def _full(self, ctx: Context, sid: int) -> list[Flip]:
         """A new or edited member against every key: a vectorised test over the values array."""
@@ -303,5 +307,5 @@ class GroupState:
         was = np.zeros(capacity, dtype=bool)
         was[[ctx.ids[name] for name in ctx.firing.get(sid, ())]] = True
         now = holds & (ctx.known | was)
-        return [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]))
+        return [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
                 for k in np.flatnonzero(now != was).tolist()]

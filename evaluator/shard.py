@@ -599,22 +599,20 @@ class ShardEvaluator:
         flips = self._flips(boundary, stats) if self._incremental else self._full_flips(boundary, stats)
         flips.sort(key=_key_order)
         transitions = []
-        for _, sid, state_rank, key, value in flips:
+        firing, by_key, changes = self.firing, self._firing_by_key, delta.changes
+        for _, sid, state_rank, key, value, window_ms in flips:
             state: State = "firing" if state_rank == 0 else "resolved"
-            window_ms = self._window_of(sid)
             transitions.append(Transition(alert_id(sid, key, state, boundary), sid, key, state, value,
                                           boundary - window_ms, boundary, boundary))
-            delta.changes.append((sid, key, state))
-            self._set_state(sid, key, state)
+            changes.append((sid, key, state))
+            if state_rank == 0:  # _set_state, inlined: this loop is per transition
+                firing.setdefault(sid, set()).add(key)
+                by_key.setdefault(key, set()).add(sid)
+            else:
+                self._set_state(sid, key, state)
         stats.transitions += len(transitions)
         self._recycle()
         return transitions
-
-    def _window_of(self, sid: int) -> int:
-        key = self._of_spec.get(sid)
-        if key is not None:
-            return int(key[2])
-        return next(s.condition.window_ms for s in self._catalog.subscriptions if s.id == sid)
 
     def _restricted_mask(self) -> np.ndarray:
         """Per key id: named by some key-restricted subscription (cached until the catalog or the key table change)."""
@@ -711,9 +709,10 @@ class ShardEvaluator:
                 stats.matches += len(matched)
                 for key in matched - was:
                     value = values.get(key) if values is not None else None
-                    flips.append((order, spec.id, 0, key, self.value(c, key, now) if value is None else value))
+                    flips.append((order, spec.id, 0, key, self.value(c, key, now) if value is None else value,
+                                  c.window_ms))
                 for key in was - matched:
-                    flips.append((order, spec.id, 1, key, self.value(c, key, now)))
+                    flips.append((order, spec.id, 1, key, self.value(c, key, now), c.window_ms))
         self._trusted = False  # the incremental state was not kept up to date
         self._maybe_free += self.running.clear_dirty().tolist()
         return flips
