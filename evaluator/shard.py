@@ -1,4 +1,4 @@
-"""One evaluator shard: the keys hashed to it, their collective indexes, and their alerts.
+"""One evaluator shard: the keys hashed to it, their panes and running windows, and their alerts.
 
 Pure (no I/O); the Spark adapter feeds it pane rows and source progress each
 micro-batch and stores what it returns.
@@ -21,25 +21,38 @@ a catalog change or a late pane (``stale``). So a day with nothing to do costs o
 step, not 86,400, whatever is firing; and the clock never depends on what other
 keys of the shard are doing.
 
-Panes. A pane joins the collective indexes once complete (its boundary passed),
-in pane order, as the indexes require. A pane row arriving after that (a late
-event) is inserted out of order by the indexes' correction path and counts in
-every later window that covers it (WID's generous semantics); one that no window
-still to come covers (it starts at or before ``evaluated_at - horizon``) is dropped
-and counted. Because the clock follows the watermark even while the shard is
-idle, the same event is late, or too late, whether or not other keys keep the
-shard busy. Rows with a non-finite value never reach an index (the parser
-refuses them; the shard drops and counts any that get through).
+Panes. A pane joins the store (evaluator/panestore.py: the horizon's panes as columns,
+per key id) once complete, in pane order, and every running window aggregate moves with it.
+A pane row arriving after that (a late event) is merged into the store and into every
+window that covers it now, and counts in every later window that covers it (WID's generous
+semantics); one that no window still to come covers (it starts at or before
+``evaluated_at - horizon``) is dropped and counted. Because the clock follows the watermark
+even while the shard is idle, the same event is late, or too late, whether or not other keys
+keep the shard busy. Rows with a non-finite value never reach the store (the parser refuses
+them; the shard drops and counts any that get through).
 
-Evaluation. Subscriptions are grouped by (aggregate, attribute, window). Per
-group and boundary, one index lookup per range of the group's loosest ranges
-(the members' accepted ranges, merged) returns the candidates with their exact
-values (CI-COUNT / CI-SUM with verification, the MAX/MIN staircases); aggregates
-without an index (AVG, those over each key's events, expressions) are computed
-per watched key. Which index answers an aggregate, and how its value is computed,
-is declared in evaluator/aggregates.py. Each subscription then takes its ranges
-of the values sorted once. ``collective=False`` evaluates every subscription on
-every key one by one instead: the baseline.
+Evaluation. Subscriptions are grouped by (aggregate, attribute, window, ...): the value they
+ask per key. The default plan (``plan="incremental"``, evaluator/incremental.py) is output
+sensitive: between two evaluated boundaries only keys that gained or lost a pane in some
+window (or the horizon), or got a late pane, can change value; per group, a values array
+over key ids is updated for those keys only, by array expressions over the running
+aggregates (COUNT, exact SUM, MIN, MAX; AVG and expressions combined from them), except
+QUANTILE and LAST, computed per changed key from its retained events because no summary
+answers them. For a key moving from ``o`` to ``n``, the members that flip are those with a
+range endpoint between the two (a searchsorted slice of the group's sorted endpoints),
+verified exactly; a key becoming known or unknown, a value appearing or vanishing, or a copy
+of the shard that replayed another's batches is decided against the firing sets. Members
+new or edited (catalog diffs, applied one subscription at a time) are tested against the
+whole values array at the next boundary. Semantics are those of the other plans, which stay:
+``plan="index"`` evaluates every group in full by collective index lookups (CI-COUNT /
+CI-SUM with verification, the MAX/MIN staircases, built from the store on demand, as for
+previews), and ``collective=False`` evaluates every subscription on every key one by one:
+the baseline. Transitions come in one order whatever the plan: groups in ``_order``, then
+subscription id, firing before resolved, then key.
+
+Keys. A key is watched by a subscription while it has a pane in the horizon or is firing
+for it (a no-data alert keeps firing); its id is released once it is neither, so memory
+follows the active keys, not every key ever seen.
 """
 
 from __future__ import annotations
