@@ -22,6 +22,7 @@ cost only when one of those keys changes.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,7 +171,31 @@ class Context:
     firing: dict[int, set[str]]
     firing_by_key: dict[str, set[int]]
     restricted: np.ndarray  # per key id: named by some key-restricted member
-    work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("changed", "candidates", "full", "explicit"), 0))
+    costs: PlanCosts
+    work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("changed", "candidates", "full", "explicit", "scans"), 0))
+
+
+@dataclass
+class PlanCosts:
+    """Measured seconds per unit of work of the two ways to find a group's flips, as moving averages, so each
+    group and boundary takes the cheaper: per changed key (units: endpoint candidates, plus members per key
+    decided explicitly) or a scan of every member over the values array (units: members x keys). Both give
+    the same flips; only the cost differs (the adaptive choice Arasu & Widom leave as future work)."""
+
+    per_key: float = 1e-6
+    scan: float = 5e-8
+    weight: float = 0.2
+    force: str | None = None  # "per_key" or "scan": always that way (tests)
+
+    def choose(self, per_key_units: float, scan_units: float) -> str:
+        if self.force is not None:
+            return self.force
+        return "scan" if self.scan * scan_units < self.per_key * per_key_units else "per_key"
+
+    def measured(self, plan: str, seconds: float, units: float) -> None:
+        if units > 0:
+            setattr(self, plan, (1 - self.weight) * getattr(self, plan) + self.weight * seconds / units)
 
 
 def _value(v: float) -> float | None:
@@ -235,9 +260,12 @@ class GroupState:
             self.values = np.concatenate([self.values, np.full(capacity - self.values.size, self.empty)])
         if dirty.size:
             flips += self._changed(ctx, dirty)
+        started, scanned = time.perf_counter(), len(self.fresh)
         for sid in sorted(self.fresh):
             flips += self._full(ctx, sid)
         self.fresh.clear()
+        if scanned:
+            ctx.costs.measured("scan", time.perf_counter() - started, scanned * self.values.size)
         return flips
 
     def _changed(self, ctx: Context, ids: np.ndarray) -> list[Flip]:
@@ -251,7 +279,17 @@ class GroupState:
         regular = moved & known & before & ~np.isnan(old) & ~np.isnan(new) & ctx.trusted
         ctx.work["changed"] += int(moved.sum())
         flips: list[Flip] = []
+        explicit = moved & ~regular
+        scan = False
         if self.everyone:
+            n_explicit, n_members = int(explicit.sum()), len(self.everyone)
+            scan = ctx.costs.choose(int(regular.sum()) + n_explicit * n_members,
+                                    n_members * self.values.size) == "scan"
+        if scan:  # every member over the values array, at the end of evaluate()
+            self.fresh |= set(self.everyone)
+            ctx.work["scans"] += 1
+        elif self.everyone:
+            started = time.perf_counter()
             members = self.members
             fresh = np.zeros(len(members), dtype=bool)
             fresh[[members.row[s] for s in self.fresh if s in members.row]] = True
@@ -265,7 +303,7 @@ class GroupState:
             flips += [(order, sid, 0 if accepted else 1, names[k] or "", None if v != v else v, window)
                       for k, sid, accepted, v in zip(changed.tolist(), members.sids[member[keep]].tolist(),
                                                      now[keep].tolist(), values.tolist(), strict=True)]
-            for k in ids[moved & ~regular].tolist():  # decided against the firing sets
+            for k in ids[explicit].tolist():  # decided against the firing sets
                 ctx.work["explicit"] += 1
                 name = ctx.names[k] or ""
                 was = np.zeros(len(members), dtype=bool)
@@ -274,6 +312,7 @@ class GroupState:
                 for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
                     flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
                                   _value(self.values[k]), self.window_ms))
+            ctx.costs.measured("per_key", time.perf_counter() - started, candidates + n_explicit * n_members)
         if self.restricted:
             for k in ids[moved & ctx.restricted[ids]].tolist():
                 name = ctx.names[k]

@@ -68,7 +68,7 @@ from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.comparators import Range
-from evaluator.incremental import Context, Flip, GroupState
+from evaluator.incremental import Context, Flip, GroupState, PlanCosts
 from evaluator.panerows import PaneRows
 from evaluator.panestore import Panes, RunningWindows, to_floats
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
@@ -195,7 +195,8 @@ class BatchStats:
     matches: int = 0  # (subscription, key) pairs matching after the boundary (index and naive plans only)
     changed_keys: int = 0  # (group, key) values that changed (incremental)
     explicit_keys: int = 0  # (group, key) changes decided against the firing sets (incremental)
-    full_members: int = 0  # members evaluated against every key: new, edited, after a regroup (incremental)
+    full_members: int = 0  # members evaluated against every key: new, edited, regrouped, scans (incremental)
+    scans: int = 0  # groups whose flips were found by scanning every member, measured cheaper (incremental)
     transitions: int = 0
     plans: dict[str, int] = field(default_factory=dict)  # boundaries evaluated per plan
 
@@ -259,6 +260,7 @@ class ShardEvaluator:
         self._known_before = np.zeros(0, dtype=bool)  # per key id: known at the previous evaluation
         self._trusted = True  # values arrays agree with the firing sets (no replay since the last evaluation)
         self._maybe_free: list[int] = []  # key ids that resolved: released if no longer known nor firing
+        self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -646,7 +648,7 @@ class ShardEvaluator:
                                                  np.zeros(capacity - self._known_before.size, dtype=bool)])
         ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
                       self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
-                      self._firing_by_key, self._restricted_mask())
+                      self._firing_by_key, self._restricted_mask(), self.costs)
         flips: list[Flip] = []
         for state in self._states.values():
             flips += state.evaluate(ctx, running.take_dirty(state.window_ms))
@@ -654,6 +656,7 @@ class ShardEvaluator:
         stats.candidates += ctx.work["candidates"]
         stats.explicit_keys += ctx.work["explicit"]
         stats.full_members += ctx.work["full"]
+        stats.scans += ctx.work["scans"]
         self._known_before = running.known.copy()
         self._trusted = True
         self._maybe_free += running.clear_dirty().tolist()
