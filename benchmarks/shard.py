@@ -11,7 +11,8 @@ values, so ~8 % of (subscription, key) pairs match. The shard is warmed up over 
 horizon, the catalog arrives, and then boundaries are timed: the incremental plan (the
 default), the index plan (every group by collective index lookups, each boundary in full)
 and naive (every subscription on every key), the last two started from a snapshot of the
-warmed shard. Key churn: keys live a few seconds, ~1M distinct keys over the run with
+warmed shard. Catching up: a copy that replays missed deltas (a Spark worker whose cached
+shard is behind) against one that evaluated them. Key churn: keys live a few seconds, ~1M distinct keys over the run with
 ~5k in the horizon at a time; memory and ms per boundary early vs late.
 
 Nothing here asserts a time; numbers are read.
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.report import table
 from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
-from evaluator.shard import BatchStats, ShardConfig, ShardEvaluator
+from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 
 ATTRS = ("price", "volume")
@@ -183,6 +184,52 @@ def high_selectivity(sizes: list[int], warm_s: int, measured: int, naive_upto: i
     table("Ratios (time per boundary)", ["what", "sizes", "ratio"], ratio_rows)
 
 
+def catch_up(subscriptions: int, warm_s: int, batches: int, per_second: int) -> None:
+    """What a stale copy of the shard pays to catch up (the operator's restore), against evaluating a batch: one
+    copy evaluates ``batches`` seconds, another replays their deltas (as a Spark worker whose cached copy is
+    behind), and a third is rebuilt from a snapshot; each then evaluates the next second."""
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
+    feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+    shard, t = ShardEvaluator(config), 1_000_000
+    _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm {subscriptions:,}")
+    catalog = catalog_for(subscriptions, shard, seed=11)
+    _, _, t = run_boundaries(shard, feed, t, 2, catalog, "first")
+    started = time.perf_counter()
+    blob = shard.snapshot()
+    snapshot_ms = 1000 * (time.perf_counter() - started)
+    stale = ShardEvaluator.from_snapshot(config, blob)
+    run_boundaries(stale, feed, t, 1, catalog, "stale copy")  # a cached copy that evaluated (its first in full)
+    started = time.perf_counter()
+    restored_blob = ShardEvaluator.from_snapshot(config, blob)
+    rebuild_ms = 1000 * (time.perf_counter() - started)
+    _ = restored_blob
+    evaluate_ms, deltas = 0.0, []
+    for _ in tqdm(range(batches), desc="batches", file=sys.stderr, leave=False):
+        rows = feed.second(t)
+        started = time.perf_counter()
+        _, delta = shard.step(rows, {0: t + PANE}, catalog)
+        evaluate_ms += 1000 * (time.perf_counter() - started)
+        deltas.append(delta.to_bytes())
+        t += PANE
+    started = time.perf_counter()
+    for blob_delta in deltas[1:]:
+        stale.replay(Delta.from_bytes(blob_delta))
+    replay_ms = 1000 * (time.perf_counter() - started) / max(len(deltas) - 1, 1)
+    rows = feed.second(t)
+    timings = []
+    for copy in (shard, stale):
+        stats = BatchStats()
+        started = time.perf_counter()
+        copy.step(rows, {0: t + PANE}, catalog, stats)
+        timings.append((1000 * (time.perf_counter() - started), stats.explicit_keys, stats.scans))
+    table(f"Catching up, {subscriptions:,} subscriptions (the operator's restore without Spark; ms)",
+          ["evaluate a batch", "replay a missed delta", "next batch, cached copy", "next batch, after replay",
+           "explicit keys after replay", "group scans after replay", "snapshot", "rebuild from snapshot",
+           "snapshot MB"],
+          [[evaluate_ms / batches, replay_ms, timings[0][0], timings[1][0], timings[1][1], timings[1][2],
+            snapshot_ms, rebuild_ms, len(blob) / 2**20]])
+
+
 def key_churn(seconds: int, band: int, slide: int, per_second: int, subscriptions: int, horizon_s: int = 5) -> None:
     """Keys ``t * slide + [0, band)``: ``slide * seconds`` distinct keys, ~band + slide * horizon_s known at a time."""
     config = ShardConfig(ATTRS, PANE, horizon_s * 1_000, 0, 1)
@@ -211,9 +258,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         high_selectivity([100, 1_000], warm_s=30, measured=5, naive_upto=100, per_second=1_000)
+        catch_up(100, warm_s=30, batches=5, per_second=1_000)
         key_churn(seconds=50, band=500, slide=100, per_second=1_000, subscriptions=100)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
+        catch_up(10_000, warm_s=300, batches=10, per_second=5_000)
         key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
 
 
