@@ -68,7 +68,7 @@ from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.comparators import Range
-from evaluator.incremental import Context, Flip, GroupState, PlanCosts
+from evaluator.incremental import Context, Flip, GroupState, PlanCosts, values_of
 from evaluator.panerows import PaneRows
 from evaluator.panestore import Panes, RunningWindows, to_floats
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
@@ -164,9 +164,11 @@ class Delta:
     stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
 
     def to_bytes(self) -> bytes:
-        meta = json.dumps({
+        meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
             "progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
-            "changes": self.changes, "dropped": self.dropped_subscriptions, "stale": self.stale,
+            "change_ids": [c[0] for c in self.changes], "change_states": "".join(c[2][0] for c in self.changes),
+            "change_keys": "\x00".join(c[1] for c in self.changes),
+            "dropped": self.dropped_subscriptions, "stale": self.stale,
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -174,12 +176,18 @@ class Delta:
     def from_bytes(cls, blob: bytes) -> Delta:
         (n,) = struct.unpack_from("<I", blob)
         meta = json.loads(blob[4 : 4 + n])
+        if "changes" in meta:  # written before changes were columns
+            changes = [tuple(x) for x in meta["changes"]]
+        else:
+            states = {"f": "firing", "r": "resolved"}
+            keys = meta["change_keys"].split("\x00") if meta["change_ids"] else []
+            changes = list(zip(meta["change_ids"], keys, map(states.__getitem__, meta["change_states"]), strict=True))
         return cls(
             PaneRows.from_bytes(blob[4 + n :]),
             {int(p): ts for p, ts in meta["progress"].items()},
             meta["evaluated_at"],
             meta["applied_until"],
-            [tuple(x) for x in meta["changes"]],
+            changes,
             meta["dropped"],
             meta.get("stale", True),
         )
@@ -261,6 +269,7 @@ class ShardEvaluator:
         self._trusted = True  # values arrays agree with the firing sets (no replay since the last evaluation)
         self._maybe_free: list[int] = []  # key ids that resolved: released if no longer known nor firing
         self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
+        self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -276,6 +285,7 @@ class ShardEvaluator:
     def ingest(self, rows: PaneRows, progress: dict[int, int], stats: BatchStats | None = None) -> PaneRows:
         """Take a batch's pane rows and partition progress; returns the rows kept (for the change log)."""
         stats = stats or BatchStats()
+        self._sync()
         for partition, ts in progress.items():
             self.progress[partition] = max(self.progress.get(partition, ts), ts)
         rows = self._finite(rows, stats)
@@ -405,6 +415,7 @@ class ShardEvaluator:
         stats = stats or BatchStats()
         delta = Delta(PaneRows.empty(len(self.config.attributes)), dict(self.progress), None, None)
         transitions: list[Transition] = []
+        self._sync()
         self._refresh(catalog, delta)
         watermark = self.watermark
         if watermark is not None:
@@ -747,7 +758,32 @@ class ShardEvaluator:
             self._forget(sid)
         for sid, key, state in delta.changes:
             self._set_state(sid, key, state)
-        self._trusted = False
+        self._unsynced = True
+
+    def _sync(self) -> None:
+        """After replays: bring each group's values to the last evaluated boundary for the keys that changed, so
+        they agree with the replayed firing sets again (the same arrays the copy that evaluated holds). Done once,
+        before the next rows arrive (a late row would otherwise count as already seen)."""
+        if not self._unsynced:
+            return
+        self._unsynced = False
+        running = self.running
+        if not self._incremental or self.evaluated_at is None or not self._trusted:
+            return
+        if running.at != self.evaluated_at:  # the windows are not those of the last evaluation: check every change
+            self._trusted = False
+            return
+        columns = _Columns(running, self.values, self.config.attributes, self.evaluated_at)
+        capacity = running.keys.capacity
+        for state in self._states.values():
+            if state.values is None:
+                continue
+            if state.values.size < capacity:
+                state.values = np.concatenate([state.values, np.full(capacity - state.values.size, state.empty)])
+            ids = running.take_dirty(state.window_ms)
+            state.values[ids] = values_of(columns, state.template, ids)
+        self._known_before = running.known.copy()
+        self._maybe_free += running.clear_dirty().tolist()
 
     def snapshot(self) -> bytes:
         parts = self.running.to_parts()
