@@ -200,7 +200,7 @@ class BatchStats:
     boundaries: int = 0
     invalid_events: int = 0  # in rows with a non-finite value: dropped before any index sees them
     candidates: int = 0  # index lookups' values (index), endpoint candidates verified (incremental), per pair (naive)
-    matches: int = 0  # (subscription, key) pairs matching after the boundary (index and naive plans only)
+    matches: int = 0  # (subscription, key) pairs matching after each boundary
     changed_keys: int = 0  # (group, key) values that changed (incremental)
     explicit_keys: int = 0  # (group, key) changes decided against the firing sets (incremental)
     full_members: int = 0  # members evaluated against every key: new, edited, regrouped, scans (incremental)
@@ -637,6 +637,8 @@ class ShardEvaluator:
             else:
                 self._set_state(sid, key, state)
         stats.transitions += len(transitions)
+        if self._incremental:  # the other plans count their matches as they find them
+            stats.matches += sum(map(len, firing.values()))
         self._recycle()
         return transitions
 

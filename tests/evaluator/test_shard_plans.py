@@ -105,8 +105,10 @@ def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog) -
     for batch, cat in zip(batches, seen, strict=True):
         outputs = {}
         for plan, shard in shards.items():
-            transitions, delta = _step(shard, batch, end, cat)
-            outputs[plan] = (transitions, delta.changes, delta.dropped_subscriptions, shard.evaluated_at)
+            stats = BatchStats()
+            transitions, delta = _step(shard, batch, end, cat, stats)
+            outputs[plan] = (transitions, delta.changes, delta.dropped_subscriptions, shard.evaluated_at,
+                             stats.matches, stats.boundaries)
         for plan in shards:
             assert outputs[plan] == outputs["naive"], plan
     assert all(shard.firing == shards["naive"].firing for shard in shards.values())
