@@ -36,6 +36,19 @@ if TYPE_CHECKING:
     from evaluator.values import KeyValues
 
 
+class Columns(Protocol):
+    """What answers aggregates of many keys' windows at once, by key id (a shard's running windows, see
+    :mod:`evaluator.panestore`): float arrays, NaN where there is no value."""
+
+    def count(self, window_ms: int, ids: np.ndarray) -> np.ndarray: ...
+
+    def sum(self, window_ms: int, attribute: str, ids: np.ndarray) -> np.ndarray: ...
+
+    def extreme(self, window_ms: int, side: str, attribute: str, ids: np.ndarray) -> np.ndarray: ...
+
+    def events(self, window_ms: int, attribute: str, ids: np.ndarray) -> list[np.ndarray | None]: ...
+
+
 class Sources(Protocol):
     """What answers aggregates of one key's window: a shard's collective indexes and retained events."""
 
@@ -79,6 +92,10 @@ class Aggregation(ABC):
     def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
         """The exact value of ``key``'s window of ``window_ms`` ending at ``now`` (the last pane stamp it holds)."""
 
+    @abstractmethod
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        """The values of the keys ``ids`` at once (NaN: no value), equal to :meth:`value_of` bit for bit."""
+
     @property
     def syntax(self) -> str:
         args = [*(["attribute"] if self.takes_attribute else ["*"]), *([self.param.name] if self.param else [])]
@@ -107,6 +124,14 @@ class EventAggregate(Aggregation):
         values = sources.values.window(key, term.attribute, window_ms, now + 1)  # type: ignore[arg-type]  # takes_attribute
         return self.empty if values is None else self.of_events(values, term.param)
 
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        # Per key: a window's events are what the value is made of (no summary answers it), so the cost is per
+        # changed key only, never per key watched.
+        empty = np.nan if self.empty is None else self.empty
+        windows = columns.events(window_ms, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
+        return np.array([empty if v is None else self.of_events(v, term.param) for v in windows], dtype=np.float64)
+
 
 # -- over pane summaries ----------------------------------------------------------------------------
 
@@ -126,6 +151,10 @@ class Count(PaneAggregate):
     def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float:
         return sources.indexes.count.value(key, window_ms, now)
 
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return columns.count(window_ms, ids)
+
 
 class Sum(PaneAggregate):
     name = "SUM"
@@ -141,6 +170,10 @@ class Sum(PaneAggregate):
     def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float:
         return sources.indexes.sums[term.attribute].value(key, window_ms, now)  # type: ignore[index]  # as in index()
 
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return columns.sum(window_ms, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
+
 
 class Avg(PaneAggregate):
     name = "AVG"
@@ -153,6 +186,13 @@ class Avg(PaneAggregate):
         if not count:
             return None
         return sources.indexes.sums[term.attribute].value(key, window_ms, now) / count  # type: ignore[index]  # takes_attribute
+
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        count = columns.count(window_ms, ids)
+        total = columns.sum(window_ms, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
 
 
 class _Extreme(PaneAggregate):
@@ -167,6 +207,10 @@ class _Extreme(PaneAggregate):
     @override
     def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
         return getattr(sources.indexes, self.side)[term.attribute].value(key, window_ms, now)
+
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return columns.extreme(window_ms, self.side, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
 
 
 class Max(_Extreme):

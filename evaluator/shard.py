@@ -1,4 +1,4 @@
-"""One evaluator shard: the keys hashed to it, their collective indexes, and their alerts.
+"""One evaluator shard: the keys hashed to it, their panes and running windows, and their alerts.
 
 Pure (no I/O); the Spark adapter feeds it pane rows and source progress each
 micro-batch and stores what it returns.
@@ -21,25 +21,38 @@ a catalog change or a late pane (``stale``). So a day with nothing to do costs o
 step, not 86,400, whatever is firing; and the clock never depends on what other
 keys of the shard are doing.
 
-Panes. A pane joins the collective indexes once complete (its boundary passed),
-in pane order, as the indexes require. A pane row arriving after that (a late
-event) is inserted out of order by the indexes' correction path and counts in
-every later window that covers it (WID's generous semantics); one that no window
-still to come covers (it starts at or before ``evaluated_at - horizon``) is dropped
-and counted. Because the clock follows the watermark even while the shard is
-idle, the same event is late, or too late, whether or not other keys keep the
-shard busy. Rows with a non-finite value never reach an index (the parser
-refuses them; the shard drops and counts any that get through).
+Panes. A pane joins the store (evaluator/panestore.py: the horizon's panes as columns,
+per key id) once complete, in pane order, and every running window aggregate moves with it.
+A pane row arriving after that (a late event) is merged into the store and into every
+window that covers it now, and counts in every later window that covers it (WID's generous
+semantics); one that no window still to come covers (it starts at or before
+``evaluated_at - horizon``) is dropped and counted. Because the clock follows the watermark
+even while the shard is idle, the same event is late, or too late, whether or not other keys
+keep the shard busy. Rows with a non-finite value never reach the store (the parser refuses
+them; the shard drops and counts any that get through).
 
-Evaluation. Subscriptions are grouped by (aggregate, attribute, window). Per
-group and boundary, one index lookup per range of the group's loosest ranges
-(the members' accepted ranges, merged) returns the candidates with their exact
-values (CI-COUNT / CI-SUM with verification, the MAX/MIN staircases); aggregates
-without an index (AVG, those over each key's events, expressions) are computed
-per watched key. Which index answers an aggregate, and how its value is computed,
-is declared in evaluator/aggregates.py. Each subscription then takes its ranges
-of the values sorted once. ``collective=False`` evaluates every subscription on
-every key one by one instead: the baseline.
+Evaluation. Subscriptions are grouped by (aggregate, attribute, window, ...): the value they
+ask per key. The default plan (``plan="incremental"``, evaluator/incremental.py) is output
+sensitive: between two evaluated boundaries only keys that gained or lost a pane in some
+window (or the horizon), or got a late pane, can change value; per group, a values array
+over key ids is updated for those keys only, by array expressions over the running
+aggregates (COUNT, exact SUM, MIN, MAX; AVG and expressions combined from them), except
+QUANTILE and LAST, computed per changed key from its retained events because no summary
+answers them. For a key moving from ``o`` to ``n``, the members that flip are those with a
+range endpoint between the two (a searchsorted slice of the group's sorted endpoints),
+verified exactly; a key becoming known or unknown, a value appearing or vanishing, or a copy
+of the shard that replayed another's batches is decided against the firing sets. Members
+new or edited (catalog diffs, applied one subscription at a time) are tested against the
+whole values array at the next boundary. Semantics are those of the other plans, which stay:
+``plan="index"`` evaluates every group in full by collective index lookups (CI-COUNT /
+CI-SUM with verification, the MAX/MIN staircases, built from the store on demand, as for
+previews), and ``collective=False`` evaluates every subscription on every key one by one:
+the baseline. Transitions come in one order whatever the plan: groups in ``_order``, then
+subscription id, firing before resolved, then key.
+
+Keys. A key is watched by a subscription while it has a pane in the horizon or is firing
+for it (a no-data alert keeps firing); its id is released once it is neither, so memory
+follows the active keys, not every key ever seen.
 """
 
 from __future__ import annotations
@@ -55,7 +68,9 @@ from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.comparators import Range
+from evaluator.incremental import Context, Flip, GroupState, PlanCosts, values_of
 from evaluator.panerows import PaneRows
+from evaluator.panestore import Panes, RunningWindows, to_floats
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
@@ -73,6 +88,9 @@ class ShardConfig:
     p: int = 4  # CI-COUNT / CI-SUM stamps per level: ε = 2 / (p + 2)
     collective: bool = True
     value_retention_ms: int = 0  # how long every event value is kept, for QUANTILE (the longest quantile window)
+    # Collective evaluation: "incremental" updates each group's values for the keys that changed and finds the
+    # members that flip; "index" evaluates every group in full by collective index lookups (the former plan).
+    plan: str = "incremental"
 
 
 @dataclass(frozen=True)
@@ -146,9 +164,11 @@ class Delta:
     stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
 
     def to_bytes(self) -> bytes:
-        meta = json.dumps({
+        meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
             "progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
-            "changes": self.changes, "dropped": self.dropped_subscriptions, "stale": self.stale,
+            "change_ids": [c[0] for c in self.changes], "change_states": "".join(c[2][0] for c in self.changes),
+            "change_keys": "\x00".join(c[1] for c in self.changes),
+            "dropped": self.dropped_subscriptions, "stale": self.stale,
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -156,12 +176,18 @@ class Delta:
     def from_bytes(cls, blob: bytes) -> Delta:
         (n,) = struct.unpack_from("<I", blob)
         meta = json.loads(blob[4 : 4 + n])
+        if "changes" in meta:  # written before changes were columns
+            changes = [tuple(x) for x in meta["changes"]]
+        else:
+            states = {"f": "firing", "r": "resolved"}
+            keys = meta["change_keys"].split("\x00") if meta["change_ids"] else []
+            changes = list(zip(meta["change_ids"], keys, map(states.__getitem__, meta["change_states"]), strict=True))
         return cls(
             PaneRows.from_bytes(blob[4 + n :]),
             {int(p): ts for p, ts in meta["progress"].items()},
             meta["evaluated_at"],
             meta["applied_until"],
-            [tuple(x) for x in meta["changes"]],
+            changes,
             meta["dropped"],
             meta.get("stale", True),
         )
@@ -173,28 +199,77 @@ class BatchStats:
     dropped_events: int = 0  # older than every window still to be evaluated
     boundaries: int = 0
     invalid_events: int = 0  # in rows with a non-finite value: dropped before any index sees them
-    candidates: int = 0  # values computed by index lookups (collective) or per (key, subscription) (naive)
-    matches: int = 0
+    candidates: int = 0  # index lookups' values (index), endpoint candidates verified (incremental), per pair (naive)
+    matches: int = 0  # (subscription, key) pairs matching after each boundary
+    changed_keys: int = 0  # (group, key) values that changed (incremental)
+    explicit_keys: int = 0  # (group, key) changes decided against the firing sets (incremental)
+    full_members: int = 0  # members evaluated against every key: new, edited, regrouped, scans (incremental)
+    scans: int = 0  # groups whose flips were found by scanning every member, measured cheaper (incremental)
+    transitions: int = 0
+    plans: dict[str, int] = field(default_factory=dict)  # boundaries evaluated per plan
+
+
+class _Columns:
+    """The running windows and retained events at one boundary, as :class:`~evaluator.aggregates.Columns`."""
+
+    def __init__(self, running: RunningWindows, values: KeyValues, attributes: tuple[str, ...], boundary: int) -> None:
+        self.running, self.values, self.boundary = running, values, boundary
+        self.index = {a: i for i, a in enumerate(attributes)}
+
+    def count(self, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return self.running.windows[window_ms].count[ids].astype(np.float64)
+
+    def sum(self, window_ms: int, attribute: str, ids: np.ndarray) -> np.ndarray:
+        a = self.index[attribute]
+        return to_floats(self.running.windows[window_ms].sums[a][ids], self.running.shifts[a])
+
+    def extreme(self, window_ms: int, side: str, attribute: str, ids: np.ndarray) -> np.ndarray:
+        window = self.running.windows[window_ms]
+        held = (window.maxs if side == "maxs" else window.mins)[self.index[attribute]][ids]
+        return np.where(window.count[ids] > 0, held, np.nan)
+
+    def events(self, window_ms: int, attribute: str, ids: np.ndarray) -> list[np.ndarray | None]:
+        names = self.running.keys.names
+        return [None if (name := names[k]) is None else self.values.window(name, attribute, window_ms, self.boundary)
+                for k in ids.tolist()]
+
+
+def _key_order(flip: Flip) -> tuple:
+    return flip[:4]
 
 
 class ShardEvaluator:
     def __init__(self, config: ShardConfig) -> None:
         self.config = config
-        self.indexes = CollectiveIndexes(config.attributes, p=config.p, bucket_ms=config.pane_ms)
+        self.running = RunningWindows(len(config.attributes), config.horizon_ms)
+        self._indexes: CollectiveIndexes | None = None  # built from the store when a lookup needs them
+        self._backlog: list[tuple[PaneRows | None, bool, int]] = []  # (rows, late, expire before) not applied yet
+        self._backlog_rows = 0
         self.values = KeyValues(config.attributes, config.value_retention_ms)
         self.pending = PaneRows.empty(len(config.attributes))  # panes not complete yet
         self.firing: dict[int, set[str]] = {}
+        self._firing_by_key: dict[str, set[int]] = {}  # the same pairs by key
         self.progress: dict[int, int] = {}
         self.evaluated_at: int | None = None  # the last boundary evaluated
-        self.applied_until: int | None = None  # panes starting before this are in the indexes
-        self.starts = np.empty(0, dtype=np.int64)  # sorted distinct starts of the panes in the indexes
-        # The next boundary must be evaluated: the indexes or the catalog changed since the last evaluation
+        self.applied_until: int | None = None  # panes starting before this are in the store
+        self.starts = np.empty(0, dtype=np.int64)  # sorted distinct starts of the panes in the store
+        # The next boundary must be evaluated: the panes or the catalog changed since the last evaluation
         # in a way the change points do not show (a late pane, new subscriptions). Evaluating a boundary where
         # nothing changed yields no transition, so True is always safe; it is kept in deltas and snapshots.
         self.stale = True
         self.epoch = 0  # the adapter's batch number this state corresponds to
-        self._groups: list[Group] = []
+        self._catalog = Catalog.empty()
+        self._groups_cache: tuple[int, list[Group]] | None = None
         self._groups_version: int | None = None
+        self._states: dict[tuple, GroupState] = {}  # incremental plan: per value asked
+        self._of_spec: dict[int, tuple] = {}  # subscription -> its group's value key
+        self._restricted_names: dict[str, int] = {}  # keys named by key-restricted subscriptions (reference counts)
+        self._restricted_ids: tuple[tuple, np.ndarray] | None = None
+        self._known_before = np.zeros(0, dtype=bool)  # per key id: known at the previous evaluation
+        self._trusted = True  # values arrays agree with the firing sets (no replay since the last evaluation)
+        self._maybe_free: list[int] = []  # key ids that resolved: released if no longer known nor firing
+        self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
+        self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -210,6 +285,7 @@ class ShardEvaluator:
     def ingest(self, rows: PaneRows, progress: dict[int, int], stats: BatchStats | None = None) -> PaneRows:
         """Take a batch's pane rows and partition progress; returns the rows kept (for the change log)."""
         stats = stats or BatchStats()
+        self._sync()
         for partition, ts in progress.items():
             self.progress[partition] = max(self.progress.get(partition, ts), ts)
         rows = self._finite(rows, stats)
@@ -246,29 +322,76 @@ class ShardEvaluator:
         stats.invalid_events += int(np.maximum(rows.counts[~ok], 1).sum())
         return rows.select(ok)
 
-    def _apply(self, rows: PaneRows, late: bool = False) -> None:
-        if not len(rows):
-            return
-        starts = np.unique(rows.starts)
-        if not self.starts.size or starts[0] > self.starts[-1]:
-            self.starts = np.concatenate([self.starts, starts])
+    def _panes(self, rows: PaneRows) -> Panes:
+        return Panes(self.running.ids_of(rows.keys), rows.starts.astype(np.int64), rows.counts.astype(np.int64),
+                     rows.sums, rows.mins, rows.maxs)
+
+    def _apply(self, rows: PaneRows, late: bool = False, boundary: int | None = None) -> None:
+        """Complete panes (in pane order) into the store and its windows, moving them to ``boundary``; or late
+        panes (out of order) into every window that covers them."""
+        if len(rows):
+            starts = np.unique(rows.starts)
+            if not self.starts.size or starts[0] > self.starts[-1]:
+                self.starts = np.concatenate([self.starts, starts])
+            else:
+                self.starts = np.union1d(self.starts, starts)
+            self.values.add(rows)
+            self._log(rows, late)
+        if late:
+            self.running.add_late(self._panes(rows))
         else:
-            self.starts = np.union1d(self.starts, starts)
-        self.indexes.add_panes(rows.keys.tolist(), rows.starts, rows.counts, rows.sums, rows.mins, rows.maxs,
-                               late=late)
-        self.values.add(rows)
+            assert boundary is not None
+            self.running.advance(self._panes(rows), boundary)
 
     def _apply_until(self, boundary: int) -> None:
-        """Move the panes that start before ``boundary`` from pending into the indexes, in pane order."""
+        """Move the panes that start before ``boundary`` from pending into the store, in pane order."""
+        complete = PaneRows.empty(len(self.config.attributes))
         if len(self.pending):
-            complete = self.pending.starts < boundary
-            if complete.any():
-                self._apply(self.pending.select(complete).combined())
-                self.pending = self.pending.select(~complete)
+            mask = self.pending.starts < boundary
+            if mask.any():
+                complete = self.pending.select(mask).combined()
+                self.pending = self.pending.select(~mask)
+        self._apply(complete, boundary=boundary)
         self.applied_until = boundary
         self.starts = self.starts[np.searchsorted(self.starts, boundary - self.config.horizon_ms):]
-        self.indexes.expire(boundary - self.config.horizon_ms - 1)
+        self._log(None, False, boundary - self.config.horizon_ms - 1)
         self.values.expire(boundary, self.config.horizon_ms)
+
+    # -- the collective indexes, caught up when a lookup needs them --------------------------------
+
+    def _log(self, rows: PaneRows | None, late: bool, expire: int = 0) -> None:
+        if self._indexes is None:
+            return  # built from the store when needed
+        self._backlog.append((rows, late, expire))
+        self._backlog_rows += len(rows) if rows is not None else 0
+        if self._backlog_rows > max(len(self.running.store), 1_000):  # cheaper to rebuild than to catch up
+            self._indexes, self._backlog, self._backlog_rows = None, [], 0
+
+    @property
+    def indexes(self) -> CollectiveIndexes:
+        """CI-COUNT, CI-SUM and the staircases over the store's panes, for previews and the index and naive plans:
+        rebuilt from the store or caught up with the panes applied since their last use, on demand."""
+        if self._indexes is None:
+            self._indexes = CollectiveIndexes(self.config.attributes, p=self.config.p, bucket_ms=self.config.pane_ms)
+            panes = self.running.store.live
+            if len(panes):
+                order = np.lexsort((panes.ids, panes.starts))
+                panes = panes.take(order)
+                first = np.flatnonzero(np.r_[True, (np.diff(panes.starts) != 0) | (np.diff(panes.ids) != 0)])
+                names = np.array(self.running.keys.names, dtype=object)[panes.ids[first]]
+                self._indexes.add_panes(names.tolist(), panes.starts[first], np.add.reduceat(panes.counts, first),
+                                        np.add.reduceat(panes.sums, first, axis=1),
+                                        np.minimum.reduceat(panes.mins, first, axis=1),
+                                        np.maximum.reduceat(panes.maxs, first, axis=1))
+            self._backlog, self._backlog_rows = [], 0
+        for rows, late, expire in self._backlog:
+            if rows is None:
+                self._indexes.expire(expire)
+            elif len(rows):
+                self._indexes.add_panes(rows.keys.tolist(), rows.starts, rows.counts, rows.sums, rows.mins,
+                                        rows.maxs, late=late)
+        self._backlog, self._backlog_rows = [], 0
+        return self._indexes
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -292,6 +415,7 @@ class ShardEvaluator:
         stats = stats or BatchStats()
         delta = Delta(PaneRows.empty(len(self.config.attributes)), dict(self.progress), None, None)
         transitions: list[Transition] = []
+        self._sync()
         self._refresh(catalog, delta)
         watermark = self.watermark
         if watermark is not None:
@@ -324,27 +448,110 @@ class ShardEvaluator:
             return after
         candidates = [] if first_pending is None else [first_pending]
         if self.starts.size:  # a pane at s leaves a window of length T at s + T + pane
-            windows = {g.template.window_ms for g in self._groups} | {self.config.horizon_ms}
-            for window in windows:
+            for window in self.running.windows:  # the windows in use, and the horizon
                 i = int(np.searchsorted(self.starts, self.evaluated_at - window - pane, side="right"))
                 if i < self.starts.size:
                     candidates.append(int(self.starts[i]) + window + pane)
         return max(min(candidates), after) if candidates else None
 
+    @property
+    def _incremental(self) -> bool:
+        return self.config.collective and self.config.plan == "incremental"
+
+    @property
+    def _groups(self) -> list[Group]:
+        """Every group at once, for the index and naive plans (built when the catalog changed)."""
+        if self._groups_cache is None or self._groups_cache[0] != self._catalog.version:
+            self._groups_cache = (self._catalog.version, group_subscriptions(self._catalog))
+        return self._groups_cache[1]
+
     def _refresh(self, catalog: Catalog, delta: Delta) -> None:
+        """Follow the catalog: its changes since the version seen are applied to the groups one subscription at a
+        time (proportional to the change), or every group is rebuilt when they are not all known."""
         if catalog.version == self._groups_version:
             return
         self.stale = True  # new or edited subscriptions are evaluated at the next boundary
-        self._groups = group_subscriptions(catalog)
+        changes = catalog.changes_since(self._groups_version) if self._groups_version is not None else None
+        if changes is None:
+            self._states, self._of_spec, self._restricted_names = {}, {}, {}
+            for spec in catalog.subscriptions:
+                self._upsert(spec)
+            active = {s.id for s in catalog.subscriptions}
+            gone = [sid for sid in self.firing if sid not in active]
+        else:
+            gone = []
+            for change in changes:
+                for sid in change.removals:
+                    self._remove(sid)
+                    gone.append(sid)
+                for spec in change.upserts:
+                    self._upsert(spec)
+            gone = [sid for sid in dict.fromkeys(gone) if sid not in self._of_spec and sid in self.firing]
+        self._catalog = catalog
         self._groups_version = catalog.version
-        active = {s.id for s in catalog.subscriptions}
-        for sid in [sid for sid in self.firing if sid not in active]:  # deleted or paused: forget silently
-            del self.firing[sid]
+        for sid in gone:  # deleted or paused: forget silently
+            self._forget(sid)
             delta.dropped_subscriptions.append(sid)
+        self.running.use(key[2] for key in self._states)
+
+    def _upsert(self, spec: SubscriptionSpec) -> None:
+        self._remove(spec.id)
+        key = _value_key(spec.condition)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = GroupState(spec.condition, _order(key))
+        state.add(spec)
+        self._of_spec[spec.id] = key
+        for name in spec.keys or ():
+            self._restricted_names[name] = self._restricted_names.get(name, 0) + 1
+        self._restricted_ids = None
+
+    def _remove(self, sid: int) -> None:
+        key = self._of_spec.pop(sid, None)
+        if key is None:
+            return
+        state = self._states[key]
+        spec = state.everyone.get(sid) or state.restricted.get(sid)
+        state.remove(sid)
+        if not len(state):
+            del self._states[key]
+        for name in (spec.keys if spec is not None else None) or ():
+            self._restricted_names[name] -= 1
+            if not self._restricted_names[name]:
+                del self._restricted_names[name]
+        self._restricted_ids = None
+
+    def _forget(self, sid: int) -> None:
+        for key in self.firing.pop(sid, ()):
+            self._unfire(sid, key)
+
+    def _unfire(self, sid: int, key: str) -> None:
+        sids = self._firing_by_key.get(key)
+        if sids is not None:
+            sids.discard(sid)
+            if not sids:
+                del self._firing_by_key[key]
+                kid = self.running.keys.get(key)
+                if kid is not None:
+                    self._maybe_free.append(kid)
+
+    def _set_state(self, sid: int, key: str, state: str) -> None:
+        """Record one transition (or a replayed one) in the firing sets."""
+        if state == "firing":
+            self.firing.setdefault(sid, set()).add(key)
+            self._firing_by_key.setdefault(key, set()).add(sid)
+            return
+        keys = self.firing.get(sid)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.firing[sid]
+        self._unfire(sid, key)
 
     def _known(self) -> set[str]:
         """Keys with a pane in the retention horizon."""
-        return {key for key, sub in self.indexes.count.substreams.items() if sub.ts}
+        names = self.running.keys.names
+        return {names[k] for k in np.flatnonzero(self.running.known).tolist()}  # type: ignore[misc]  # live ids
 
     def _expr(self, expr: Expr, window_ms: int, key: str, now: int) -> float | None:
         if isinstance(expr, Term):  # an aggregate, computed as its declaration says
@@ -416,19 +623,98 @@ class ShardEvaluator:
         return self.evaluated_at, matched, len(known if keys is None else known & keys)
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
+        plan = self.config.plan if self.config.collective else "naive"
+        stats.plans[plan] = stats.plans.get(plan, 0) + 1
+        flips = self._flips(boundary, stats) if self._incremental else self._full_flips(boundary, stats)
+        flips.sort(key=_key_order)
+        transitions = []
+        firing, by_key, changes = self.firing, self._firing_by_key, delta.changes
+        for _, sid, state_rank, key, value, window_ms in flips:
+            state: State = "firing" if state_rank == 0 else "resolved"
+            transitions.append(Transition(alert_id(sid, key, state, boundary), sid, key, state, value,
+                                          boundary - window_ms, boundary, boundary))
+            changes.append((sid, key, state))
+            if state_rank == 0:  # _set_state, inlined: this loop is per transition
+                firing.setdefault(sid, set()).add(key)
+                by_key.setdefault(key, set()).add(sid)
+            else:
+                self._set_state(sid, key, state)
+        stats.transitions += len(transitions)
+        if self._incremental:  # the other plans count their matches as they find them
+            stats.matches += sum(map(len, firing.values()))
+        self._recycle()
+        return transitions
+
+    def _restricted_mask(self) -> np.ndarray:
+        """Per key id: named by some key-restricted subscription (cached until the catalog or the key table change)."""
+        version = (id(self._restricted_names), len(self._restricted_names), self.running.keys.version)
+        if self._restricted_ids is None or self._restricted_ids[0] != version:
+            mask = np.zeros(self.running.keys.capacity, dtype=bool)
+            ids = self.running.keys.ids
+            mask[[k for name in self._restricted_names if (k := ids.get(name)) is not None]] = True
+            self._restricted_ids = (version, mask)
+        return self._restricted_ids[1]
+
+    def _flips(self, boundary: int, stats: BatchStats) -> list[Flip]:
+        """The incremental plan: per group, the keys whose windows changed, and the members they cross."""
+        running = self.running
+        capacity = running.keys.capacity
+        if self._known_before.size < capacity:
+            self._known_before = np.concatenate([self._known_before,
+                                                 np.zeros(capacity - self._known_before.size, dtype=bool)])
+        ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
+                      self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
+                      self._firing_by_key, self._restricted_mask(), self.costs)
+        flips: list[Flip] = []
+        for state in self._states.values():
+            flips += state.evaluate(ctx, running.take_dirty(state.window_ms))
+        stats.changed_keys += ctx.work["changed"]
+        stats.candidates += ctx.work["candidates"]
+        stats.explicit_keys += ctx.work["explicit"]
+        stats.full_members += ctx.work["full"]
+        stats.scans += ctx.work["scans"]
+        self._known_before = running.known.copy()
+        self._trusted = True
+        self._maybe_free += running.clear_dirty().tolist()
+        return flips
+
+    def _recycle(self) -> None:
+        """Release the ids of keys with no pane in the horizon that fire for nobody: memory follows active keys."""
+        candidates = np.unique(np.array(self._maybe_free, dtype=np.int64))
+        self._maybe_free = []
+        if not candidates.size:
+            return
+        names = self.running.keys.names
+        known = self.running.known
+        free = [k for k in candidates[~known[candidates]].tolist()
+                if (name := names[k]) is not None and name not in self._firing_by_key]
+        if not free:
+            return
+        ids = np.array(free, dtype=np.int64)
+        self.running.reset_ids(ids)
+        for state in self._states.values():
+            if state.values is not None:
+                state.values[ids[ids < state.values.size]] = state.empty
+        self._known_before[ids[ids < self._known_before.size]] = False
+        self.running.keys.release(free)
+        self._restricted_ids = None
+
+    def _full_flips(self, boundary: int, stats: BatchStats) -> list[Flip]:
+        """The index plan (every group by collective index lookups) or naive (every subscription on every key)."""
         now = boundary - 1  # panes starting in [b - T, b) are the elements stamped in (b - 1 - T, b - 1]
         known = self._known()
-        transitions: list[Transition] = []
+        flips: list[Flip] = []
         values: dict[str, float] | None = None  # the candidates' exact values (collective), reused by transitions
         for group in self._groups:
+            order = _order(_value_key(group.template))
             empty = group.aggregate.empty if group.aggregate is not None else None
             if self.config.collective:
                 values = self._candidate_values(group, now, known)
                 stats.candidates += len(values)
                 keys = np.array(list(values), dtype=object)
                 sorted_values = np.fromiter(values.values(), dtype=np.float64, count=len(values))
-                order = np.argsort(sorted_values, kind="stable")
-                keys, sorted_values = keys[order], sorted_values[order]
+                ordering = np.argsort(sorted_values, kind="stable")
+                keys, sorted_values = keys[ordering], sorted_values[ordering]
             for spec, accepted in zip(group.specs, group.accepted, strict=True):
                 was = self.firing.get(spec.id, set())
                 c = spec.condition
@@ -453,46 +739,59 @@ class ShardEvaluator:
                             matched.add(key)
                     values = None
                 stats.matches += len(matched)
-                if matched == was:
-                    continue
-                changes: list[tuple[str, State]] = [*((k, "firing") for k in matched - was),
-                                                     *((k, "resolved") for k in was - matched)]
-                for key, state in changes:
-                    value = values.get(key) if values is not None and state == "firing" else None
-                    if value is None:
-                        value = self.value(c, key, now)
-                    transitions.append(Transition(alert_id(spec.id, key, state, boundary), spec.id, key, state,
-                                                  value, boundary - c.window_ms, boundary, boundary))
-                    delta.changes.append((spec.id, key, state))
-                if matched:
-                    self.firing[spec.id] = matched
-                else:
-                    self.firing.pop(spec.id, None)
-        return transitions
+                for key in matched - was:
+                    value = values.get(key) if values is not None else None
+                    flips.append((order, spec.id, 0, key, self.value(c, key, now) if value is None else value,
+                                  c.window_ms))
+                for key in was - matched:
+                    flips.append((order, spec.id, 1, key, self.value(c, key, now), c.window_ms))
+        self._trusted = False  # the incremental state was not kept up to date
+        self._maybe_free += self.running.clear_dirty().tolist()
+        return flips
 
     # -- catching up and persisting -------------------------------------------------------------------
 
     def replay(self, delta: Delta) -> None:
-        """Apply a batch another copy of this shard processed, without evaluating again."""
+        """Apply a batch another copy of this shard processed, without evaluating again: array appends, and the
+        firing sets; the values this copy holds are then checked against the firing sets at its next evaluation."""
         self.ingest(delta.rows, delta.progress)
         if delta.applied_until is not None and delta.applied_until != self.applied_until:
             self._apply_until(delta.applied_until)
         self.evaluated_at = delta.evaluated_at
         self.stale = delta.stale
         for sid in delta.dropped_subscriptions:
-            self.firing.pop(sid, None)
+            self._forget(sid)
         for sid, key, state in delta.changes:
-            if state == "firing":
-                self.firing.setdefault(sid, set()).add(key)
+            self._set_state(sid, key, state)
+        self._unsynced = True
+
+    def _sync(self) -> None:
+        """After replays: bring each group's values to the last evaluated boundary for the keys that changed, so
+        they agree with the replayed firing sets again (the same arrays the copy that evaluated holds). Done once,
+        before the next rows arrive (a late row would otherwise count as already seen)."""
+        if not self._unsynced:
+            return
+        self._unsynced = False
+        running = self.running
+        if not self._incremental or self.evaluated_at is None or not self._trusted:
+            return
+        if running.at != self.evaluated_at:  # the windows are not those of the last evaluation: check every change
+            self._trusted = False
+            return
+        columns = _Columns(running, self.values, self.config.attributes, self.evaluated_at)
+        capacity = running.keys.capacity
+        for state in self._states.values():
+            if state.values is None:
                 continue
-            keys = self.firing.get(sid)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self.firing[sid]
+            if state.values.size < capacity:
+                state.values = np.concatenate([state.values, np.full(capacity - state.values.size, state.empty)])
+            ids = running.take_dirty(state.window_ms)
+            state.values[ids] = values_of(columns, state.template, ids)
+        self._known_before = running.known.copy()
+        self._maybe_free += running.clear_dirty().tolist()
 
     def snapshot(self) -> bytes:
-        parts = self.indexes.to_parts()
+        parts = self.running.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
@@ -507,14 +806,16 @@ class ShardEvaluator:
             parts.append(blob[offset : offset + size])
             offset += size
         shard = cls(config)
-        shard.indexes = CollectiveIndexes.from_parts(config.attributes, parts[:-3])
+        shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3])
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms)
         shard.pending = PaneRows.from_bytes(parts[-2])
         meta = json.loads(parts[-1])
         shard.progress = {int(p): ts for p, ts in meta["progress"].items()}
         shard.evaluated_at, shard.applied_until = meta["evaluated_at"], meta["applied_until"]
-        shard.firing = {int(sid): set(keys) for sid, keys in meta["firing"].items()}
+        for sid, keys in meta["firing"].items():
+            for key in keys:
+                shard._set_state(int(sid), key, "firing")
         shard.stale = meta.get("stale", True)
-        held = [sub.ts for sub in shard.indexes.count.substreams.values() if sub.ts]
-        shard.starts = np.unique(np.concatenate(held)).astype(np.int64) if held else shard.starts
+        shard.starts = np.unique(shard.running.store.live.starts)
+        shard._trusted = False
         return shard

@@ -51,6 +51,8 @@ TOTALS = {
         "boundaries": "Pane boundaries evaluated, summed over shards",
         "candidates": "Values computed to answer subscriptions (index candidates, or (key, subscription) pairs)",
         "matches": "(subscription, key) pairs in their condition, summed over evaluations",
+        "changed_keys": "(group, key) values that changed at evaluated boundaries (the incremental plan's work)",
+        "explicit_keys": "Changed values checked against the firing sets (after a replay or a key appearing)",
         "transitions": "Transitions written to Redis",
         "restore_ms_total": "Milliseconds spent restoring shards (cache catch-up or rebuild)",
         "evaluate_ms_total": "Milliseconds spent ingesting panes and evaluating",

@@ -7,6 +7,13 @@ in the Python worker between batches; a worker whose copy is behind replays the
 log entries it missed, one with no usable copy rebuilds from the snapshot, so a
 batch writes only what it changed and state never depends on which worker runs it.
 
+Catching up is cheap: the shard's hot-path state is arrays (the pane store, the running
+window aggregates, per-group values), so replaying a delta is array appends and scatter
+updates plus the firing sets; the collective indexes are not replayed at all (they are
+built from the store only when a preview needs them), and the snapshot is the store's
+raw columns. The values a replayed copy holds are reconciled with its firing sets at
+its next evaluation, for the keys that changed (``explicit_keys``).
+
 Each batch the operator also answers the condition previews its shard has not
 answered yet (see ``evaluator.preview``), and emits its transitions followed by
 its clock for the sink (see ``evaluator.spark.sink``).
@@ -115,6 +122,7 @@ class ShardProcessor(StatefulProcessor):
             "late_events_applied": stats.late_events, "late_events_dropped": stats.dropped_events,
             "invalid_events_dropped": stats.invalid_events, "boundaries": stats.boundaries,
             "candidates": stats.candidates, "matches": stats.matches, f"shard_restore_{how}": 1,
+            "changed_keys": stats.changed_keys, "explicit_keys": stats.explicit_keys,
         })
         for stage, seconds in (("restore", restored - started), ("evaluate", evaluated - restored),
                                ("persist", persisted - evaluated)):

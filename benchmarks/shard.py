@@ -1,0 +1,270 @@
+"""One evaluator shard without Spark: ms per boundary by plan, at high selectivity, and under key churn.
+
+    python benchmarks/shard.py            # full run (several minutes)
+    python benchmarks/shard.py --quick    # smoke run
+
+High selectivity: 5,000 Zipf keys over 5 shards (this shard holds the ~1,000 keys hashed to it and
+their events, as in the pipeline), 1 s panes, 5-minute horizon, windows of 1 and 5 minutes,
+a mix of COUNT / SUM / AVG / MAX / MIN conditions, BETWEEN ranges and key-restricted
+subscriptions whose thresholds are drawn around the 92nd (or 8th) percentile of the
+values, so ~8 % of (subscription, key) pairs match. The shard is warmed up over the
+horizon, the catalog arrives, and then boundaries are timed: the incremental plan (the
+default), the index plan (every group by collective index lookups, each boundary in full)
+and naive (every subscription on every key), the last two started from a snapshot of the
+warmed shard. Catching up: a copy that replays missed deltas (a Spark worker whose cached
+shard is behind) against one that evaluated them. Key churn: keys live a few seconds, ~1M distinct keys over the run with
+~5k in the horizon at a time; memory and ms per boundary early vs late.
+
+Nothing here asserts a time; numbers are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import table
+from evaluator.catalog import Catalog
+from evaluator.panerows import PaneRows
+from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+
+ATTRS = ("price", "volume")
+PANE = 1_000
+MINUTE = 60_000
+SHARDS = 5  # the high-selectivity shard holds one fifth of the keys
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def pane_rows(keys: np.ndarray, ts: np.ndarray, price: np.ndarray, volume: np.ndarray) -> PaneRows:
+    """One micro-batch's (key, pane) rows, vectorised, as Spark's pre-aggregation hands them over."""
+    starts = ts // PANE * PANE
+    order = np.lexsort((ts, keys, starts))
+    keys, ts, starts, values = keys[order], ts[order], starts[order], np.vstack([price[order], volume[order]])
+    first = np.flatnonzero(np.r_[True, (np.diff(keys) != 0) | (np.diff(starts) != 0)])
+    counts = np.diff(np.r_[first, keys.size])
+    names = np.array([f"k{k}" for k in keys[first].tolist()], dtype=object)
+    return PaneRows(names, starts[first], counts.astype(np.int64), np.add.reduceat(values, first, axis=1),
+                    np.minimum.reduceat(values, first, axis=1), np.maximum.reduceat(values, first, axis=1),
+                    np.r_[first, keys.size].astype(np.int64), ts.astype(np.int64), values)
+
+
+class Feed:
+    """Events per second over keys ``base + Zipf`` (or a sliding band, for churn), prices per key."""
+
+    def __init__(self, keys: int, per_second: int, seed: int, churn: int = 0, shards: int = 1) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.keys, self.per_second, self.churn, self.shards = keys, per_second, churn, shards
+        self.base_price = self.rng.lognormal(4, 1, keys)
+
+    def second(self, t: int) -> PaneRows:
+        n = self.per_second
+        self.rng = np.random.default_rng((self.seed, t))  # each second's data depends on the second only
+        if self.churn:  # a band of ``keys`` keys sliding by ``churn`` keys per second
+            keys = t // PANE * self.churn + self.rng.integers(0, self.keys, n)
+            price = 50 * self.rng.lognormal(0, 0.2, n)
+        else:
+            keys = (self.rng.zipf(1.3, n) - 1) % self.keys
+            price = self.base_price[keys] * self.rng.lognormal(0, 0.1, n)
+        mine = keys % self.shards == 0  # the keys of shard 0 (the others' events go elsewhere)
+        keys, price, n = keys[mine], price[mine], int(mine.sum())
+        ts = t + self.rng.integers(0, PANE, n)
+        volume = np.round(self.rng.exponential(10, n), 2)
+        return pane_rows(keys.astype(np.int64), ts.astype(np.int64), np.round(price, 2), volume)
+
+
+def catalog_for(n: int, shard: ShardEvaluator, seed: int) -> Catalog:
+    """``n`` subscriptions with thresholds around the 92nd (8th) percentile of the current values: ~8 % match."""
+    rng = np.random.default_rng(seed)
+    now = shard.evaluated_at - 1  # type: ignore[operator]  # warmed up
+    keys = sorted(shard._known())
+    kinds = [(Aggregate.COUNT, None), (Aggregate.SUM, "volume"), (Aggregate.AVG, "price"), (Aggregate.MAX, "price"),
+             (Aggregate.MIN, "price")]
+    samples: dict[tuple, np.ndarray] = {}
+    specs = []
+    for i in range(n):
+        aggregate, attribute = kinds[i % len(kinds)]
+        window = (MINUTE, 5 * MINUTE)[(i // len(kinds)) % 2]
+        sample = samples.get((aggregate, window))
+        if sample is None:
+            c = Condition(aggregate, attribute, window, low=0.0)
+            picked = rng.choice(keys, min(len(keys), 400), replace=False)
+            values = [shard.value(c, k, now) for k in picked]
+            sample = samples[(aggregate, window)] = np.array([v for v in values if v is not None])
+        shape = rng.random()
+        if shape < 0.1:  # a range holding ~8 % of the keys
+            lo = rng.uniform(0.5, 0.9)
+            low, high = np.quantile(sample, [lo, lo + 0.08])
+            condition = Condition(aggregate, attribute, window, low=float(low), high=float(high),
+                                  low_inclusive=True, high_inclusive=True)
+        elif aggregate is Aggregate.MIN or shape < 0.2:  # below the 8th percentile
+            condition = Condition(aggregate, attribute, window, high=float(np.quantile(sample, rng.uniform(0.03, 0.13))))
+        else:
+            condition = Condition(aggregate, attribute, window, low=float(np.quantile(sample, rng.uniform(0.87, 0.97))))
+        restricted = frozenset(rng.choice(keys, 3, replace=False).tolist()) if rng.random() < 0.1 else None
+        specs.append(SubscriptionSpec(i + 1, condition, restricted))
+    return Catalog(1, tuple(specs))
+
+
+def run_boundaries(shard: ShardEvaluator, feed: Feed, t: int, boundaries: int, catalog: Catalog,
+                   desc: str) -> tuple[float, BatchStats, int]:
+    """Feed ``boundaries`` seconds; returns ms per boundary, the stats, and the next second."""
+    stats, elapsed = BatchStats(), 0.0
+    for _ in tqdm(range(boundaries), desc=desc, file=sys.stderr, leave=False):
+        rows = feed.second(t)
+        started = time.perf_counter()
+        shard.step(rows, {0: t + PANE}, catalog, stats)
+        elapsed += time.perf_counter() - started
+        t += PANE
+    return 1000 * elapsed / max(stats.boundaries, 1), stats, t
+
+
+def high_selectivity(sizes: list[int], warm_s: int, measured: int, naive_upto: int, per_second: int) -> None:
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
+    rows, ratio_rows, per_size = [], [], {}
+    for n in sizes:
+        feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+        shard, t = ShardEvaluator(config), 1_000_000
+        _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm {n:,}")
+        catalog = catalog_for(n, shard, seed=11)
+        first = time.perf_counter()
+        _, stats0, t = run_boundaries(shard, feed, t, 1, catalog, "first")
+        first_ms = 1000 * (time.perf_counter() - first)
+        warm = shard.snapshot()
+        gc.collect()
+        ms, stats, _ = run_boundaries(shard, feed, t, measured, catalog, f"incremental {n:,}")  # same seconds as below
+        b = max(stats.boundaries, 1)
+        matches = sum(len(v) for v in shard.firing.values())
+        rows.append([f"{n:,}", "incremental", ms, stats.changed_keys / b, stats.candidates / b, stats.transitions / b,
+                     matches, first_ms, rss_mb()])
+        per_size[(n, "incremental")] = ms
+        plans = [("index", replace(config, plan="index"), 1 if n > naive_upto else max(2, measured // 5))]
+        if n <= naive_upto:
+            plans.append(("naive", replace(config, collective=False), 1))
+        for plan, plan_config, count in plans:
+            restored = ShardEvaluator.from_snapshot(plan_config, warm)
+            _ = restored.indexes  # built from the store before timing: a running index plan keeps them up to date
+            gc.collect()
+            ms, stats, _ = run_boundaries(restored, feed, t, count, catalog, f"{plan} {n:,}")
+            b = max(stats.boundaries, 1)
+            rows.append([f"{n:,}", plan, ms, "", stats.candidates / b, stats.transitions / b,
+                         stats.matches / b, "", rss_mb()])
+            per_size[(n, plan)] = ms
+        del shard
+        _ = stats0
+    table(f"High selectivity (~8 %), one of {SHARDS} shards of 5,000 Zipf keys, {per_second:,} events/s in all, "
+          "1 s panes, windows 1 and 5 min "
+          "(ms per boundary)",
+          ["subscriptions", "plan", "ms/boundary", "changed keys/b", "candidates/b", "transitions/b", "matches",
+           "first eval ms", "RSS MB"], rows)
+    small, big = sizes[0], sizes[min(1, len(sizes) - 1)]
+    for plan in ("incremental", "index"):
+        if (small, plan) in per_size and (big, plan) in per_size:
+            ratio_rows.append([plan, f"{big:,} / {small:,}", per_size[(big, plan)] / per_size[(small, plan)]])
+    for n in sizes:
+        if (n, "naive") in per_size:
+            ratio_rows.append([f"naive / incremental at {n:,}", "", per_size[(n, "naive")] / per_size[(n, "incremental")]])
+        if (n, "index") in per_size:
+            ratio_rows.append([f"index / incremental at {n:,}", "", per_size[(n, "index")] / per_size[(n, "incremental")]])
+    table("Ratios (time per boundary)", ["what", "sizes", "ratio"], ratio_rows)
+
+
+def catch_up(subscriptions: int, warm_s: int, batches: int, per_second: int) -> None:
+    """What a stale copy of the shard pays to catch up (the operator's restore), against evaluating a batch: one
+    copy evaluates ``batches`` seconds, another replays their deltas (as a Spark worker whose cached copy is
+    behind), and a third is rebuilt from a snapshot; each then evaluates the next second."""
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
+    feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+    shard, t = ShardEvaluator(config), 1_000_000
+    _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm {subscriptions:,}")
+    catalog = catalog_for(subscriptions, shard, seed=11)
+    _, _, t = run_boundaries(shard, feed, t, 2, catalog, "first")
+    started = time.perf_counter()
+    blob = shard.snapshot()
+    snapshot_ms = 1000 * (time.perf_counter() - started)
+    stale = ShardEvaluator.from_snapshot(config, blob)
+    run_boundaries(stale, feed, t, 1, catalog, "stale copy")  # a cached copy that evaluated (its first in full)
+    started = time.perf_counter()
+    restored_blob = ShardEvaluator.from_snapshot(config, blob)
+    rebuild_ms = 1000 * (time.perf_counter() - started)
+    _ = restored_blob
+    evaluate_ms, deltas = 0.0, []
+    for _ in tqdm(range(batches), desc="batches", file=sys.stderr, leave=False):
+        rows = feed.second(t)
+        started = time.perf_counter()
+        _, delta = shard.step(rows, {0: t + PANE}, catalog)
+        evaluate_ms += 1000 * (time.perf_counter() - started)
+        deltas.append(delta.to_bytes())
+        t += PANE
+    started = time.perf_counter()
+    for blob_delta in deltas[1:]:
+        stale.replay(Delta.from_bytes(blob_delta))
+    replay_ms = 1000 * (time.perf_counter() - started) / max(len(deltas) - 1, 1)
+    rows = feed.second(t)
+    timings = []
+    for copy in (shard, stale):
+        stats = BatchStats()
+        started = time.perf_counter()
+        copy.step(rows, {0: t + PANE}, catalog, stats)
+        timings.append((1000 * (time.perf_counter() - started), stats.explicit_keys, stats.scans))
+    table(f"Catching up, {subscriptions:,} subscriptions (the operator's restore without Spark; ms)",
+          ["evaluate a batch", "replay a missed delta", "next batch, cached copy", "next batch, after replay",
+           "explicit keys after replay", "group scans after replay", "snapshot", "rebuild from snapshot",
+           "snapshot MB"],
+          [[evaluate_ms / batches, replay_ms, timings[0][0], timings[1][0], timings[1][1], timings[1][2],
+            snapshot_ms, rebuild_ms, len(blob) / 2**20]])
+
+
+def key_churn(seconds: int, band: int, slide: int, per_second: int, subscriptions: int, horizon_s: int = 5) -> None:
+    """Keys ``t * slide + [0, band)``: ``slide * seconds`` distinct keys, ~band + slide * horizon_s known at a time."""
+    config = ShardConfig(ATTRS, PANE, horizon_s * 1_000, 0, 1)
+    feed = Feed(band, per_second, seed=3, churn=slide)
+    rng = np.random.default_rng(5)
+    specs = tuple(SubscriptionSpec(i + 1, Condition(
+        (Aggregate.COUNT, Aggregate.SUM, Aggregate.MAX)[i % 3], (None, "volume", "price")[i % 3], 2_000,
+        low=float((rng.uniform(16, 22), rng.uniform(180, 250), rng.uniform(80, 95))[i % 3])))  # ~1-3 % match
+        for i in range(subscriptions))
+    catalog = Catalog(1, specs)
+    shard, t = ShardEvaluator(config), 1_000_000
+    rows, chunk = [], max(seconds // 5, 1)
+    for part in range(5):
+        ms, stats, t = run_boundaries(shard, feed, t, chunk, catalog, f"churn {part + 1}/5")
+        rows.append([f"{(part + 1) * chunk:,}", f"{(part + 1) * chunk * slide:,}", len(shard.running.keys),
+                     shard.running.keys.capacity, len(shard.running.store), ms, stats.changed_keys / chunk, rss_mb()])
+    table(f"Key churn: {slide:,} new keys/s over a band of {band:,}, {horizon_s} s horizon, 2 s windows, "
+          f"{subscriptions:,} subscriptions",
+          ["seconds", "distinct keys so far", "key ids live", "key id capacity", "panes held", "ms/boundary",
+           "changed keys/b", "RSS MB"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        high_selectivity([100, 1_000], warm_s=30, measured=5, naive_upto=100, per_second=1_000)
+        catch_up(100, warm_s=30, batches=5, per_second=1_000)
+        key_churn(seconds=50, band=500, slide=100, per_second=1_000, subscriptions=100)
+    else:
+        high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
+        catch_up(10_000, warm_s=300, batches=10, per_second=5_000)
+        key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""A shard's panes as arrays, and every window's running aggregates per key, updated by array slices.
+
+Keys get small integer ids (:class:`KeyIds`), recycled once a key has no pane in the
+horizon and fires for nobody, so every per-key array is bounded by the keys active at
+once, not by every key ever seen. The panes of the horizon sit in one columnar store in
+pane order (:class:`PaneStore`); late panes are inserted in place (a duplicate (key, pane)
+row simply adds up, as counts, sums, mins and maxs do).
+
+:class:`RunningWindows` keeps, per window length ``T`` in use and for the horizon, each
+key's aggregates of its window ``[R - T, R)`` at the store's boundary ``R``. Moving to
+``b``, the panes entering a window start in ``[max(R, b - T), b)`` and those leaving it in
+``[R - T, min(R, b - T))``: two slices of the store, applied with vectorised scatter ops.
+COUNT is exact in int64; SUM is exact in integer units of ``2**-shift`` (Python ints in
+object arrays, :func:`units`), so a window sum is its panes' exact sum rounded once,
+whatever the key's history (float add/subtract would drift); MIN/MAX grow by scatter-max
+as panes enter and are recomputed from the store, vectorised, only for keys whose leaving
+pane held the extreme. The keys touched since the last evaluation are kept per window
+(``dirty``): the only keys whose values can have changed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_BIG = 1 << 62
+
+
+def units(values: np.ndarray, shift: int) -> tuple[np.ndarray, int]:
+    """Finite floats as exact integers (object array) in units of ``2**-s``; ``s`` is ``shift`` or the finer
+    unit some value needs (the caller then scales what it holds by ``2**(s - shift)``)."""
+    mantissa, exponent = np.frexp(values)
+    m = (mantissa * 2.0**53).astype(np.int64)
+    nonzero = m != 0
+    lowest = np.where(nonzero, m & -m, 1)
+    trailing = np.frexp(lowest.astype(np.float64))[1] - 1
+    m >>= trailing
+    exponent = np.where(nonzero, exponent - 53 + trailing, 0).astype(np.int64)
+    need = max(shift, int(-exponent.min()) if exponent.size else 0)
+    return m.astype(object) << (exponent + need).astype(object), need
+
+
+def to_floats(exact: np.ndarray, shift: int) -> np.ndarray:
+    """Exact unit sums as the nearest floats (correctly rounded; ±inf beyond the float range)."""
+    one = 1 << shift
+    try:
+        return (exact / one).astype(np.float64)
+    except OverflowError:
+        return np.array([v / one if abs(v) < one << 1023 else np.copysign(np.inf, v) for v in exact.tolist()],
+                        dtype=np.float64)
+
+
+class KeyIds:
+    """Key text <-> small int; ids are reused once released, so arrays indexed by id stay bounded."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str | None] = []
+        self.free: list[int] = []
+        self.version = 0  # changes whenever a key gets or loses an id
+
+    @property
+    def capacity(self) -> int:
+        return len(self.names)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def of(self, keys: np.ndarray) -> np.ndarray:
+        """Ids of ``keys`` (an object array of str), assigning new ones as needed."""
+        if not keys.size:
+            return np.empty(0, dtype=np.int64)
+        distinct, inverse = np.unique(keys.astype(str), return_inverse=True)
+        ids = np.empty(distinct.size, dtype=np.int64)
+        for i, key in enumerate(distinct.tolist()):
+            kid = self.ids.get(key)
+            if kid is None:
+                if self.free:
+                    kid = self.free.pop()
+                    self.names[kid] = key
+                else:
+                    kid = len(self.names)
+                    self.names.append(key)
+                self.ids[key] = kid
+                self.version += 1
+            ids[i] = kid
+        return ids[inverse.reshape(-1)]
+
+    def get(self, key: str) -> int | None:
+        return self.ids.get(key)
+
+    def release(self, ids: Iterable[int]) -> None:
+        for kid in ids:
+            name = self.names[kid]
+            if name is not None:
+                del self.ids[name]
+                self.names[kid] = None
+                self.free.append(kid)
+                self.version += 1
+
+    def to_bytes(self) -> bytes:
+        names = "\x00".join("" if n is None else n for n in self.names).encode()
+        live = np.array([n is not None for n in self.names], dtype=np.uint8)
+        free = np.array(self.free, dtype=np.int64)
+        return b"".join([struct.pack("<QQQ", len(self.names), len(names), free.size), names, live.tobytes(),
+                         free.tobytes()])
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> KeyIds:
+        table = cls()
+        n, name_bytes, n_free = struct.unpack_from("<QQQ", blob)
+        offset = 24
+        names = blob[offset : offset + name_bytes].decode().split("\x00") if n else []
+        offset += name_bytes
+        live = np.frombuffer(blob, dtype=np.uint8, count=n, offset=offset)
+        offset += n
+        table.free = np.frombuffer(blob, dtype=np.int64, count=n_free, offset=offset).tolist()
+        table.names = [name if alive else None for name, alive in zip(names, live.tolist(), strict=True)]
+        table.ids = {name: i for i, name in enumerate(table.names) if name is not None}
+        return table
+
+
+@dataclass
+class Panes:
+    """Pane rows by key id: the columns the store and the windows work on."""
+
+    ids: np.ndarray  # int64 key ids
+    starts: np.ndarray  # int64
+    counts: np.ndarray  # int64
+    sums: np.ndarray  # (attributes, rows) float64
+    mins: np.ndarray
+    maxs: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    def take(self, index: np.ndarray | slice) -> Panes:
+        return Panes(self.ids[index], self.starts[index], self.counts[index], self.sums[:, index],
+                     self.mins[:, index], self.maxs[:, index])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Panes]) -> Panes:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts], axis=-1)
+                     for f in ("ids", "starts", "counts", "sums", "mins", "maxs")))
+
+    @classmethod
+    def empty(cls, n_attributes: int) -> Panes:
+        nothing = np.empty((n_attributes, 0), dtype=np.float64)
+        return cls(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+                   nothing, nothing.copy(), nothing.copy())
+
+
+class PaneStore:
+    """The horizon's panes in start order, as columns in a buffer with spare capacity: appends are amortised
+    O(rows), expiry moves a head, a late pane is merged in (rare)."""
+
+    def __init__(self, n_attributes: int) -> None:
+        self.panes = Panes.empty(n_attributes)  # rows [head, end) are live
+        self.head = self.end = 0
+
+    @property
+    def live(self) -> Panes:
+        return self.rows(self.head, self.end)
+
+    def rows(self, lo: int, hi: int) -> Panes:
+        return self.panes.take(slice(lo, hi))
+
+    def __len__(self) -> int:
+        return self.end - self.head
+
+    def add(self, rows: Panes) -> None:
+        """Add rows in start order; rows older than the newest held (late) are merged in place."""
+        n = len(rows)
+        if not n:
+            return
+        if self.end > self.head and rows.starts[0] < self.panes.starts[self.end - 1]:
+            merged = Panes.concat([self.live, rows])
+            self._reset(merged.take(np.argsort(merged.starts, kind="stable")))
+        elif self.end + n > len(self.panes):
+            self._reset(Panes.concat([self.live, rows]))
+        else:
+            for name in ("ids", "starts", "counts"):
+                getattr(self.panes, name)[self.end : self.end + n] = getattr(rows, name)
+            for name in ("sums", "mins", "maxs"):
+                getattr(self.panes, name)[:, self.end : self.end + n] = getattr(rows, name)
+            self.end += n
+
+    def _reset(self, live: Panes) -> None:
+        capacity = max(1024, 2 * len(live))
+        spare = Panes(*(np.empty((*a.shape[:-1], capacity), dtype=a.dtype) for a in
+                        (live.ids, live.starts, live.counts, live.sums, live.mins, live.maxs)))
+        self.panes, self.head, self.end = spare, 0, 0
+        self.add(live)
+
+    def span(self, low: int, high: int) -> tuple[int, int]:
+        """Row range (absolute) of the panes starting in ``[low, high)``."""
+        starts = self.panes.starts[self.head : self.end]
+        return (self.head + int(np.searchsorted(starts, low, side="left")),
+                self.head + int(np.searchsorted(starts, high, side="left")))
+
+    def expire(self, before: int) -> None:
+        """Forget panes starting before ``before``."""
+        self.head, _ = self.span(before, before)
+
+
+class Window:
+    """Per key id: the aggregates of one window length over the panes it holds."""
+
+    def __init__(self, ms: int, n_attributes: int, capacity: int, values: bool) -> None:
+        self.ms = ms
+        self.values = values  # False: counts only (the horizon)
+        self.count = np.zeros(capacity, dtype=np.int64)
+        a = n_attributes if values else 0
+        self.sums = [np.zeros(capacity, dtype=object) for _ in range(a)]
+        self.mins = np.full((a, capacity), np.inf)
+        self.maxs = np.full((a, capacity), -np.inf)
+
+    def grow(self, capacity: int) -> None:
+        more = capacity - self.count.size
+        if more <= 0:
+            return
+        self.count = np.concatenate([self.count, np.zeros(more, dtype=np.int64)])
+        self.sums = [np.concatenate([s, np.zeros(more, dtype=object)]) for s in self.sums]
+        self.mins = np.concatenate([self.mins, np.full((self.mins.shape[0], more), np.inf)], axis=1)
+        self.maxs = np.concatenate([self.maxs, np.full((self.maxs.shape[0], more), -np.inf)], axis=1)
+
+
+class RunningWindows:
+    """Every window's aggregates at the store's boundary ``at``, and the keys touched since the last evaluation."""
+
+    def __init__(self, n_attributes: int, horizon_ms: int) -> None:
+        self.n_attributes = n_attributes
+        self.horizon_ms = horizon_ms
+        self.keys = KeyIds()
+        self.store = PaneStore(n_attributes)
+        self.shifts = [0] * n_attributes  # each attribute's exact unit: 2**-shift
+        self.windows: dict[int, Window] = {horizon_ms: Window(horizon_ms, n_attributes, 0, values=False)}
+        self.at: int | None = None
+        self._dirty: dict[int, list[np.ndarray]] = {horizon_ms: []}
+        self._dirty_all: list[np.ndarray] = []  # touched for every window (entering, late, leaving the horizon)
+
+    # -- keys ---------------------------------------------------------------------------------------
+
+    def ids_of(self, keys: np.ndarray) -> np.ndarray:
+        ids = self.keys.of(keys)
+        for window in self.windows.values():
+            window.grow(self.keys.capacity)
+        return ids
+
+    @property
+    def known(self) -> np.ndarray:
+        """Per key id: has a pane in the horizon."""
+        return self.windows[self.horizon_ms].count > 0
+
+    # -- windows in use -----------------------------------------------------------------------------
+
+    def use(self, lengths: Iterable[int]) -> None:
+        """Keep running aggregates for exactly these window lengths (and the horizon); new ones are built from
+        the store."""
+        lengths = set(lengths)
+        wanted = lengths | {self.horizon_ms}
+        for ms in [ms for ms in self.windows if ms not in wanted]:
+            del self.windows[ms], self._dirty[ms]
+        if self.horizon_ms in lengths and not self.windows[self.horizon_ms].values:
+            del self.windows[self.horizon_ms]  # a condition's window is the horizon: it needs values too
+        for ms in sorted(wanted - self.windows.keys()):
+            window = self.windows[ms] = Window(ms, self.n_attributes, self.keys.capacity, values=ms in lengths)
+            self._dirty.setdefault(ms, [])
+            if self.at is not None:
+                lo, hi = self.store.span(self.at - ms, self.at)
+                self._enter(window, self.store.rows(lo, hi))
+
+    def window(self, ms: int) -> Window:
+        return self.windows[ms]
+
+    # -- updates ------------------------------------------------------------------------------------
+
+    def _units(self, a: int, values: np.ndarray) -> np.ndarray:
+        exact, need = units(values, self.shifts[a])
+        if need > self.shifts[a]:
+            scale = 1 << (need - self.shifts[a])
+            for window in self.windows.values():
+                if window.values:
+                    window.sums[a] = window.sums[a] * scale
+            self.shifts[a] = need
+        return exact
+
+    def _enter(self, window: Window, rows: Panes) -> None:
+        if not len(rows):
+            return
+        np.add.at(window.count, rows.ids, rows.counts)
+        for a in range(len(window.sums)):
+            exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
+            np.add.at(window.sums[a], rows.ids, exact)
+            np.minimum.at(window.mins[a], rows.ids, rows.mins[a])
+            np.maximum.at(window.maxs[a], rows.ids, rows.maxs[a])
+
+    def _leave(self, window: Window, rows: Panes) -> np.ndarray:
+        """Take ``rows`` out of ``window``; returns the ids whose MIN or MAX must be recomputed."""
+        if not len(rows):
+            return np.empty(0, dtype=np.int64)
+        np.subtract.at(window.count, rows.ids, rows.counts)
+        redo = []
+        for a in range(len(window.sums)):
+            exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
+            np.subtract.at(window.sums[a], rows.ids, exact)
+            redo.append(rows.ids[(rows.mins[a] <= window.mins[a][rows.ids])
+                                 | (rows.maxs[a] >= window.maxs[a][rows.ids])])
+        return np.unique(np.concatenate(redo)) if redo else np.empty(0, dtype=np.int64)
+
+    def _recompute(self, window: Window, ids: np.ndarray, boundary: int) -> None:
+        """MIN and MAX of ``ids`` over the store's panes of ``[boundary - T, boundary)``, vectorised."""
+        if not ids.size:
+            return
+        window.mins[:, ids], window.maxs[:, ids] = np.inf, -np.inf
+        lo, hi = self.store.span(boundary - window.ms, boundary)
+        chosen = np.zeros(self.keys.capacity, dtype=bool)
+        chosen[ids] = True
+        rows = self.store.rows(lo, hi)
+        rows = rows.take(np.flatnonzero(chosen[rows.ids]))
+        for a in range(window.mins.shape[0]):
+            np.minimum.at(window.mins[a], rows.ids, rows.mins[a])
+            np.maximum.at(window.maxs[a], rows.ids, rows.maxs[a])
+
+    def advance(self, rows: Panes, boundary: int) -> None:
+        """Add the panes that became complete (starting in ``[at, boundary)``) and move every window to
+        ``boundary``."""
+        self.store.add(rows)
+        at, store = self.at, self.store
+        horizon = self.windows[self.horizon_ms]
+        if at is None or boundary - at >= self.horizon_ms:  # first move, or the whole horizon turns over
+            entering = store.span(boundary - self.horizon_ms, boundary)
+        else:
+            entering = store.span(at, boundary)
+        touched = [store.panes.ids[entering[0] : entering[1]]]
+        for window in self.windows.values():
+            t = window.ms
+            if at is None:
+                enter, leave = store.span(boundary - t, boundary), (0, 0)
+            else:
+                enter = store.span(max(at, boundary - t), boundary)
+                leave = store.span(at - t, min(at, boundary - t))
+            left = store.rows(*leave)
+            redo = self._leave(window, left)
+            self._enter(window, store.rows(*enter))
+            self._recompute(window, redo, boundary)
+            if window is horizon:
+                touched.append(left.ids[horizon.count[left.ids] == 0])  # no longer known: every group sees it
+            if window.values:
+                self._dirty[t].append(left.ids)
+        self._dirty_all += touched
+        self.at = boundary
+        store.expire(boundary - self.horizon_ms)
+
+    def add_late(self, rows: Panes) -> None:
+        """Panes older than ``at`` (late): into the store, and into every window that covers them now."""
+        if not len(rows):
+            return
+        assert self.at is not None
+        self.store.add(rows)
+        for window in self.windows.values():
+            covered = (rows.starts >= self.at - window.ms) & (rows.starts < self.at)
+            self._enter(window, rows.take(np.flatnonzero(covered)))
+        self._dirty_all.append(rows.ids)
+
+    def take_dirty(self, ms: int) -> np.ndarray:
+        """The keys whose window ``ms`` (or whose being known) may have changed since the last call for it."""
+        parts = self._dirty.get(ms, []) + self._dirty_all
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def clear_dirty(self) -> np.ndarray:
+        """Forget what was touched (after an evaluation); returns every key touched, for recycling."""
+        parts = self._dirty_all + [p for ps in self._dirty.values() for p in ps]
+        self._dirty_all = []
+        self._dirty = {ms: [] for ms in self.windows}
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def reset_ids(self, ids: np.ndarray) -> None:
+        """Clear the aggregates of released ids (their windows are empty already; this drops rounding nothing)."""
+        for window in self.windows.values():
+            window.count[ids] = 0
+            for s in window.sums:
+                s[ids] = 0
+            window.mins[:, ids], window.maxs[:, ids] = np.inf, -np.inf
+
+    # -- persistence ----------------------------------------------------------------------------------
+
+    def to_parts(self) -> list[bytes]:
+        panes = self.store.live
+        meta = struct.pack(f"<qQ{self.n_attributes}Q", _BIG if self.at is None else self.at, len(panes),
+                           *self.shifts)
+        parts = [meta, self.keys.to_bytes()]
+        parts += [panes.ids.astype(np.int64).tobytes(), panes.starts.astype(np.int64).tobytes(),
+                  panes.counts.astype(np.int64).tobytes(), np.ascontiguousarray(panes.sums).tobytes(),
+                  np.ascontiguousarray(panes.mins).tobytes(), np.ascontiguousarray(panes.maxs).tobytes()]
+        return parts
+
+    @classmethod
+    def from_parts(cls, n_attributes: int, horizon_ms: int, parts: Sequence[bytes]) -> RunningWindows:
+        """The store and key table as saved; window aggregates are rebuilt from the store (:meth:`use`)."""
+        running = cls(n_attributes, horizon_ms)
+        at, n, *shifts = struct.unpack_from(f"<qQ{n_attributes}Q", parts[0])
+        running.keys = KeyIds.from_bytes(parts[1])
+        ids, starts, counts = (np.frombuffer(p, dtype=np.int64).copy() for p in parts[2:5])
+        sums, mins, maxs = (np.frombuffer(p, dtype=np.float64).reshape(n_attributes, n).copy() for p in parts[5:8])
+        running.store.add(Panes(ids, starts, counts, sums, mins, maxs))
+        running.shifts = list(shifts)
+        running.windows[horizon_ms].grow(running.keys.capacity)
+        if at != _BIG:
+            running.at = at
+            lo, hi = running.store.span(at - horizon_ms, at)
+            running._enter(running.windows[horizon_ms], running.store.rows(lo, hi))
+        return running

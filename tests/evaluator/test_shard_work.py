@@ -1,0 +1,70 @@
+"""The incremental plan's work per boundary follows what changed, counted (never timed); key ids stay bounded."""
+
+from __future__ import annotations
+
+from evaluator.catalog import Catalog
+from evaluator.shard import BatchStats, ShardConfig, ShardEvaluator
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from tests.evaluator.test_shard import ATTRS, PANE, pane_rows
+
+CONFIG = ShardConfig(ATTRS, PANE, 120_000, 0, 1)
+ACTIVE = ("a1", "a2", "a3")
+
+
+def _subscriptions(n: int, extra_matching: int) -> Catalog:
+    """``n`` thresholds spread over COUNT and SUM, plus ``extra_matching`` that every key with data matches."""
+    specs = []
+    for i in range(n):
+        specs.append(SubscriptionSpec(len(specs) + 1, Condition(Aggregate.COUNT, None, 60_000, low=float(i % 40))))
+        specs.append(SubscriptionSpec(len(specs) + 1, Condition(Aggregate.SUM, "volume", 60_000, high=float(i))))
+    for i in range(extra_matching):
+        specs.append(SubscriptionSpec(len(specs) + 1, Condition(Aggregate.COUNT, None, 60_000, low=0.5 + i / 1e6)))
+    return Catalog(1, tuple(specs))
+
+
+def _work(idle: int, catalog: Catalog) -> list[tuple[int, int, int, int]]:
+    """Idle keys get one event at 10 s; three keys get one each second. Per measured boundary (25 s..40 s):
+    (changed keys, candidates, explicit keys, transitions)."""
+    shard = ShardEvaluator(CONFIG)
+    shard.costs.force = "per_key"  # the output-sensitive way (the adaptive choice may scan when it measures cheaper)
+    shard.step(pane_rows([(f"idle{i}", 10_000, 1.0, 1.0) for i in range(idle)]), {0: 10_000}, catalog)
+    per_boundary = []
+    for second in range(11, 41):
+        stats = BatchStats()
+        events = [(k, second * 1_000 - 500, 1.0, float(j + 1)) for j, k in enumerate(ACTIVE)]
+        shard.step(pane_rows(events), {0: second * 1_000}, catalog, stats)
+        if second >= 25:
+            assert stats.boundaries == 1
+            per_boundary.append((stats.changed_keys, stats.candidates, stats.explicit_keys, stats.transitions))
+    assert all(f"idle{i}" in shard.firing[len(catalog.subscriptions)] for i in range(idle)) or not idle
+    return per_boundary
+
+
+def test_work_follows_changed_keys_not_idle_keys_nor_matching_pairs() -> None:
+    base = _work(100, _subscriptions(40, 1))
+    assert _work(200, _subscriptions(40, 1)) == base, "idle known keys cost nothing"
+    assert _work(100, _subscriptions(40, 50)) == base, "more matching (subscription, key) pairs cost nothing"
+    groups = 2 + 1  # COUNT, SUM, and the extra COUNT(...) share COUNT's group: at most 3 values per key
+    assert all(changed <= groups * len(ACTIVE) for changed, *_ in base)
+    assert all(explicit == 0 for _, _, explicit, _ in base)
+    # candidates: members with a threshold between a key's old and new value (one step of COUNT, of SUM)
+    assert all(candidates <= 2 * len(ACTIVE) + transitions for _, candidates, _, transitions in base)
+
+
+def test_key_churn_keeps_key_ids_bounded_by_the_active_keys() -> None:
+    """Each second two new keys, each seen once: 600 keys over 10 minutes, ~2 * horizon_s known at a time."""
+    config = ShardConfig(ATTRS, PANE, 10_000, 0, 1)
+    catalog = Catalog(1, (SubscriptionSpec(1, Condition(Aggregate.COUNT, None, 5_000, low=1.0)),
+                          SubscriptionSpec(2, Condition(Aggregate.COUNT, None, 5_000, high=1.0), frozenset({"k7"}))))
+    shard = ShardEvaluator(config)
+    capacities = []
+    for second in range(1, 301):
+        events = [(f"k{2 * second + j}", second * 1_000 - 500, 1.0, 1.0) for j in range(2)]
+        shard.step(pane_rows(events), {0: second * 1_000}, catalog)
+        capacities.append(shard.running.keys.capacity)
+    assert max(capacities) <= 2 * 12 + 2, "ids are reused once a key is neither known nor firing"
+    assert max(capacities[100:]) == max(capacities[:100])
+    # k7 fires COUNT <= 1 for subscription 2 forever after its data left (a no-data alert keeps firing)
+    assert shard.firing.get(2) == {"k7"} and shard.running.keys.get("k7") is not None
+    assert len(shard.running.keys) <= 2 * 12 + 1
+    assert set(shard._firing_by_key) == {"k7"}
