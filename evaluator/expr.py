@@ -10,6 +10,8 @@ form is the nested arrays it had when it was a tuple, so old snapshots still rea
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,16 +82,15 @@ def expr_terms(expr: Expr | list[Any] | tuple[Any, ...]) -> list[Term]:
     return expr_terms(node.left) + expr_terms(node.right)
 
 
+#: The expression operators, for numbers and NumPy arrays alike (``evaluator.incremental`` combines columns).
+ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+}
+
+
 def combine(op: str, left: float, right: float) -> float | None:
     """``left op right``; None where it has no finite value (division by zero, overflow)."""
-    if op == "+":
-        value = left + right
-    elif op == "-":
-        value = left - right
-    elif op == "*":
-        value = left * right
-    else:
-        if right == 0:
-            return None
-        value = left / right
+    if op == "/" and right == 0:
+        return None
+    value = ARITHMETIC[op](left, right)
     return value if math.isfinite(value) else None

@@ -29,21 +29,14 @@ import numpy as np
 
 from evaluator.aggregates import AGGREGATES, Columns
 from evaluator.comparators import Range
-from evaluator.expr import BinOp, Expr, Num, Term, combine
+from evaluator.expr import ARITHMETIC, BinOp, Expr, Num, Term, combine
 from evaluator.spec import Condition, SubscriptionSpec
 
 
 def _combine(op: str, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """:func:`evaluator.expr.combine` over arrays: NaN where it gives None."""
     with np.errstate(all="ignore"):
-        if op == "+":
-            value = left + right
-        elif op == "-":
-            value = left - right
-        elif op == "*":
-            value = left * right
-        else:
-            value = np.where(right == 0, np.nan, left / np.where(right == 0, 1.0, right))
+        value = ARITHMETIC[op](left, np.where(right == 0, np.nan, right) if op == "/" else right)
     return np.where(np.isfinite(value), value, np.nan)
 
 
