@@ -11,8 +11,9 @@ Catching up is cheap: the shard's hot-path state is arrays (the pane store, the 
 window aggregates, per-group values), so replaying a delta is array appends and scatter
 updates plus the firing sets; the collective indexes are not replayed at all (they are
 built from the store only when a preview needs them), and the snapshot is the store's
-raw columns. The values a replayed copy holds are reconciled with its firing sets at
-its next evaluation, for the keys that changed (``explicit_keys``).
+raw columns. A copy that replayed brings its groups' values to the last evaluated
+boundary once, for the keys the replayed batches changed, before its next rows
+(``ShardEvaluator._sync``), so its next batch costs what it costs a cached copy.
 
 Each batch the operator also answers the condition previews its shard has not
 answered yet (see ``evaluator.preview``), and emits its transitions followed by
