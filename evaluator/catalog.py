@@ -44,6 +44,10 @@ def _unpack(raw: bytes) -> dict:
     return json.loads(raw if raw[:1] == b"{" else zlib.decompress(raw))
 
 
+#: What decoding a published change or snapshot raises when it is not one this code can read.
+UNREADABLE = (ValueError, KeyError, TypeError, zlib.error)
+
+
 @dataclass(frozen=True)
 class CatalogChange:
     """One committed edit, from ``version - 1`` to ``version``: whole specs added or edited, and ids removed.
@@ -203,8 +207,8 @@ class Catalog:
     def brought_forward(self, log: Iterable[tuple[int, bytes]], keep: int = 1_000) -> Catalog:
         """This catalog with the encoded changes of ``log`` (version, payload; in version order) that follow it applied.
 
-        Entries at or below this version are skipped undecoded; it stops at the first gap, so a reader
-        never applies a change whose predecessor it has not seen.
+        Entries at or below this version are skipped undecoded; it stops at the first gap or entry it cannot
+        decode, so a reader never applies a change whose predecessor it has not applied.
         """
         catalog = self
         for version, payload in log:
@@ -212,7 +216,11 @@ class Catalog:
                 continue
             if version != catalog.version + 1:
                 break
-            catalog = catalog.applied(CatalogChange.decode(payload), keep)
+            try:
+                change = CatalogChange.decode(payload)
+            except UNREADABLE:  # e.g. written by a newer web app: a gap, so readers keep what they hold
+                break
+            catalog = catalog.applied(change, keep)
         return catalog
 
     @classmethod

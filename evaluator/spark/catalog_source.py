@@ -19,7 +19,7 @@ import structlog
 from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from evaluator.catalog import Catalog
+from evaluator.catalog import UNREADABLE, Catalog
 from evaluator.preview import PreviewRequest
 
 log = structlog.get_logger("evaluator")
@@ -39,7 +39,11 @@ def caught_up(source: CatalogLog, catalog: Catalog, keep: int) -> Catalog:
         if ahead.version == read.version:
             return ahead
     full = source.read_with_snapshot()
-    base = Catalog.decode(full.snapshot) if full.snapshot else Catalog.empty()
+    try:
+        base = Catalog.decode(full.snapshot) if full.snapshot else Catalog.empty()
+    except UNREADABLE as exc:  # a snapshot this worker cannot read must not stop every shard's batch
+        log.warning("catalog_snapshot_unreadable", held=catalog.version, reason=f"{type(exc).__name__}: {exc}")
+        return catalog
     reloaded = base.brought_forward(full.entries, keep)
     if full.version == 0 or reloaded.version != full.version:  # the invariants of core.catalog_log say never
         log.warning("catalog_unreachable", held=catalog.version, published=full.version, reached=reloaded.version)

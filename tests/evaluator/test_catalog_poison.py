@@ -1,0 +1,42 @@
+"""A change-log entry no reader can decode must not stop evaluation: readers keep the last catalog they could read."""
+
+from __future__ import annotations
+
+import redis
+
+from core.catalog_log import CatalogLog
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from evaluator.catalog import Catalog, CatalogChange
+from evaluator.spark.catalog_source import caught_up
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+
+
+def _spec(i: int) -> SubscriptionSpec:
+    return SubscriptionSpec(i, Condition(Aggregate.COUNT, None, 60_000, low=float(i)))
+
+
+def test_an_undecodable_change_is_never_applied_and_raises_nothing(settings: Settings) -> None:
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = RedisKeys(settings)
+    catalog_log = CatalogLog(client, keys)
+    client.xadd(keys.catalog_changes, {"c": CatalogChange(1, (_spec(1),)).encode()}, id="1-0")
+    client.set(keys.catalog_version, 1)
+    held = caught_up(catalog_log, Catalog.empty(), keep=100)
+    assert held.version == 1 and [s.id for s in held.subscriptions] == [1]
+
+    client.xadd(keys.catalog_changes, {"c": b"\x00not a change"}, id="2-0")
+    client.xadd(keys.catalog_changes, {"c": CatalogChange(3, (_spec(3),)).encode()}, id="3-0")
+    client.set(keys.catalog_version, 3)
+    for _ in range(2):  # every later poll keeps the last catalog it could read, and raises nothing
+        assert caught_up(catalog_log, held, keep=100) is held
+    client.set(keys.catalog_snapshot_version, 3)
+    client.set(keys.catalog_snapshot, b"\x00not a snapshot")  # nor does a snapshot it cannot read
+    assert caught_up(catalog_log, held, keep=100) is held
+
+
+def test_brought_forward_stops_before_an_undecodable_entry() -> None:
+    good = CatalogChange(1, (_spec(1),)).encode()
+    for bad in (b"", b"garbage", b"{}", b'{"version": 2, "upserts": [{"id": "x"}]}'):
+        caught = Catalog.empty().brought_forward([(1, good), (2, bad), (3, CatalogChange(3, (_spec(3),)).encode())])
+        assert caught.version == 1 and [s.id for s in caught.subscriptions] == [1]
