@@ -95,6 +95,7 @@ class Endpoint(Base):
     kind: Mapped[str] = mapped_column(String(16))
     target: Mapped[str] = mapped_column(String(2048))
     secret_encrypted: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    template: Mapped[str | None] = mapped_column(Text, nullable=True)  # the message template; None: the channel's own
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     secret = None  # not stored: the new plaintext, on the object that set it (str | None)
@@ -123,6 +124,28 @@ class Subscription(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     endpoints: Mapped[list[Endpoint]] = relationship(secondary=subscription_endpoints, lazy="selectin")
+
+
+class Silence(Base):
+    """Alertmanager-style silence: alerts of ``owner_id``'s subscriptions that match every matcher are not notified
+    from ``starts_at`` until ``ends_at`` (or until expired by hand), and each is logged as a suppression naming it.
+
+    ``matchers`` is a list of ``{"name": ..., "op": ..., "value": ...}`` (validated by the API schema), so new
+    matcher names need no migration.
+    """
+
+    __tablename__ = "silences"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
+    comment: Mapped[str] = mapped_column(Text)
+    matchers: Mapped[list[dict]] = mapped_column(JSON)
+    starts_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ends_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)  # ended by hand
 
 
 class CatalogVersion(Base):
