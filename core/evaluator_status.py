@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from core.redis_schema import shard_clocks
 from core.settings import Settings
 
+#: Fields of ``stats:evaluator`` a catalog reader sets while the catalog it holds is behind a published version it
+#: cannot reach (since when; held, published and why as JSON), and removes once it reaches it again.
+CATALOG_STUCK_SINCE = "catalog_stuck_since"
+CATALOG_STUCK = "catalog_stuck"
+
 
 @dataclass(frozen=True)
 class EvaluatorStatus:

@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     watchdog_min_records: int = Field(500, ge=1, description="records in the window before the share is judged")
     watchdog_restart_window_s: float = Field(900.0, gt=0, description="window of the job-restart count")
     watchdog_max_restarts: int = Field(3, ge=0, description="job starts beyond this within the window: 'restarting'")
+    watchdog_catalog_s: float = Field(
+        60.0, gt=0, description="shards behind a published catalog version they cannot reach this long: 'catalog'"
+    )
     operator_endpoint_ids: list[int] = Field(
         default_factory=list, description="endpoints (made as an operator) the dead man's switch notifies"
     )

@@ -25,6 +25,7 @@ from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys, celery_queue_keys, shard_clocks
 from core.settings import Settings
@@ -79,6 +80,14 @@ def _number(raw: dict[str, str], name: str) -> float:
         return 0.0
 
 
+def _json_field(raw: dict[str, str], name: str) -> dict | None:
+    try:
+        value = json.loads(raw[name])
+    except (KeyError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def collect_sample(settings: Settings, client: redis.Redis, previous: dict | None) -> dict[str, Any]:
     """One sample; rates are taken against ``previous``."""
     keys = RedisKeys(settings)
@@ -100,6 +109,8 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         # for the dead man's switch (web.watchdog): the slowest shard's clock, the driver's heartbeat, refusals
         "clock": min(shard_clocks(evaluator), default=None),
         "heartbeat_at": _number(evaluator, "driver_heartbeat_at") or None,
+        "catalog_stuck_since": _number(evaluator, CATALOG_STUCK_SINCE) or None,
+        "catalog_stuck": _json_field(evaluator, CATALOG_STUCK),
         **{name: _number(evaluator, name) for name in STREAM_COUNTERS},
         **{outcome: _number(deliveries, outcome) for outcome in ("delivered", "retry", "dead", "suppressed")},
     }

@@ -3,7 +3,7 @@
 An alerting platform's worst failure is silence, and a silent evaluator writes
 nothing that could trip an alert of its own. So the web app's sampler (one
 process at a time, under the sampler lock) judges every dashboard sample
-against four rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
+against five rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 - ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
   (``watchdog_startup_s`` after the job starts) while records kept arriving (the
@@ -14,7 +14,11 @@ against four rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 - ``restarting``: the job started more than ``watchdog_max_restarts`` times
   within ``watchdog_restart_window_s``;
 - ``down``: the evaluator driver's heartbeat is older than ``evaluator_stale_s``
-  (or it never sent one since the web app started watching).
+  (or it never sent one since the web app started watching);
+- ``catalog``: for ``watchdog_catalog_s`` the shards have evaluated with a catalog
+  older than the one published, because a change or snapshot no reader can decode
+  (or a lost one) stops them from reaching it: subscription edits, new
+  subscriptions and deletions silently do not take effect, so an operator must know.
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
@@ -44,7 +48,7 @@ from notifier.notification import build_notification, notification_id
 
 log = structlog.get_logger("watchdog")
 
-RULES = ("stalled", "degraded", "restarting", "down")
+RULES = ("stalled", "degraded", "restarting", "down", "catalog")
 #: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
 REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
 STREAM_COUNTERS = ("late_events_applied", *REFUSAL_COUNTERS)
@@ -125,6 +129,19 @@ def down(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
     return RuleStatus(True, since, detail)
 
 
+def catalog(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
+    """The shards' catalog behind a published version they cannot reach, for ``watchdog_catalog_s``."""
+    latest = samples[-1] if samples else {}
+    since = latest.get("catalog_stuck_since")
+    if since is None or now - since < settings.watchdog_catalog_s:
+        return RuleStatus(False)
+    stuck = latest.get("catalog_stuck") or {}
+    detail = (f"the evaluator holds subscription catalog version {stuck.get('held', '?')} of "
+              f"{stuck.get('published', '?')} published, so later edits do not take effect: "
+              f"{stuck.get('problem', 'reason unknown')}")
+    return RuleStatus(True, since, detail)
+
+
 def samples_needed(settings: Settings) -> int:
     """How many of the newest samples the rules look at: their longest span, within the history kept."""
     span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
@@ -139,6 +156,7 @@ def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: 
         "degraded": degraded(samples, settings, now),
         "restarting": restarting(starts, settings, now),
         "down": down(samples, settings, now),
+        "catalog": catalog(samples, settings, now),
     }
 
 

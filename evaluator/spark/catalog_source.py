@@ -11,44 +11,66 @@ one-off questions every shard answers once (see ``web.conditions``).
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
 
 import redis
 import structlog
 
 from core.catalog_log import CatalogLog
+from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import UNREADABLE, Catalog
 from evaluator.preview import PreviewRequest
 
 log = structlog.get_logger("evaluator")
+_UNREPORTED = object()  # a new worker writes its first view whatever it is (a restarted job may have left one)
 
 
-def caught_up(source: CatalogLog, catalog: Catalog, keep: int) -> Catalog:
+@dataclass(frozen=True)
+class Reach:
+    """Where a catch-up got: the catalog held after it, the newest version published, and, when the held one is
+    behind, why (a change or snapshot no reader can decode, or a log that does not reach the published version)."""
+
+    catalog: Catalog
+    published: int
+    problem: str | None = None
+
+
+def reach(source: CatalogLog, catalog: Catalog, keep: int) -> Reach:
     """``catalog`` brought to the newest version published, remembering up to ``keep`` changes.
 
     By the changes after it when the log reaches back to it, else from the snapshot and the changes
     after the snapshot. Nothing published (Redis lost its data and nobody republished yet) keeps it.
+    What it cannot reach it keeps, and says why: evaluation goes on with the last catalog it could read.
     """
     read = source.read(after=catalog.version)
     if read.version in (0, catalog.version):
-        return catalog
+        return Reach(catalog, read.version)
     if read.version > catalog.version:
         ahead = catalog.brought_forward(read.entries, keep)
         if ahead.version == read.version:
-            return ahead
+            return Reach(ahead, read.version)
     full = source.read_with_snapshot()
     try:
         base = Catalog.decode(full.snapshot) if full.snapshot else Catalog.empty()
     except UNREADABLE as exc:  # a snapshot this worker cannot read must not stop every shard's batch
         log.warning("catalog_snapshot_unreadable", held=catalog.version, reason=f"{type(exc).__name__}: {exc}")
-        return catalog
+        return Reach(catalog, full.version, f"the catalog snapshot (version {full.snapshot_version}) cannot be "
+                                            f"read: {type(exc).__name__}: {exc}")
     reloaded = base.brought_forward(full.entries, keep)
     if full.version == 0 or reloaded.version != full.version:  # the invariants of core.catalog_log say never
         log.warning("catalog_unreachable", held=catalog.version, published=full.version, reached=reloaded.version)
-        return catalog
-    return reloaded
+        return Reach(catalog, full.version, f"the change log stops at version {reloaded.version} of "
+                                            f"{full.version} (an entry no reader can decode, or a lost one)")
+    return Reach(reloaded, full.version)
+
+
+def caught_up(source: CatalogLog, catalog: Catalog, keep: int) -> Catalog:
+    """The catalog :func:`reach` gets to."""
+    return reach(source, catalog, keep).catalog
 
 
 class CatalogSource:
@@ -61,6 +83,7 @@ class CatalogSource:
         self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()
         self._checked = 0.0
+        self._reported: object = _UNREPORTED  # the problem last written to the stats, by this worker
         self._answered: dict[tuple[int, str], float] = {}  # (shard, request) -> when, in this worker
 
     def previews(self, shard: int) -> list[tuple[str, PreviewRequest]]:
@@ -88,8 +111,27 @@ class CatalogSource:
         now = time.monotonic()
         if now - self._checked >= self.refresh_s:
             self._checked = now
-            self._catalog = caught_up(self.catalog_log, self._catalog, self.keep)
+            reached = reach(self.catalog_log, self._catalog, self.keep)
+            self._catalog = reached.catalog
+            self._report(reached)
         return self._catalog
+
+    def _report(self, reached: Reach) -> None:
+        """Tell the dead man's switch (``web.watchdog``, rule ``catalog``) that edits no longer reach evaluation,
+        or that they do again. Written only when this worker's view changes: one round trip per change."""
+        if reached.problem == self._reported:
+            return
+        stats = self.keys.evaluator_stats
+        if reached.problem is None:
+            self.redis.hdel(stats, CATALOG_STUCK_SINCE, CATALOG_STUCK)
+        else:
+            pipe = self.redis.pipeline()
+            pipe.hsetnx(stats, CATALOG_STUCK_SINCE, time.time())  # the first worker to see it sets the start
+            pipe.hset(stats, CATALOG_STUCK, json.dumps({"held": reached.catalog.version,
+                                                        "published": reached.published,
+                                                        "problem": reached.problem}))
+            pipe.execute()
+        self._reported = reached.problem
 
 
 _SHARED: dict[tuple[str, str], CatalogSource] = {}

@@ -126,3 +126,17 @@ def test_evaluator_status_tells_absent_starting_ready_and_stale_apart() -> None:
     assert evaluator_status(ready, SETTINGS, now).ready
     stale = evaluator_status({**ready, "driver_heartbeat_at": str(now - 45)}, SETTINGS, now)
     assert stale.state == "stale" and "45 s" in stale.reason
+
+
+def test_catalog_fires_once_the_shards_were_behind_an_unreachable_version_for_the_limit() -> None:
+    from web.watchdog import catalog
+    settings = Settings(watchdog_catalog_s=60)
+    stuck = {"held": 7, "published": 9, "problem": "the change log stops at version 7 of 9"}
+    history = _samples(5)
+    assert not catalog(history, settings, history[-1]["t"]).firing, "nothing reported: nothing fires"
+    history[-1] |= {"catalog_stuck_since": 1_000.0, "catalog_stuck": stuck}
+    assert not catalog(history, settings, 1_059.0).firing, "a catch-up may take a moment"
+    status = catalog(history, settings, 1_061.0)
+    assert status.firing and status.since == 1_000.0
+    assert "version 7 of 9 published" in status.detail and "stops at version 7" in status.detail
+    assert evaluate(history, [], settings, 1_061.0)["catalog"].firing
