@@ -3,6 +3,7 @@
     python -m subscriptions.admin create-user ada@example.com --operator   # prints a generated password
     python -m subscriptions.admin create-user ada@example.com --password-stdin < secret.txt
     python -m subscriptions.admin set-role ada@example.com operator
+    python -m subscriptions.admin republish-catalog   # the 'catalog' watchdog fired: readers start afresh
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import secrets
 import sys
 
+import redis
 from sqlalchemy import func, select
 
 from core.settings import Settings, get_settings
@@ -19,6 +21,7 @@ from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, NotFound
 from subscriptions.models import ROLES, User
 from subscriptions.schemas import SignUpIn
+from subscriptions.service import CatalogPublisher
 
 LOCAL_OPERATOR = "admin@tocsin.local"
 
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     role = commands.add_parser("set-role", help="change an account's role")
     role.add_argument("email")
     role.add_argument("role", choices=ROLES)
+    commands.add_parser("republish-catalog", help="publish the whole subscription catalog from the database under a "
+                        "new version (repairs a change log the evaluator cannot read past)")
     args = parser.parse_args(argv)
     settings = get_settings()
     try:
@@ -56,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             given = sys.stdin.readline().rstrip("\n") if args.password_stdin else None
             user, password = create_user(settings, args.email, given, "operator" if args.operator else "user")
             print(f"created {user.email} ({user.role})" + ("" if given else f"; password: {password}"))
+        elif args.command == "republish-catalog":
+            with session_factory(settings.database_url)() as session:
+                publisher = CatalogPublisher(session, settings, redis.Redis.from_url(settings.redis_url))
+                publisher.resnapshot()
+                print(f"published the catalog as version {publisher.log.version()}")
         else:
             with session_factory(settings.database_url)() as session:
                 user = AccountService(session, settings).set_role(args.email, args.role)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from core.catalog_log import CatalogLog
@@ -73,3 +74,34 @@ def test_a_reader_stuck_behind_an_undecodable_change_tells_the_dead_mans_switch_
     assert not client.hexists(keys.evaluator_stats, CATALOG_STUCK_SINCE)
     assert not client.hexists(keys.evaluator_stats, CATALOG_STUCK)
     assert not evaluate([collect_sample(settings, text, None)], [], settings, since + 10_000)["catalog"].firing
+
+
+def test_republish_catalog_moves_a_stuck_reader_past_an_undecodable_change(settings: Settings,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from subscriptions import admin
+    from subscriptions.db import session_factory
+    from subscriptions.models import Subscription
+    from subscriptions.service import CatalogPublisher
+    from tests.users import new_user
+    monkeypatch.setattr(admin, "get_settings", lambda: settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = RedisKeys(settings)
+    owner, _ = new_user(settings)
+    with session_factory(settings.database_url)() as session:
+        row = Subscription(owner_id=owner.id, name="n", condition="COUNT(*) OVER 1m > 1",
+                           condition_spec=_spec(1).condition.to_dict(), keys=None, policy={})
+        session.add(row)
+        session.flush()
+        CatalogPublisher(session, settings, client).commit_change(row)
+        sid = row.id
+    source = CatalogSource(settings, refresh_s=0)
+    held = source.current()
+    assert [s.id for s in held.subscriptions] == [sid]
+    client.xadd(keys.catalog_changes, {"c": b"\x00written by a newer web app"}, id=f"{held.version + 1}-0")
+    client.set(keys.catalog_version, held.version + 1)
+    assert source.current() is held and client.hexists(keys.evaluator_stats, CATALOG_STUCK_SINCE)
+
+    assert admin.main(["republish-catalog"]) == 0
+    reached = source.current()
+    assert reached.version > held.version + 1 and [s.id for s in reached.subscriptions] == [sid]
+    assert not client.hexists(keys.evaluator_stats, CATALOG_STUCK_SINCE)
