@@ -197,6 +197,10 @@ class Settings(BaseSettings):
     delivery_restore_interval_s: int = Field(
         30, ge=1, description="how often workers look for deliveries a dead worker left unacknowledged"
     )
+    delivery_store_wait_s: float = Field(
+        1.0, gt=0, le=60, description="a delivery that cannot reach Redis (its records) waits this long, then is "
+                                      "put back on its queue, never dropped"
+    )
     dispatcher_block_ms: int = 1_000
     dispatcher_consumer: str = "dispatcher-1"
     dispatcher_group_wait_ms: int = Field(

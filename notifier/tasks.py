@@ -13,7 +13,11 @@ which gets the typed notification and a read-only view of the endpoint.
 
 Never silence: whatever goes wrong in a task - a receiver's odd reply, a
 template or header error, a bug - ends as a recorded retry or a dead letter with
-its reason. A delivery whose endpoint was deleted, changed hands or changed
+its reason. When the records themselves cannot be written (Redis unreachable,
+out of memory, failing over), the task cannot record anything: it waits a moment
+and puts its message back on its queue (or, if even that fails, leaves it
+unacknowledged for the visibility timeout to restore), so the delivery runs again
+once Redis answers - at least once, never lost. A delivery whose endpoint was deleted, changed hands or changed
 (a rotated secret) since it was queued is dropped, and the drop is recorded.
 
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
@@ -27,14 +31,16 @@ from __future__ import annotations
 
 import math
 import random
+import time
 import uuid
 from functools import lru_cache
 
 import redis
 import structlog
 from celery import Task
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 from celery.signals import worker_ready
+from kombu.exceptions import OperationalError
 from prometheus_client import Counter, Histogram
 
 from core.metrics import serve_metrics
@@ -54,6 +60,7 @@ log = structlog.get_logger(__name__)
 ATTEMPTS = Counter("tocsin_delivery_attempts_total", "Delivery attempts", ["kind", "outcome"])
 LATENCY = Histogram("tocsin_delivery_latency_seconds", "Latency of delivery attempts", ["kind"])
 DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred because their endpoint or owner was busy")
+REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
 
 
 @worker_ready.connect
@@ -123,11 +130,29 @@ def read_delivery(notification: object, endpoint_id: object, attempt: object, de
     return typed
 
 
+#: Redis unreachable, as the delivery records (redis-py) or the broker (kombu) report it: nothing can be recorded
+#: or re-queued with a countdown, so the task is put back, not failed (a failed task is acknowledged: lost).
+STORE_ERRORS = (redis.RedisError, OperationalError)
+
+
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
 def deliver(self: Task, notification: dict | None = None, endpoint_id: int | None = None, *extra: object,
             owner_id: int | None = None, generation: str | None = None, attempt: int = 1, deferrals: int = 0,
             **unknown: object) -> str:
     settings = get_settings()
+    try:
+        return _deliver(self, settings, notification, endpoint_id, extra, owner_id, generation, attempt, deferrals,
+                        unknown)
+    except STORE_ERRORS as exc:
+        REQUEUED.inc()
+        log.warning("delivery_requeued_store_unavailable", endpoint_id=endpoint_id,
+                    reason=f"{type(exc).__name__}: {exc}")
+        time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
+        raise Reject(exc, requeue=True) from exc
+
+
+def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint_id: int | None, extra: tuple,
+             owner_id: int | None, generation: str | None, attempt: int, deferrals: int, unknown: dict) -> str:
     records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
     try:
         typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown)
@@ -151,7 +176,7 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
         raise delivery.again(claim_ttl_s(settings), attempt)
     try:
         return delivery.run()
-    except Retry:
+    except (Retry, *STORE_ERRORS):
         raise
     except Exception as exc:
         log.exception("delivery_failed_unexpectedly", notification=nid, endpoint_id=endpoint_id)

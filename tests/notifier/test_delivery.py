@@ -16,6 +16,7 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.mailsink import MailSink
 from devstack.receiver import WebhookReceiver
+from devstack.services import free_port, start_redis
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import DELIVER_TASK, make_celery
@@ -395,3 +396,35 @@ def test_a_malformed_task_is_dead_lettered_with_its_reason(settings, service, re
         "malformed task: endpoint_id '1' is not an id", "malformed task: unexpected arguments ['surprise']"])
     assert "delivery_malformed" in (tmp_path / "logs" / "worker.log").read_text()
     assert receiver.attempts == 1
+
+
+def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis_answers(
+        settings, service, tmp_path) -> None:
+    # The delivery records live in a Redis of their own here, so the test can take it away while the broker stays.
+    port = free_port()
+    store = start_redis(port, tmp_path / "store")
+    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
+                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+    receiver = WebhookReceiver()
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    celery = make_celery(settings)
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(celery, _notification(subscription_id, "AAPL"), endpoint)
+            receiver.wait_for(lambda r: True)  # the worker is up and delivering
+            store.stop()
+            _send(celery, _notification(subscription_id, "MSFT"), endpoint)  # its claim cannot be written
+            time.sleep(3)
+            assert len(receiver.received) == 1, "nothing is sent while its delivery cannot be recorded"
+            store = start_redis(port, tmp_path / "store")
+            receiver.wait_for(lambda r: True, timeout_s=30, count=2)
+            records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True),
+                                      RedisKeys(settings))
+            _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
+            time.sleep(1)
+    finally:
+        receiver.close()
+        store.stop()
+    assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
+    assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
