@@ -34,7 +34,7 @@ from core.settings import Settings
 from subscriptions.accounts import lock_owner
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.models import Silence, Subscription, User
-from subscriptions.schemas import Printable
+from subscriptions.schemas import MAX_ID, Printable
 
 MatcherName = Literal["key", "subscription", "subscription_name"]
 MatcherOp = Literal["=", "!=", "=~", "!~"]
@@ -69,8 +69,9 @@ class MatcherIn(BaseModel):
     def _checked(self) -> MatcherIn:
         if self.op in REGEX_OPS:
             compile_pattern(self.value)
-        elif self.name == "subscription" and not (self.value.isascii() and self.value.isdigit()):
-            raise ValueError(f"a subscription is matched by its id (digits), not {self.value!r}")
+        elif self.name == "subscription" and not (self.value.isascii() and self.value.isdigit()
+                                                  and 1 <= int(self.value) <= MAX_ID):
+            raise ValueError(f"a subscription is matched by its id (1 to {MAX_ID}), not {self.value!r}")
         return self
 
 

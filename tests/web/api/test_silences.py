@@ -81,6 +81,8 @@ def test_a_start_in_the_past_is_now(api: TestClient) -> None:
         ({"matchers": [{"name": "key", "op": "~", "value": "x"}]}, ["body", "matchers", 0, "op"], "'='"),
         ({"matchers": [{"name": "subscription", "op": "=", "value": "vol"}]}, ["body", "matchers", 0],
          "matched by its id"),
+        ({"matchers": [{"name": "subscription", "op": "!=", "value": "9" * 20}]}, ["body", "matchers", 0],
+         "matched by its id (1 to 2147483647)"),
         ({"matchers": [{"name": "subscription", "op": "=", "value": "999999"}]}, ["body", "matchers"],
          "no subscription of yours has the id 999999"),
         ({"duration_s": None}, ["body"], "either ends_at or duration_s"),
