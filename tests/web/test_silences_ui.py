@@ -12,7 +12,7 @@ from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.dispatcher import Dispatcher
-from tests.users import PASSWORD, new_user
+from tests.users import PASSWORD, api_client, new_user, sign_in
 from tests.web.test_ui import browser, page, server  # noqa: F401 - the browser, its page and a live server
 
 
@@ -75,3 +75,25 @@ def test_a_silence_made_in_the_ui_shows_as_the_suppression_in_the_delivery_log(s
     page.locator(f'#silences tr[data-silence="{silence_id}"]').get_by_role("button", name="Expire").click()
     expect(page.locator(f'#silences tr[data-silence="{silence_id}"]')).to_contain_text("expired")
     expect(page.locator(f'#silences tr[data-silence="{silence_id}"]').get_by_role("button")).to_have_count(0)
+
+
+def test_the_silences_page_needs_its_csrf_token_and_shows_only_ones_own(settings: Settings) -> None:  # no browser
+    mine, _ = new_user(settings)
+    _, their_token = new_user(settings)
+    with api_client(settings, their_token) as api:
+        other = api.post("/api/silences", json={"matchers": [{"name": "key", "value": "AAPL"}],
+                                                "comment": "their secret maintenance", "duration_s": 600}).json()
+    with api_client(settings) as client:
+        csrf = sign_in(client, mine.email)
+        assert "their secret maintenance" not in client.get("/silences").text
+        assert client.post(f"/silences/{other['id']}/expire", data={"csrf_token": csrf}).status_code == 404
+        form = {"matcher_name": "key", "matcher_op": "=", "matcher_value": "AAPL", "comment": "mine",
+                "duration_s": "900"}
+        del client.headers["X-CSRF-Token"]
+        assert client.post("/silences", data=form, follow_redirects=False).status_code == 403  # no token
+        created = client.post("/silences", data={**form, "csrf_token": csrf}, follow_redirects=False)
+        assert created.status_code == 303 and created.headers["location"] == "/silences"
+        page = client.get("/silences").text
+        assert 'key="AAPL"' in page and "mine" in page and "active" in page
+    with api_client(settings, their_token) as api:
+        assert api.get(f"/api/silences/{other['id']}").json()["state"] == "active"
