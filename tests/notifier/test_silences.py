@@ -242,3 +242,19 @@ def test_a_stored_pattern_that_no_longer_compiles_silences_nothing(op: str) -> N
     cache = SilenceCache(5.0, lambda _s, owners, _n: {7: [SilenceRule(1, 7, 0.0, 1e12, (("key", op, "(bad"),))]})
     cache.refresh(None, {7})  # type: ignore[arg-type]
     assert cache.silencing(ROUTE, "AAPL", time.time()) is None
+
+
+def test_what_was_matched_is_remembered_per_subscription_name_and_key_until_the_silences_change() -> None:
+    rules = {7: [SilenceRule(1, 7, 0.0, 1e12, (("subscription_name", "=~", "Tech.*"), ("key", "!=", "MSFT")))]}
+    cache = SilenceCache(0.0, lambda _s, owners, _n: {o: list(rules[o]) for o in owners})
+    cache.refresh(None, {7})  # type: ignore[arg-type]
+    now = time.time()
+    assert cache.silencing(ROUTE, "AAPL", now) == 1 and cache.silencing(ROUTE, "MSFT", now) is None
+    renamed = Route(12, 7, "Energy volume", CONDITION, True, AlertPolicy(), ())
+    assert cache.silencing(renamed, "AAPL", now) is None  # the name is part of what is remembered
+    cache.refresh(None, {7})  # type: ignore[arg-type]  # reloaded, unchanged: the memo stays
+    assert cache.silencing(ROUTE, "AAPL", now) == 1
+    rules[7] = [SilenceRule(2, 7, now + 60, 1e12, (("key", "=", "AAPL"),))]  # changed: matched anew
+    cache.refresh(None, {7})  # type: ignore[arg-type]
+    assert cache.silencing(ROUTE, "AAPL", now) is None  # pending: its start is checked per alert
+    assert cache.silencing(ROUTE, "AAPL", now + 60) == 2
