@@ -162,10 +162,15 @@ class SilenceService:
         self.settings = settings
         self.owner = owner
 
+    def check(self, data: SilenceIn, now: datetime) -> tuple[datetime, datetime]:
+        """What a valid silence would span, or FieldError: the checks that need the settings and the database."""
+        window = self._window(data, now)
+        self._own_subscriptions(data.matchers)
+        return window
+
     def create(self, data: SilenceIn, now: datetime | None = None) -> Silence:
         now = now or datetime.now(UTC)
-        starts_at, ends_at = self._window(data, now)
-        self._own_subscriptions(data.matchers)
+        starts_at, ends_at = self.check(data, now)
         lock_owner(self.session, self.owner.id)  # the count and the insert are one step: no parallel overshoot
         limit = self.settings.user_max_silences
         live = select(func.count()).select_from(Silence).where(Silence.owner_id == self.owner.id,

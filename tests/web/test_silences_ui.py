@@ -45,11 +45,14 @@ def test_a_silence_made_in_the_ui_shows_as_the_suppression_in_the_delivery_log(s
     page.get_by_label("Operator 2").select_option("=~")
     page.get_by_label("Value 2").fill("(AA")
     page.get_by_label("Comment").fill("AAPL earnings call")
-    page.get_by_role("button", name="Create silence").click()  # refused, with the reason, the form kept
-    expect(page.locator("#silence-errors")).to_contain_text("not a valid RE2 regular expression: missing )")
+    live_error = page.locator("#silence-check #silence-errors")
+    expect(live_error).to_contain_text("not a valid RE2 regular expression: missing )")  # checked as typed
+    page.get_by_role("button", name="Create silence").click()  # submitted anyway: refused, the form kept
+    expect(live_error).to_contain_text("not a valid RE2 regular expression: missing )")
     expect(page.get_by_label("Comment")).to_have_value("AAPL earnings call")
     expect(page.get_by_label("Value 1")).to_have_value(str(subscription_id))
     page.get_by_label("Value 2").fill("AA.*")
+    expect(page.locator("#silence-check .silence-ok")).to_contain_text("Valid: silences from")
     page.get_by_role("button", name="Create silence").click()
     row = page.locator("#silences tbody tr").first
     expect(row).to_contain_text("active")

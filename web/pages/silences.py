@@ -88,6 +88,24 @@ async def create_silence(request: Request, principal: Page, silences: PageSilenc
     return await run_in_threadpool(save)
 
 
+@router.post("/silences/check", response_class=HTMLResponse)
+async def check_silence(request: Request, principal: Page, silences: PageSilences) -> HTMLResponse:
+    """The form's live check as it is filled in: every error by field, or what the silence would span."""
+    form = await request.form()
+
+    def check() -> HTMLResponse:
+        _, data, errors = _parse_form(form)
+        window = None
+        if data is not None:
+            try:
+                window = silences.check(data, datetime.now(UTC))
+            except FieldError as exc:
+                errors = {exc.field: str(exc)}
+        return render(request, "_silence_check.html", principal, errors=errors, window=window)
+
+    return await run_in_threadpool(check)
+
+
 @router.post("/silences/{silence_id}/expire")
 def expire_silence(silence_id: IdPath, silences: PageSilences) -> Response:
     silences.expire(silence_id)
