@@ -214,6 +214,16 @@ class Settings(BaseSettings):
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
 
+    # silences (subscriptions.silences, notifier.silences) ----------------------------
+    user_max_silences: int = Field(100, ge=0, description="silences one user may have pending or active at once")
+    silence_max_duration_s: int = Field(
+        30 * 86_400, ge=60, description="longest silence (ends_at - starts_at), and how far ahead one may start"
+    )
+    silence_cache_s: float = Field(
+        5.0, gt=0, description="how long the dispatcher reuses an owner's silences: a new or expired silence "
+                               "applies to alerts decided at most this long after it was saved"
+    )
+
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client")
     @classmethod

@@ -200,10 +200,12 @@ class DeliveryRecords:
         self._log(pipe, notification["subscription_id"], entry, endpoint_log=False)
         pipe.execute()
 
-    def suppressed(self, subscription_id: int, alert: dict, reason: str, pipe: redis.client.Pipeline) -> None:
-        """Log, in the caller's transaction, that the alert policy held a transition back."""
-        self._log(pipe, subscription_id, {"alert_id": alert["alert_id"], "keys": [alert["key"]],
-                                          "state": alert["state"], "outcome": "suppressed", "reason": reason})
+    def suppressed(self, subscription_id: int, alert: dict, reason: str, pipe: redis.client.Pipeline,
+                   silence_id: int | None = None) -> None:
+        """Log, in the caller's transaction, that the alert policy or a silence (``silence_id``) held a transition back."""
+        entry = {"alert_id": alert["alert_id"], "keys": [alert["key"]], "state": alert["state"],
+                 "outcome": "suppressed", "reason": reason}
+        self._log(pipe, subscription_id, entry if silence_id is None else {**entry, "silence_id": silence_id})
 
     def claim(self, notification_id: str, endpoint_id: int, ttl_s: float) -> tuple[bool, bool]:
         """(claimed, already finished: delivered, dead-lettered or dropped), in one round trip.

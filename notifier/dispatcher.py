@@ -3,8 +3,8 @@
 Reads the stream in a consumer group, so every transition is handed out once and
 stays pending until acknowledged. Transitions of one subscription, evaluation
 and state are collected for ``dispatcher_group_wait_ms`` (the evaluator writes an
-evaluation's transitions from several tasks), passed through the subscription's
-alert policy, and sent as one notification per endpoint when the policy groups
+evaluation's transitions from several tasks), passed through the owner's silences
+(``notifier.silences``) and the subscription's alert policy, and sent as one notification per endpoint when the policy groups
 keys, else one per key.
 
 Crash safety: the policy decision for each transition, including the id of the
@@ -21,6 +21,7 @@ import json
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -39,6 +40,7 @@ from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
 from notifier.policy import KeyState, decide, reminder_due
+from notifier.silences import SilenceCache, silenced_decision
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
 from subscriptions.routing import Route, forget_subscription, routes, routes_with_reminders
@@ -74,6 +76,7 @@ class Dispatcher:
         self.celery = celery or make_celery(settings)
         self.sessions = session_factory(settings.database_url)
         self.buffer: dict[tuple, _Group] = {}
+        self.silences = SilenceCache(settings.silence_cache_s)
         self.next_reminder = 0.0
         self.running = True
         try:
@@ -134,6 +137,7 @@ class Dispatcher:
         if due:
             with self.sessions() as session:
                 known = routes(session, {subscription_id for subscription_id, _, _ in due})
+                self.silences.refresh(session, {route.owner_id for route in known.values()})
             for key in due:
                 self.dispatch(known.get(key[0]), self.buffer.pop(key).entries)
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
@@ -158,7 +162,8 @@ class Dispatcher:
             # Deleted (ids are never reused): what the evaluator wrote before it saw the new catalog goes too.
             forget_subscription(self.redis, self.keys, alerts[0]["subscription_id"])
         else:
-            assigned = self.decide(route.subscription_id, route.policy, alerts)
+            assigned = self.decide(route.subscription_id, route.policy, alerts,
+                                   lambda key, now: self.silences.silencing(route, key, now))
             by_notification: dict[str, list[dict]] = defaultdict(list)
             for alert in alerts:
                 nid = assigned[alert["alert_id"]]
@@ -168,8 +173,12 @@ class Dispatcher:
                 self.enqueue(make_notification(_info(route), members, nid), route)
         self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
 
-    def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict]) -> dict[str, str | None]:
-        """The notification id each alert joins (None: suppressed), decided once per alert and stored."""
+    def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict],
+               silenced: Callable[[str, float], int | None] = lambda _key, _now: None) -> dict[str, str | None]:
+        """The notification id each alert joins (None: suppressed), decided once per alert and stored.
+
+        ``silenced(key, now)``: the silence holding the key's alerts back, if any (``notifier.silences``).
+        """
         known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
@@ -179,9 +188,17 @@ class Dispatcher:
         stored = self.redis.hmget(states_key, [a["key"] for a in fresh])
         now = time.time()
         reasons: dict[str, str | None] = {}
+        silenced_with: dict[str, int] = {}
         pipe = self.redis.pipeline(transaction=True)
         for alert, raw in zip(fresh, stored, strict=True):
-            reason, state = decide(policy, KeyState.from_dict(json.loads(raw) if raw else None), alert["state"], now)
+            state = KeyState.from_dict(json.loads(raw) if raw else None)
+            reason: str | None
+            silence = silenced(alert["key"], now)
+            if silence is not None:
+                reason, state = silenced_decision(silence, state, alert["state"])
+                silenced_with[alert["alert_id"]] = silence
+            else:
+                reason, state = decide(policy, state, alert["state"], now)
             reasons[alert["alert_id"]] = reason
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
         notified = [a["alert_id"] for a in fresh if reasons[a["alert_id"]] is None]
@@ -193,7 +210,7 @@ class Dispatcher:
             pipe.set(self.keys.decision(alert["alert_id"]), json.dumps({"reason": reason, "notification": nid}),
                      ex=DECISION_TTL_S)
             if reason is not None:
-                self.records.suppressed(subscription_id, alert, reason, pipe)
+                self.records.suppressed(subscription_id, alert, reason, pipe, silenced_with.get(alert["alert_id"]))
             TRANSITIONS.labels("notified" if reason is None else "suppressed").inc()
         pipe.execute()
         return assigned
@@ -207,7 +224,9 @@ class Dispatcher:
         """Remind subscribers of keys still firing whose re-notify interval has passed."""
         now = time.time()
         sent = 0
-        for route in routes_with_reminders(session):
+        reminding = routes_with_reminders(session)
+        self.silences.refresh(session, {route.owner_id for route in reminding})
+        for route in reminding:
             policy = route.policy
             firing = self._firing(route.subscription_id)
             if not firing:
@@ -221,6 +240,7 @@ class Dispatcher:
                 firing[k]
                 for k, raw, decided in zip(keys, stored, handled, strict=True)
                 if decided and reminder_due(policy, KeyState.from_dict(json.loads(raw) if raw else None), now)
+                and self.silences.silencing(route, k, now) is None  # held back while silenced
             ]
             if not due:
                 continue

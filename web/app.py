@@ -22,7 +22,7 @@ from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import pages
-from web.api import auth, dead_letters, endpoints, health, ops, preview, subscriptions
+from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, subscriptions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
 from web.pages.common import http_error as page_or_json_error
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
-                   ops.router, health.router, pages.router):
+                   ops.router, health.router, pages.router, silences.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
