@@ -172,6 +172,9 @@ class Dispatcher:
         """The notification id each alert joins (None: suppressed), decided once per alert and stored."""
         known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
+        for alert, raw in zip(alerts, known, strict=True):  # the episode a decided transition belongs to
+            if raw and json.loads(raw).get("episode"):
+                alert["episode_id"] = json.loads(raw)["episode"]
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned
@@ -181,8 +184,11 @@ class Dispatcher:
         reasons: dict[str, str | None] = {}
         pipe = self.redis.pipeline(transaction=True)
         for alert, raw in zip(fresh, stored, strict=True):
-            reason, state = decide(policy, KeyState.from_dict(json.loads(raw) if raw else None), alert["state"], now)
+            reason, state = decide(policy, KeyState.from_dict(json.loads(raw) if raw else None), alert["state"], now,
+                                   alert["alert_id"])
             reasons[alert["alert_id"]] = reason
+            if reason is None and state.episode:
+                alert["episode_id"] = state.episode
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
         notified = [a["alert_id"] for a in fresh if reasons[a["alert_id"]] is None]
         shared = notification_id(notified) if policy.group and notified else None
@@ -190,7 +196,8 @@ class Dispatcher:
             reason = reasons[alert["alert_id"]]
             nid = None if reason is not None else shared or notification_id([alert["alert_id"]])
             assigned[alert["alert_id"]] = nid
-            pipe.set(self.keys.decision(alert["alert_id"]), json.dumps({"reason": reason, "notification": nid}),
+            pipe.set(self.keys.decision(alert["alert_id"]),
+                     json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id")}),
                      ex=DECISION_TTL_S)
             if reason is not None:
                 self.records.suppressed(subscription_id, alert, reason, pipe)
@@ -229,7 +236,9 @@ class Dispatcher:
                 self.enqueue(make_notification(_info(route), members, nid, reminder=True), route)
                 sent += 1
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
-            self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
+            # A reminder opens (or continues) the episode of the firing it repeats, as that firing's alert id.
+            self.redis.hset(states_key,
+                            mapping={a["key"]: json.dumps(KeyState(now, True, a["alert_id"]).to_dict()) for a in due})
         return sent
 
     def _firing(self, subscription_id: int) -> dict[str, dict]:

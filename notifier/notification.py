@@ -42,6 +42,9 @@ class AlertLine(BaseModel):
     # The evaluator's number, passed through as given: a value a channel cannot format fails that attempt
     # (recorded, retried, dead-lettered), it does not make the whole notification malformed.
     value: JsonValue = None
+    # A resolution's: the alert id of the firing that opened its episode (``notifier.policy.KeyState``).
+    # Only on notifications from the dispatcher; absent elsewhere, where the alert id names the episode.
+    episode_id: str | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
     evaluated_at: int | float | None = None
@@ -84,6 +87,11 @@ class Notification(BaseModel):
     def keys(self) -> list[str]:
         return [alert.key for alert in self.alerts]
 
+    @staticmethod
+    def episode(alert: AlertLine) -> str:
+        """The id of the episode ``alert`` belongs to: what opened it and what closes it share it."""
+        return alert.episode_id or alert.alert_id
+
     def summary(self) -> str:
         return summary(self.to_json())
 
@@ -123,7 +131,9 @@ def make_notification(subscription: dict, alerts: list[dict], notification: str,
         reminder=reminder,
         evaluated_at=max(a["evaluated_at"] for a in ordered),
         created_at=time.time(),
-        alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}) for a in ordered),
+        alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}
+                                              | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {}))
+                     for a in ordered),
         **marks,
     )
 

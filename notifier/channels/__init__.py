@@ -39,6 +39,7 @@ class EndpointView:
     owner_id: int
     generation: str  # what the delivery was bound to (``notifier.deliveries.binding``)
     id: int
+    template: str | None = None  # the endpoint's message template (``notifier.rendering``); None: the default
 
 
 class Channel(Protocol):
