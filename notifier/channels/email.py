@@ -144,6 +144,14 @@ class EmailChannel:
         self.settings = settings
 
     @classmethod
+    def payload_preview(cls, notification: dict, template: str | None, settings: Settings) -> dict:
+        """The subject and plain-text body of ``notification`` (the endpoints page's preview)."""
+        text = message(notification, template, settings, "text", lambda _values: "") if template else None
+        email = render(notification, settings.smtp_from, "ops@example.com", 0, text.text if text else None)
+        body = email.get_body(("plain",))
+        return {"subject": email["Subject"], "body": body.get_content() if body is not None else ""}
+
+    @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:
         return 2 * settings.smtp_timeout_s  # the timeout bounds each socket operation, not the whole: twice it
 

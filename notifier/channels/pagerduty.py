@@ -102,6 +102,11 @@ class PagerDutyChannel:
         self.limits = WebhookLimits.from_settings(settings)
 
     @classmethod
+    def payload_preview(cls, notification: dict[str, Any], template: str | None, settings: Settings) -> dict:
+        """What the receiver gets for ``notification`` (the endpoints page's preview)."""
+        return pagerduty_events(notification, "<routing key>", template, settings)[0][0]
+
+    @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:
         return settings.pagerduty_attempt_timeout_s + settings.webhook_total_timeout_s  # the last event may start late
 

@@ -66,6 +66,11 @@ class SlackChannel:
         self.limits = WebhookLimits.from_settings(settings)
 
     @classmethod
+    def payload_preview(cls, notification: dict[str, Any], template: str | None, settings: Settings) -> dict:
+        """What the receiver gets for ``notification`` (the endpoints page's preview)."""
+        return slack_payload(notification, template, settings)[0]
+
+    @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:
         return settings.webhook_total_timeout_s
 

@@ -394,6 +394,11 @@ class WebhookChannel:
         self.limits = WebhookLimits.from_settings(settings)
 
     @classmethod
+    def payload_preview(cls, notification: dict, template: str | None, settings: Settings) -> dict:  # noqa: ARG003
+        """The notification's JSON, as it is POSTed (webhooks take no template)."""
+        return notification
+
+    @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:
         return settings.webhook_total_timeout_s
 
