@@ -70,10 +70,24 @@ class MessageTemplateError(ValueError):
         super().__init__(f"line {line}: {message}" if line else message)
 
 
+WORK_PER_ITERATION = 50  # the work budget of a render: its iterations times this, in items touched (~1 s at worst)
+
+
 class _Budget:
     def __init__(self, limits: TemplateLimits) -> None:
         self.limits = limits
         self.iterations = 0
+        self.work = 0  # items and characters filters, operators and joins went through
+
+
+def _charge(units: int) -> None:
+    """Count work that loops do not (sorting, joining, copying): a loop of cheap iterations that each
+    sort or copy a big list is bounded by this, not by the iteration count alone."""
+    budget = _budget.get(None)
+    if budget is not None:
+        budget.work += units
+        if budget.work > budget.limits.max_iterations * WORK_PER_ITERATION:
+            raise SecurityError("the template did too much work (big values in loops)")
 
 
 _budget: contextvars.ContextVar[_Budget] = contextvars.ContextVar("template_budget")
@@ -118,9 +132,99 @@ def _range(*args: int) -> range:
     return numbers
 
 
+def _weight(value: Any, budget: int | None = None) -> int:
+    """About how many characters ``str(value)`` makes, walked without building it; ``SecurityError``
+    past the bound. A list can hold one big list many times over: its text is the product, not the sum."""
+    cap = _limits().max_intermediate_chars if budget is None else budget
+    total, pending = 0, [value]
+    while pending:
+        _charge(1)
+        item = pending.pop()
+        if isinstance(item, list | tuple | set | frozenset):
+            total += 2 + 2 * len(item)
+            pending.extend(item)
+        elif isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        else:
+            total += len(item) if isinstance(item, str) else 24
+        if total > cap:
+            raise SecurityError(f"a value of over {cap:,} characters is over the limit")
+    return total
+
+
+def _text(value: Any) -> str:
+    """``str(value)``, once its size is known to be within the bound."""
+    if isinstance(value, str):
+        return _sized(value)
+    _weight(value)
+    return str(value)
+
+
 def _join(parts: Iterable[Any]) -> str:
-    """``~`` and block ``set``: string joins, bounded."""
-    return _sized("".join(map(str, parts)))
+    """``~`` and block ``set``: string joins, bounded before they are built."""
+    texts = [_text(part) for part in parts]
+    _check_length(sum(map(len, texts)))
+    _charge(sum(map(len, texts)))
+    return "".join(texts)
+
+
+def _no_nested(items: Any) -> None:
+    """Sorting or comparing lists of lists costs their product: only lists of plain values and dicts."""
+    if isinstance(items, list | tuple) and any(isinstance(item, list | tuple | set) for item in items):
+        raise SecurityError("lists of lists cannot be sorted or compared")
+
+
+def _check_join(value: Any, separator: Any = "", attribute: Any = None) -> None:  # noqa: ARG001
+    items = value if isinstance(value, list | tuple) else list(value)
+    _check_length(_weight(items) + len(_text(separator)) * len(items))
+
+
+def _check_replace(value: Any, old: Any, new: Any, count: Any = None) -> None:  # noqa: ARG001
+    text, old_text, new_text = _text(value), _text(old), _text(new)
+    hits = len(text) + 1 if old_text == "" else text.count(old_text)
+    _check_length(len(text) + hits * len(new_text))
+
+
+def _check_tojson(value: Any, indent: Any = None) -> None:  # noqa: ARG001
+    _weight(value, _limits().max_intermediate_chars // 6)  # escaping can make one character six
+
+
+def _check_sum(iterable: Any, attribute: Any = None, start: Any = 0) -> None:  # noqa: ARG001
+    if not isinstance(start, int | float) or isinstance(start, bool):
+        raise SecurityError("sum adds numbers only")
+
+
+def _check_flat(value: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ARG001
+    _no_nested(value)
+
+
+def _check_text(value: Any) -> None:
+    _text(value)
+
+
+_CHECKS: dict[str, Callable[..., None]] = {
+    "join": _check_join, "replace": _check_replace, "tojson": _check_tojson, "sum": _check_sum,
+    "sort": _check_flat, "unique": _check_flat, "min": _check_flat, "max": _check_flat, "dictsort": _check_flat,
+    "string": _check_text,
+}
+
+
+def _guarded(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """The filter, checked before it runs for the sizes it could build and the work it could do."""
+    check = _CHECKS.get(name)
+    if check is None:
+        return function
+    skip = 1 if hasattr(function, "jinja_pass_arg") else 0  # Jinja passes the environment or context first
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        check(*args[skip:], **kwargs)
+        return function(*args, **kwargs)
+
+    if skip:
+        guarded.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
+    return guarded
 
 
 def ms_time(ms: Any) -> str:
@@ -142,6 +246,7 @@ def number(value: Any) -> str:
 
 def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
     def bounded(*args: Any, **kwargs: Any) -> Any:
+        _charge(sum(len(arg) for arg in args if isinstance(arg, str | list | tuple | dict)))
         result = function(*args, **kwargs)
         if isinstance(result, Iterator):  # lazy results (map, select, reverse...) become bounded lists
             result = list(_bounded_iter(result))
@@ -205,9 +310,14 @@ class _Environment(SandboxedEnvironment):
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, str | list | tuple) and isinstance(times, int):
                     _check_length(len(seq) * max(times, 0))  # before it is built
+                    if times > 1:
+                        _no_nested(seq)
         if operator == "+" and isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
             _check_length(len(left) + len(right))
-        return _sized(super().call_binop(context, operator, left, right))
+        result = _sized(super().call_binop(context, operator, left, right))
+        if isinstance(result, str | list | tuple):
+            _charge(len(result))
+        return result
 
 
 @lru_cache(maxsize=8)
@@ -215,8 +325,8 @@ def environment(escape: str) -> _Environment:
     """The sandbox for one escaping (``text``, ``slack``, ``html``): every ``{{ }}`` value goes through it."""
     escaper = ESCAPES[escape]
     env = _Environment(autoescape=False, undefined=StrictUndefined, keep_trailing_newline=False,
-                       finalize=lambda value: escaper("" if value is None else str(value)))
-    env.filters = {name: _bounded_filter(env.filters[name]) for name in FILTERS}
+                       finalize=lambda value: escaper("" if value is None else _text(value)))
+    env.filters = {name: _bounded_filter(_guarded(name, env.filters[name])) for name in FILTERS}
     env.filters.update({name: _bounded_filter(function) for name, function in EXTRA_FILTERS.items()})
     env.filters["tocsin_iter"] = _bounded_iter
     env.globals = {"range": _range}

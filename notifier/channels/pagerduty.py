@@ -51,15 +51,22 @@ def pagerduty_events(notification: dict[str, Any], routing_key: str, template: s
     """The events of ``notification``, one per alert, and the template's failure if it failed on any."""
     events: list[dict[str, Any]] = []
     failures: list[str] = []
+    # One render per alert: a template that is slow (each render is bounded, not free) is dropped for the
+    # default once the renders of this notification have taken the time of one HTTP attempt.
+    rendering_until = time.monotonic() + settings.webhook_total_timeout_s
     for alert in notification["alerts"]:
         dedup_key = alert.get("episode_id") or alert["alert_id"]
         if alert.get("state") == "resolved":
             events.append({"routing_key": routing_key, "event_action": "resolve", "dedup_key": dedup_key})
             continue
+        if template is not None and time.monotonic() > rendering_until:
+            failures.append("message template too slow for the number of alerts; the default summary was sent")
+            template = None
         summary = message({**notification, "alerts": [alert]}, template, settings, "text", default_summary,
                           SUMMARY_LIMIT)
         if summary.error:
             failures.append(summary.error)
+            template = None  # it failed once: the rest get the default, not the same failure again
         events.append({
             "routing_key": routing_key,
             "event_action": "trigger",

@@ -139,3 +139,21 @@ def test_through_the_dispatcher_a_resolve_closes_the_incident_its_firing_opened(
     assert len(events_api.incidents) == 2
     log = DeliveryRecords(redis_client, RedisKeys(settings)).endpoint_log(created.id)
     assert sorted(entry["outcome"] for entry in log) == ["delivered", "delivered"]
+
+
+def test_a_failing_summary_template_sends_the_default_summaries_and_records_why(pagerduty) -> None:
+    receiver, events_api = pagerduty
+    attempt = PagerDutyChannel(SETTINGS).send(Notification.from_json(sample_notification()),
+                                              _endpoint(receiver.url, "{{ alert.key }} {{ alerts[5] }}"))
+    assert attempt.ok and "message template failed (line 1:" in (attempt.error or "")
+    assert [r.json["payload"]["summary"] for r in receiver.received] == [
+        "High volume: AAPL = 2.514e+06 (SUM(volume) OVER 5m > 2e6)",
+        "High volume: MSFT = 2.0715e+06 (SUM(volume) OVER 5m > 2e6)"]
+    assert not events_api.rejected
+
+
+def test_an_endpoint_without_its_routing_key_is_refused_for_good(pagerduty) -> None:
+    receiver, _ = pagerduty
+    attempt = PagerDutyChannel(SETTINGS).send(Notification.from_json(sample_notification()),
+                                              _endpoint(receiver.url, key=None))
+    assert not attempt.ok and not attempt.retryable and not receiver.received
