@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -113,7 +114,8 @@ def test_through_the_dispatcher_a_resolve_closes_the_incident_its_firing_opened(
         created = service.create_endpoint(EndpointIn(kind="pagerduty", target=receiver.url, secret=ROUTING_KEY))
         assert created.secret is None  # the routing key is the user's: never shown back
         subscription = service.create(SubscriptionIn(name="volume", condition="SUM(volume) OVER 1m > 100",
-                                                     endpoint_ids=[created.id])).id  # grouped, the default
+                                                     endpoint_ids=[created.id],  # grouped, the default
+                                                     policy={"renotify_s": 60})).id
 
     def transition(key: str, state: str, at: int) -> dict:
         return {"alert_id": alert_id(subscription, key, state, at), "subscription_id": subscription, "key": key,
@@ -130,15 +132,31 @@ def test_through_the_dispatcher_a_resolve_closes_the_incident_its_firing_opened(
         dispatcher.read(block_ms=100)
         dispatcher.flush(force=True)
         receiver.wait_for(lambda r: r.json["event_action"] == "resolve")
+        opened = alert_id(subscription, "AAPL", "firing", t1)
+        msft = alert_id(subscription, "MSFT", "firing", t1)
+        assert events_api.incidents[opened].status == "resolved"
+        assert events_api.incidents[msft].status == "triggered"
+
+        # MSFT stays firing: its reminder re-triggers the open incident, and its resolution closes it.
+        keys = RedisKeys(settings)
+        state = json.loads(redis_client.hget(keys.key_states(subscription), "MSFT"))
+        assert state["episode"] == msft
+        redis_client.hset(keys.key_states(subscription), "MSFT",
+                          json.dumps({**state, "notified_at": time.time() - 61}))
+        with session_factory(settings.database_url)() as session:
+            assert dispatcher.remind(session) == 1
+        receiver.wait_for(lambda r: r.json["event_action"] == "trigger", count=3)
+        RedisAlertSink(settings).write([transition("MSFT", "resolved", t2 + 60_000)])
+        dispatcher.read(block_ms=100)
+        dispatcher.flush(force=True)
+        receiver.wait_for(lambda r: r.json["event_action"] == "resolve", count=2)
         time.sleep(0.5)
     assert not events_api.rejected
-    opened = alert_id(subscription, "AAPL", "firing", t1)
     assert alert_id(subscription, "AAPL", "resolved", t2) != opened  # why the episode is tracked
-    assert events_api.incidents[opened].status == "resolved"
-    assert events_api.incidents[alert_id(subscription, "MSFT", "firing", t1)].status == "triggered"
+    assert events_api.incidents[msft].status == "resolved" and events_api.incidents[msft].events == 3
     assert len(events_api.incidents) == 2
     log = DeliveryRecords(redis_client, RedisKeys(settings)).endpoint_log(created.id)
-    assert sorted(entry["outcome"] for entry in log) == ["delivered", "delivered"]
+    assert sorted(entry["outcome"] for entry in log) == ["delivered"] * 4
 
 
 def test_a_failing_summary_template_sends_the_default_summaries_and_records_why(pagerduty) -> None:
