@@ -32,7 +32,7 @@ from core.settings import Settings
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
-from subscriptions.channel_kinds import endpoint_kind, secret_kinds
+from subscriptions.channel_kinds import UnknownKindError, endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
@@ -243,8 +243,12 @@ class SubscriptionService:
     def set_template(self, endpoint_id: int, template: str | None) -> Endpoint:
         """A new message template (None: the channel's own message); deliveries already queued use it too."""
         endpoint = self.get_endpoint(endpoint_id)
-        if template is not None and endpoint_kind(endpoint.kind).template_use is None:
-            raise FieldError("template", f"{endpoint_kind(endpoint.kind).label} endpoints take no message template")
+        try:
+            kind = endpoint_kind(endpoint.kind)
+        except UnknownKindError as exc:  # stored, but no channel serves it any more
+            raise FieldError("kind", str(exc)) from None
+        if template is not None and kind.template_use is None:
+            raise FieldError("template", f"{kind.label} endpoints take no message template")
         endpoint.template = self._template(template)
         self.session.commit()
         return endpoint
