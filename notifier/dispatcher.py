@@ -173,8 +173,9 @@ class Dispatcher:
         known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
         for alert, raw in zip(alerts, known, strict=True):  # the episode a decided transition belongs to
-            if raw and json.loads(raw).get("episode"):
-                alert["episode_id"] = json.loads(raw)["episode"]
+            episode = json.loads(raw).get("episode") if raw else None
+            if episode:
+                alert["episode_id"] = episode
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned

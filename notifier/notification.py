@@ -42,8 +42,9 @@ class AlertLine(BaseModel):
     # The evaluator's number, passed through as given: a value a channel cannot format fails that attempt
     # (recorded, retried, dead-lettered), it does not make the whole notification malformed.
     value: JsonValue = None
-    # A resolution's: the alert id of the firing that opened its episode (``notifier.policy.KeyState``).
-    # Only on notifications from the dispatcher; absent elsewhere, where the alert id names the episode.
+    # The alert id of the firing that opened this key's episode (``notifier.policy.KeyState``): a firing's
+    # own id, and what its resolution carries. Only on the dispatcher's notifications; absent elsewhere
+    # (test alerts, the watchdog), where the alert id names the episode.
     episode_id: str | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
@@ -86,11 +87,6 @@ class Notification(BaseModel):
     @property
     def keys(self) -> list[str]:
         return [alert.key for alert in self.alerts]
-
-    @staticmethod
-    def episode(alert: AlertLine) -> str:
-        """The id of the episode ``alert`` belongs to: what opened it and what closes it share it."""
-        return alert.episode_id or alert.alert_id
 
     def summary(self) -> str:
         return summary(self.to_json())
