@@ -175,3 +175,16 @@ def test_an_endpoint_without_its_routing_key_is_refused_for_good(pagerduty) -> N
     attempt = PagerDutyChannel(SETTINGS).send(Notification.from_json(sample_notification()),
                                               _endpoint(receiver.url, key=None))
     assert not attempt.ok and not attempt.retryable and not receiver.received
+
+
+def test_a_re_handled_resolution_finds_its_episode_in_the_stored_decision(settings: Settings) -> None:
+    dispatcher = Dispatcher(settings)  # its decisions and key states in real Redis
+    firing = {"alert_id": "fire-1", "key": "AAPL", "state": "firing"}
+    resolved = {"alert_id": "resolve-1", "key": "AAPL", "state": "resolved"}
+    policy = AlertPolicy()
+    dispatcher.decide(7, policy, [firing])
+    assert firing["episode_id"] == "fire-1"
+    first = dispatcher.decide(7, policy, [resolved])
+    assert resolved["episode_id"] == "fire-1"
+    again = {"alert_id": "resolve-1", "key": "AAPL", "state": "resolved"}  # read anew after a restart
+    assert dispatcher.decide(7, policy, [again]) == first and again["episode_id"] == "fire-1"
