@@ -224,6 +224,19 @@ class Settings(BaseSettings):
                                "applies to alerts decided at most this long after it was saved"
     )
 
+    # receivers: Slack, Teams, PagerDuty and the per-endpoint message templates (subscriptions.templating)
+    pagerduty_severity: Literal["critical", "error", "warning", "info"] = Field(
+        "error", description="payload.severity of the PagerDuty events Tocsin triggers")
+    pagerduty_attempt_timeout_s: float = Field(
+        30.0, gt=0, description="deadline of one PagerDuty attempt, which sends one event per key")
+    template_max_chars: int = Field(4000, ge=1, description="longest message template source")
+    template_max_output_chars: int = Field(4000, ge=16, description="a rendered message is cut here")
+    template_max_intermediate_chars: int = Field(
+        20_000, ge=1, description="longest string or list a template may build while rendering")
+    template_max_loop_depth: int = Field(2, ge=1, description="deepest nesting of loops in a template")
+    template_max_iterations: int = Field(10_000, ge=1, description="loop iterations of one render, all loops together")
+    template_max_range: int = Field(1000, ge=1, description="most numbers range() gives a template")
+
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client")
     @classmethod

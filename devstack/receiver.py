@@ -44,6 +44,9 @@ class WebhookReceiver:
     host: str = "127.0.0.1"
     port: int = 0
     on_receive: Callable[[Received], None] | None = None
+    # The answer to an accepted request, as a real service would give it (say 400 to a payload of the wrong
+    # shape, 202 to a PagerDuty event): (status, JSON body). None: 204, no body.
+    answer: Callable[[Received], tuple[int, dict | None]] | None = None
     trickle_bytes_per_s: float = 0.0  # hostile: answer this many bytes a second, never finishing
     endless_status: int | None = None  # hostile: answer this status with a body that never ends
     certificate: tuple[Path, Path] | None = None  # (cert chain, key): serve HTTPS
@@ -79,8 +82,14 @@ class WebhookReceiver:
                     receiver.received.append(got)
                 if receiver.on_receive:
                     receiver.on_receive(got)
-                self.send_response(204)
+                status, reply = receiver.answer(got) if receiver.answer else (204, None)
+                content = json.dumps(reply).encode() if reply is not None else b""
+                self.send_response(status)
+                if reply is not None:
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
                 self.end_headers()
+                self.wfile.write(content)
 
             def hostile(self) -> None:
                 """Hold the client as long as it stays: a byte at a time, or body chunks without end."""

@@ -181,6 +181,10 @@ class Dispatcher:
         """
         known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
+        for alert, raw in zip(alerts, known, strict=True):  # the episode a decided transition belongs to
+            episode = json.loads(raw).get("episode") if raw else None
+            if episode:
+                alert["episode_id"] = episode
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned
@@ -198,8 +202,10 @@ class Dispatcher:
                 reason, state = silenced_decision(silence, state, alert["state"])
                 silenced_with[alert["alert_id"]] = silence
             else:
-                reason, state = decide(policy, state, alert["state"], now)
+                reason, state = decide(policy, state, alert["state"], now, alert["alert_id"])
             reasons[alert["alert_id"]] = reason
+            if reason is None and state.episode:
+                alert["episode_id"] = state.episode
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
         notified = [a["alert_id"] for a in fresh if reasons[a["alert_id"]] is None]
         shared = notification_id(notified) if policy.group and notified else None
@@ -207,7 +213,8 @@ class Dispatcher:
             reason = reasons[alert["alert_id"]]
             nid = None if reason is not None else shared or notification_id([alert["alert_id"]])
             assigned[alert["alert_id"]] = nid
-            pipe.set(self.keys.decision(alert["alert_id"]), json.dumps({"reason": reason, "notification": nid}),
+            pipe.set(self.keys.decision(alert["alert_id"]),
+                     json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id")}),
                      ex=DECISION_TTL_S)
             if reason is not None:
                 self.records.suppressed(subscription_id, alert, reason, pipe, silenced_with.get(alert["alert_id"]))
@@ -249,7 +256,9 @@ class Dispatcher:
                 self.enqueue(make_notification(_info(route), members, nid, reminder=True), route)
                 sent += 1
             # After enqueueing: a crash in between repeats a reminder rather than losing it.
-            self.redis.hset(states_key, mapping={a["key"]: json.dumps(KeyState(now, True).to_dict()) for a in due})
+            # A reminder opens (or continues) the episode of the firing it repeats, as that firing's alert id.
+            self.redis.hset(states_key,
+                            mapping={a["key"]: json.dumps(KeyState(now, True, a["alert_id"]).to_dict()) for a in due})
         return sent
 
     def _firing(self, subscription_id: int) -> dict[str, dict]:

@@ -42,6 +42,10 @@ class AlertLine(BaseModel):
     # The evaluator's number, passed through as given: a value a channel cannot format fails that attempt
     # (recorded, retried, dead-lettered), it does not make the whole notification malformed.
     value: JsonValue = None
+    # The alert id of the firing that opened this key's episode (``notifier.policy.KeyState``): a firing's
+    # own id, and what its resolution carries. Only on the dispatcher's notifications; absent elsewhere
+    # (test alerts, the watchdog), where the alert id names the episode.
+    episode_id: str | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
     evaluated_at: int | float | None = None
@@ -123,7 +127,9 @@ def make_notification(subscription: dict, alerts: list[dict], notification: str,
         reminder=reminder,
         evaluated_at=max(a["evaluated_at"] for a in ordered),
         created_at=time.time(),
-        alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}) for a in ordered),
+        alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}
+                                              | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {}))
+                     for a in ordered),
         **marks,
     )
 

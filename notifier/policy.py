@@ -28,26 +28,34 @@ class KeyState:
 
     notified_at: float | None = None  # unix seconds of the last firing or reminder notification
     open: bool = False  # a firing was notified and its resolution is still due
+    # The alert id of the firing that opened the episode told about: its resolution carries it as
+    # ``episode_id`` (a resolve has an id of its own), so a receiver closes what that firing opened
+    # (PagerDuty's dedup_key). Kept after the resolution, so a re-handled resolve finds it again.
+    episode: str | None = None
 
     def to_dict(self) -> dict:
-        return {"notified_at": self.notified_at, "open": self.open}
+        return {"notified_at": self.notified_at, "open": self.open, "episode": self.episode}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> KeyState:
-        return cls(data["notified_at"], data["open"]) if data else cls()
+        return cls(data["notified_at"], data["open"], data.get("episode")) if data else cls()
 
 
-def decide(policy: AlertPolicy, state: KeyState, transition: str, now: float) -> tuple[str | None, KeyState]:
-    """Whether a ``firing``/``resolved`` transition is notified: (None or the reason not to, new state)."""
+def decide(policy: AlertPolicy, state: KeyState, transition: str, now: float,
+           alert_id: str | None = None) -> tuple[str | None, KeyState]:
+    """Whether a ``firing``/``resolved`` transition is notified: (None or the reason not to, new state).
+
+    A notified firing opens an episode named by its ``alert_id``; the resolution keeps that name.
+    """
     if transition == "firing":
         if policy.muted(now):
             return "muted", state
         if state.notified_at is not None and now - state.notified_at < policy.cooldown_s:
             return "cool-down", state
-        return NOTIFY, KeyState(now, True)
+        return NOTIFY, KeyState(now, True, alert_id)
     if not state.open:
         return "its firing was not notified", state
-    closed = KeyState(state.notified_at, False)
+    closed = KeyState(state.notified_at, False, state.episode)
     if not policy.send_resolved:
         return "send-resolved is off", closed
     if policy.muted(now):

@@ -95,7 +95,7 @@ def load_endpoint(settings: Settings, endpoint_id: int) -> EndpointView | None:
     if endpoint is None:
         return None
     return EndpointView(endpoint.kind, endpoint.target, endpoint.signing_secret(settings), endpoint.owner_id,
-                        binding(endpoint)["generation"], endpoint.id)
+                        binding(endpoint)["generation"], endpoint.id, endpoint.template)
 
 
 def stale_reason(endpoint: EndpointView | None, owner_id: int | None, generation: str | None) -> str | None:

@@ -27,6 +27,15 @@ class EndpointKind:
     placeholder: str  # an example target for the form
     help: str  # one sentence for the form: what the target is, what the receiver gets
     position: int = 100  # where lists show it, lowest first; the first is the form's default
+    secret_required: bool = False  # the user must give the secret (a PagerDuty routing key): never generated
+    secret_label: str = "signing secret"  # what the form and errors call the secret
+    template_use: str | None = None  # what a message template renders for this kind ("the message text"); None: none
+    template_escape: str = "text"  # how values are escaped in its templates (``subscriptions.templating.ESCAPES``)
+
+    @property
+    def rotatable(self) -> bool:
+        """Whether Tocsin can make a new secret (a generated one; a key the user gave is theirs to change)."""
+        return self.has_secret and not self.secret_required
 
 
 class UnknownKindError(ValueError):
@@ -68,5 +77,5 @@ def endpoint_kind(name: str) -> EndpointKind:
 
 
 def secret_kinds() -> list[str]:
-    """The names of the kinds whose endpoints have a signing secret."""
-    return [kind.name for kind in endpoint_kinds() if kind.has_secret]
+    """The names of the kinds whose endpoints have a secret Tocsin generates (and can rotate)."""
+    return [kind.name for kind in endpoint_kinds() if kind.rotatable]

@@ -37,10 +37,12 @@ class EndpointRoute:
     kind: str
     target: str
     stored_secret: str | None  # as stored (sealed): fingerprinted into the delivery's generation, never sent
+    template: str | None = None  # the message template (``subscriptions.templating``); None: the channel's own
 
     @classmethod
     def of(cls, endpoint: Endpoint) -> EndpointRoute:
-        return cls(endpoint.id, endpoint.owner_id, endpoint.kind, endpoint.target, endpoint.secret_encrypted)
+        return cls(endpoint.id, endpoint.owner_id, endpoint.kind, endpoint.target, endpoint.secret_encrypted,
+                   endpoint.template)
 
     def signing_secret(self, settings: Settings) -> str | None:
         """The signing secret in plaintext, for the one attempt that signs with it."""

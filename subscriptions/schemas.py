@@ -34,6 +34,13 @@ Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\.[A-Za-z0-9-]{2,}$")
 
 
+# A ceiling for the request body; the deployment's limit (TOCSIN_TEMPLATE_MAX_CHARS) is checked with the sandbox.
+MAX_TEMPLATE_LENGTH = 20_000
+Template = Annotated[str | None, Field(max_length=MAX_TEMPLATE_LENGTH, description="message template (Jinja2, "
+                                                                                "sandboxed; see README 'Receivers')"),
+                     AfterValidator(lambda text: text if text is not None and text.strip() else None)]  # blank: none
+
+
 def _kind_names(schema: dict[str, Any]) -> None:
     """The kinds in the API schema, as an enum, read from the registry when the schema is built."""
     schema["enum"] = [kind.name for kind in endpoint_kinds()]
@@ -47,8 +54,10 @@ class EndpointIn(BaseModel):
     kind: str = Field(max_length=MAX_KIND_LENGTH, json_schema_extra=_kind_names)
     target: Annotated[str, Field(min_length=3, max_length=2048, description="where to deliver, as the kind "
                                  "expects it: a URL, an address..."), Printable]
-    secret: Annotated[str, Printable] | None = Field(None, min_length=16, max_length=128,
-                               description="signing secret of kinds that sign; generated when omitted")
+    secret: Annotated[str, Printable] | None = Field(None, min_length=16, max_length=128, validate_default=True,
+                               description="signing secret of kinds that sign (generated when omitted), or the "
+                                           "key a kind requires (a PagerDuty routing key)")
+    template: Template = None
 
     @field_validator("kind")
     @classmethod
@@ -66,24 +75,83 @@ class EndpointIn(BaseModel):
     @field_validator("secret")
     @classmethod
     def _secret_only_if_signed(cls, secret: str | None, info: ValidationInfo) -> str | None:
-        if secret is not None and "kind" in info.data:
+        if "kind" in info.data:
             kind = endpoint_kind(info.data["kind"])
-            if not kind.has_secret:
+            if secret is not None and not kind.has_secret:
                 raise ValueError(f"{kind.label} endpoints take no secret")
+            if secret is None and kind.secret_required:
+                raise ValueError(f"{kind.label} endpoints need their {kind.secret_label}")
         return secret
+
+    @field_validator("template")
+    @classmethod
+    def _template_only_if_used(cls, template: str | None, info: ValidationInfo) -> str | None:
+        return _template_for(info.data.get("kind"), template)
+
+
+def _template_for(kind_name: str | None, template: str | None) -> str | None:
+    """A blank template is none; a kind without messages takes none (the sandbox checks it in the service)."""
+    if template is None or not template.strip():
+        return None
+    if kind_name is not None:
+        kind = endpoint_kind(kind_name)
+        if kind.template_use is None:
+            raise ValueError(f"{kind.label} endpoints take no message template")
+    return template
+
+
+class EndpointTemplateIn(BaseModel):
+    """A new message template for an endpoint (null or blank: back to the channel's own message)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: Template = None
+
+
+class TemplatePreviewIn(BaseModel):
+    """A template to render against a sample notification, as an endpoint of ``kind`` would send it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(max_length=MAX_KIND_LENGTH, json_schema_extra=_kind_names)
+    template: Template = None
+    state: Literal["firing", "resolved"] = "firing"
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        endpoint_kind(kind)
+        return kind
+
+    @field_validator("template")
+    @classmethod
+    def _template_only_if_used(cls, template: str | None, info: ValidationInfo) -> str | None:
+        return _template_for(info.data.get("kind"), template)
+
+
+class TemplatePreviewOut(BaseModel):
+    ok: bool
+    text: str | None = Field(description="the rendered message (the kind's default message if template is null)")
+    error: str | None = None
+    line: int | None = Field(None, description="the template line the error is on, when known")
+    payload: Any = Field(None, description="what the receiver would get (for PagerDuty: the first event)")
 
 
 class EndpointKindOut(BaseModel):
     name: str
     label: str
     has_secret: bool
+    secret_required: bool
+    secret_label: str
     placeholder: str
     help: str
+    template_use: str | None = Field(description="what a message template renders for this kind; null: no template")
 
     @classmethod
     def of(cls, kind: EndpointKind) -> EndpointKindOut:
-        return cls(name=kind.name, label=kind.label, has_secret=kind.has_secret, placeholder=kind.placeholder,
-                   help=kind.help)
+        return cls(name=kind.name, label=kind.label, has_secret=kind.has_secret, secret_required=kind.secret_required,
+                   secret_label=kind.secret_label, placeholder=kind.placeholder, help=kind.help,
+                   template_use=kind.template_use)
 
 
 class EndpointOut(BaseModel):
@@ -92,6 +160,7 @@ class EndpointOut(BaseModel):
     id: int
     kind: str
     target: str
+    template: str | None = None
     created_at: datetime
 
 

@@ -32,12 +32,13 @@ from core.settings import Settings
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
-from subscriptions.channel_kinds import endpoint_kind, secret_kinds
+from subscriptions.channel_kinds import UnknownKindError, endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
 from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import EndpointIn, SubscriptionIn
+from subscriptions.templating import MessageTemplateError, TemplateLimits, check_template
 
 log = structlog.get_logger("subscriptions")
 
@@ -218,10 +219,37 @@ class SubscriptionService:
         lock_owner(self.session, self.owner.id)  # the count and the insert are one step: no parallel overshoot
         if self._count(Endpoint) >= self.settings.user_max_endpoints:
             raise Forbidden(f"limit reached: at most {self.settings.user_max_endpoints} endpoints per user")
-        secret = data.secret or (secrets.token_urlsafe(32) if endpoint_kind(data.kind).has_secret else None)
-        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target)
+        kind = endpoint_kind(data.kind)
+        secret = data.secret or (secrets.token_urlsafe(32) if kind.has_secret else None)
+        endpoint = Endpoint(owner_id=self.owner.id, kind=data.kind, target=data.target,
+                            template=self._template(data.template))
         endpoint.set_secret(self.settings, secret)
         self.session.add(endpoint)
+        self.session.commit()
+        if kind.secret_required:  # the user's own key (a routing key): stored sealed, never shown back
+            endpoint.secret = None
+        return endpoint
+
+    def _template(self, template: str | None) -> str | None:
+        """The template as stored, once the sandbox accepts it (422 on ``template`` with the line, if not)."""
+        if template is None:
+            return None
+        try:
+            check_template(template, TemplateLimits.from_settings(self.settings))
+        except MessageTemplateError as exc:
+            raise FieldError("template", str(exc)) from None
+        return template
+
+    def set_template(self, endpoint_id: int, template: str | None) -> Endpoint:
+        """A new message template (None: the channel's own message); deliveries already queued use it too."""
+        endpoint = self.get_endpoint(endpoint_id)
+        try:
+            kind = endpoint_kind(endpoint.kind)
+        except UnknownKindError as exc:  # stored, but no channel serves it any more
+            raise FieldError("kind", str(exc)) from None
+        if template is not None and kind.template_use is None:
+            raise FieldError("template", f"{kind.label} endpoints take no message template")
+        endpoint.template = self._template(template)
         self.session.commit()
         return endpoint
 
@@ -239,7 +267,7 @@ class SubscriptionService:
         """A new signing secret for an endpoint of a kind that signs; the old one stops working at once."""
         endpoint = self.get_endpoint(endpoint_id)
         if endpoint.kind not in secret_kinds():
-            raise FieldError("kind", f"only {' and '.join(secret_kinds())} endpoints have a secret")
+            raise FieldError("kind", f"only {' and '.join(secret_kinds())} endpoints have a secret Tocsin can rotate")
         endpoint.set_secret(self.settings, secrets.token_urlsafe(32))
         self.session.commit()
         return endpoint

@@ -17,16 +17,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.notification import Notification
 from subscriptions.channel_kinds import EndpointKind, endpoint_kind, endpoint_kinds, register_kind, unregister_kind
+from subscriptions.templating import MessageTemplateError, TemplateLimits, compile_template, sample_notification, variables
 
 # The web app reads the kinds from here: importing it is what fills the registry.
-__all__ = ["Channel", "EndpointKind", "EndpointView", "channel_for", "channels", "endpoint_kinds", "register",
-           "unregister"]
+__all__ = ["Channel", "EndpointKind", "EndpointView", "Preview", "channel_for", "channels", "endpoint_kinds", "preview",
+           "register", "unregister"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class EndpointView:
     owner_id: int
     generation: str  # what the delivery was bound to (``notifier.deliveries.binding``)
     id: int
+    template: str | None = None  # the endpoint's message template (``notifier.rendering``); None: the default
 
 
 class Channel(Protocol):
@@ -82,6 +84,48 @@ def channel_for(kind: str, settings: Settings) -> Channel:
 
 def channels() -> list[type[Channel]]:
     return list(_CHANNELS.values())
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A template tried on a sample notification, as an endpoint of one kind would send it."""
+
+    ok: bool
+    text: str | None  # the rendered message (the kind's own if no template)
+    error: str | None = None
+    line: int | None = None
+    payload: Any = None  # what the receiver would get, if the channel can show it (``payload_preview``)
+
+
+def preview(kind: str, template: str | None, state: str, settings: Settings) -> Preview:
+    """Render ``template`` (None: the default) for an endpoint of ``kind`` against a sample notification.
+
+    Unlike a delivery, a failing template is reported, not replaced by the default. A channel
+    shows its payload through an optional ``payload_preview(notification, template, settings)``.
+    """
+    endpoint = endpoint_kind(kind)
+    sample = sample_notification(state)
+    text: str | None = None
+    if template is not None:
+        try:
+            text = compile_template(template, TemplateLimits.from_settings(settings),
+                                    endpoint.template_escape).render(variables(sample))
+        except MessageTemplateError as exc:
+            return Preview(False, None, exc.reason, exc.line)
+    payload_of = getattr(_CHANNELS.get(kind), "payload_preview", None)
+    payload = payload_of(sample, template, settings) if payload_of else None
+    if text is None:
+        text = _text_of(payload) if payload is not None else None
+    return Preview(True, text, payload=payload)
+
+
+def _text_of(payload: Any) -> str | None:
+    """The message text inside a payload (for the preview of a kind's default message)."""
+    if isinstance(payload, dict):
+        for key in ("text", "summary", "body"):
+            if isinstance(payload.get(key), str):
+                return payload[key]
+    return None
 
 
 def _load_channel_modules() -> None:

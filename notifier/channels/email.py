@@ -6,6 +6,7 @@ network trouble are transient and retried, 5xx are permanent.
 
 from __future__ import annotations
 
+import html
 import re
 import smtplib
 import ssl
@@ -23,6 +24,7 @@ from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.channels import EndpointView, register
 from notifier.notification import Notification, summary
+from notifier.rendering import message, noted
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.schemas import EMAIL_ADDRESS
 
@@ -61,7 +63,8 @@ def header_text(value: str) -> str:
     return " ".join(_CONTROL.sub(" ", value).split())
 
 
-def render(notification: dict, sender: str, recipient: str, endpoint_id: int) -> EmailMessage:
+def render(notification: dict, sender: str, recipient: str, endpoint_id: int, body: str | None = None) -> EmailMessage:
+    """The message; ``body`` (an endpoint template's text) replaces the default plain text and shows in the HTML."""
     title = summary(notification)
     message = EmailMessage()
     message["Subject"] = header_text(f"{SUBJECT_PREFIX} {title}")
@@ -72,6 +75,11 @@ def render(notification: dict, sender: str, recipient: str, endpoint_id: int) ->
     message["Message-ID"] = make_msgid(idstring=f"{notification['notification_id']}.{endpoint_id}", domain="tocsin")
     message["X-Tocsin-Notification"] = notification["notification_id"]
     env = _templates()
+    if body is not None:
+        message.set_content(body)
+        message.add_alternative(f'<pre style="font: inherit; white-space: pre-wrap">{html.escape(body)}</pre>',
+                                subtype="html")
+        return message
     message.set_content(env.get_template("email.txt").render(n=notification, title=title))
     message.add_alternative(env.get_template("email.html").render(n=notification, title=title), subtype="html")
     return message
@@ -129,18 +137,30 @@ class EmailChannel:
         name="email", label="e-mail", check_target=check_address, has_secret=False, position=20,
         placeholder="ops@example.com",
         help="One e-mail address. Each notification arrives as one message (plain text and HTML).",
+        template_use="the message body (plain text)", template_escape="text",
     )
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     @classmethod
+    def payload_preview(cls, notification: dict, template: str | None, settings: Settings) -> dict:
+        """The subject and plain-text body of ``notification`` (the endpoints page's preview)."""
+        text = message(notification, template, settings, "text", lambda _values: "") if template else None
+        email = render(notification, settings.smtp_from, "ops@example.com", 0, text.text if text else None)
+        body = email.get_body(("plain",))
+        return {"subject": email["Subject"], "body": body.get_content() if body is not None else ""}
+
+    @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:
         return 2 * settings.smtp_timeout_s  # the timeout bounds each socket operation, not the whole: twice it
 
     def send(self, notification: Notification, endpoint: EndpointView) -> Attempt:
-        message = render(notification.to_json(), self.settings.smtp_from, endpoint.target, endpoint.id)
-        return send_email(message, self.settings)
+        data = notification.to_json()
+        text = message(data, endpoint.template, self.settings, "text", lambda _values: "") if endpoint.template else None
+        body = text.text if text is not None and text.error is None else None  # a failed template: the default
+        email = render(data, self.settings.smtp_from, endpoint.target, endpoint.id, body)
+        return noted(send_email(email, self.settings), text.error if text is not None else None)
 
 
 register(EmailChannel)

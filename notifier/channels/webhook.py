@@ -288,9 +288,18 @@ def _drain(response: httpx.Response, limit: int) -> str | None:
     return None
 
 
-def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: str,
-                 limits: WebhookLimits = WebhookLimits()) -> Attempt:
-    """One signed POST to ``url``, guarded, pinned and bounded by ``limits``."""
+def json_body(payload: Any) -> bytes:
+    """The compact, key-sorted JSON every HTTP channel sends (what a webhook signature covers)."""
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+
+
+def post_json(url: str, body: bytes, headers: dict[str, str], limits: WebhookLimits = WebhookLimits()) -> Attempt:
+    """One POST of a JSON ``body`` to ``url``: guarded, pinned, bounded by ``limits``, classified.
+
+    The HTTP machinery every HTTP channel shares (webhook, Slack, Teams, PagerDuty): the SSRF
+    guard and allow-list, one total deadline, a capped error body, and the outcome as an
+    :class:`Attempt` (network errors, 429 and 5xx retryable, ``Retry-After`` honoured).
+    """
     started = time.perf_counter()
     deadline = _Deadline(limits.total_timeout_s)
 
@@ -304,16 +313,6 @@ def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: s
     except DestinationUnresolved as exc:
         return failed(True, str(exc))
 
-    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    timestamp = int(time.time())
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "Tocsin-Webhook/1",
-        TIMESTAMP_HEADER: str(timestamp),
-        IDEMPOTENCY_HEADER: idempotency_key,
-    }
-    if secret:
-        headers[SIGNATURE_HEADER] = f"t={timestamp},v1={sign(secret, timestamp, body)}"
     backend = _PinnedBackend(destination, deadline)
     watchdog = threading.Timer(max(deadline.remaining(), 0), backend.abort)
     watchdog.daemon = True
@@ -322,7 +321,8 @@ def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: s
     try:
         with httpx.Client(transport=_PinnedTransport(backend, _ssl_context(limits.ca_file)), follow_redirects=False,
                           trust_env=False, timeout=timeout) as client, \
-                client.stream("POST", destination.url, content=body, headers=headers) as response:
+                client.stream("POST", destination.url, content=body,
+                              headers={"Content-Type": "application/json", **headers}) as response:
             # The status is the receiver's answer; a body is only read (capped) to close an error cleanly.
             cut = None if response.is_success else _drain(response, limits.max_response_bytes)
     except httpx.HTTPError as exc:
@@ -334,6 +334,21 @@ def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: s
     latency = (time.perf_counter() - started) * 1000
     error = f"HTTP {response.status_code}" + (f" ({cut})" if cut else "")
     return http_attempt(response.status_code, latency, retry_after_s(response.headers.get("Retry-After")), error)
+
+
+def post_webhook(url: str, payload: dict, secret: str | None, idempotency_key: str,
+                 limits: WebhookLimits = WebhookLimits()) -> Attempt:
+    """One signed POST to ``url``, guarded, pinned and bounded by ``limits``."""
+    body = json_body(payload)
+    timestamp = int(time.time())
+    headers = {
+        "User-Agent": "Tocsin-Webhook/1",
+        TIMESTAMP_HEADER: str(timestamp),
+        IDEMPOTENCY_HEADER: idempotency_key,
+    }
+    if secret:
+        headers[SIGNATURE_HEADER] = f"t={timestamp},v1={sign(secret, timestamp, body)}"
+    return post_json(url, body, headers, limits)
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
@@ -377,6 +392,11 @@ class WebhookChannel:
 
     def __init__(self, settings: Settings) -> None:
         self.limits = WebhookLimits.from_settings(settings)
+
+    @classmethod
+    def payload_preview(cls, notification: dict, template: str | None, settings: Settings) -> dict:  # noqa: ARG003
+        """The notification's JSON, as it is POSTed (webhooks take no template)."""
+        return notification
 
     @classmethod
     def longest_attempt_s(cls, settings: Settings) -> float:

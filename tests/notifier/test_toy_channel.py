@@ -68,7 +68,7 @@ def toy_channel() -> Iterator[None]:
 def test_a_channel_of_one_class_is_offered_accepted_and_delivers_test_alerts(
         toy_channel: None, api: TestClient, settings: Settings, redis_client: redis.Redis, tmp_path: Path) -> None:
     kinds = api.get("/api/endpoints/kinds").json()
-    assert [k["name"] for k in kinds] == ["webhook", "email", "toy"]  # by position: the default stays first
+    assert [k["name"] for k in kinds] == ["webhook", "email", "slack", "teams", "pagerduty", "toy"]  # by position: the default stays first
     refused = api.post("/api/endpoints", json={"kind": "toy", "target": "relative/alerts.jsonl"})
     assert refused.status_code == 422 and "absolute file path" in refused.text
     secret = api.post("/api/endpoints", json={"kind": "toy", "target": "/tmp/x", "secret": "s" * 20})

@@ -9,12 +9,21 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from notifier.channels import endpoint_kinds
+from notifier.channels import endpoint_kinds, preview
 from notifier.deliveries import ATTEMPT_LOG_LENGTH, enqueue_test_alert
 from subscriptions.routing import EndpointRoute
-from subscriptions.schemas import EndpointCreated, EndpointIn, EndpointKindOut, EndpointOut, TestFireOut
-from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep
-from web.limits import LimiterDep, limit_test_alerts
+from subscriptions.schemas import (
+    EndpointCreated,
+    EndpointIn,
+    EndpointKindOut,
+    EndpointOut,
+    EndpointTemplateIn,
+    TemplatePreviewIn,
+    TemplatePreviewOut,
+    TestFireOut,
+)
+from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep, SettingsDep, UserDep
+from web.limits import LimiterDep, limit_previews, limit_test_alerts
 
 router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
 
@@ -31,6 +40,19 @@ def list_endpoint_kinds() -> list[EndpointKindOut]:
     return [EndpointKindOut.of(kind) for kind in endpoint_kinds()]
 
 
+@router.post("/preview-template", response_model=TemplatePreviewOut)
+def preview_template(data: TemplatePreviewIn, request: Request, settings: SettingsDep, user: UserDep,
+                     limiter: LimiterDep) -> TemplatePreviewOut:
+    """Render a message template (null: the kind's own message) against a sample notification.
+
+    A template the sandbox refuses is ``ok: false`` with the error and its line (the same
+    check saving it makes); ``payload`` is what the kind's receiver would get.
+    """
+    limit_previews(limiter, request, user.id)
+    shown = preview(data.kind, data.template, data.state, settings)
+    return TemplatePreviewOut(ok=shown.ok, text=shown.text, error=shown.error, line=shown.line, payload=shown.payload)
+
+
 @router.get("", response_model=list[EndpointOut])
 def list_endpoints(service: ServiceDep) -> list[EndpointOut]:
     return [EndpointOut.model_validate(e) for e in service.list_endpoints()]
@@ -39,6 +61,12 @@ def list_endpoints(service: ServiceDep) -> list[EndpointOut]:
 @router.get("/{endpoint_id}", response_model=EndpointOut)
 def get_endpoint(endpoint_id: IdPath, service: ServiceDep) -> EndpointOut:
     return EndpointOut.model_validate(service.get_endpoint(endpoint_id))
+
+
+@router.patch("/{endpoint_id}", response_model=EndpointOut)
+def set_endpoint_template(endpoint_id: IdPath, data: EndpointTemplateIn, service: ServiceDep) -> EndpointOut:
+    """Set (or, with null, clear) the endpoint's message template: 422 on ``template``, with the line, if refused."""
+    return EndpointOut.model_validate(service.set_template(endpoint_id, data.template))
 
 
 @router.post("/{endpoint_id}/rotate-secret", response_model=EndpointCreated)

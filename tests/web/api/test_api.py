@@ -120,7 +120,7 @@ def test_catalog_publication_never_goes_backwards(api: TestClient, settings: Set
         ({"kind": "email", "target": "a@b.com, c@d.com"}, "target", "one e-mail address"),
         ({"kind": "email", "target": "ops@example.com", "secret": "s" * 20}, "secret", "take no secret"),
         ({"kind": "webhook", "target": "ftp://example.com/x"}, "target", "http(s) URL"),
-        ({"kind": "sms", "target": "+4412345"}, "kind", "'webhook' or 'email'"),
+        ({"kind": "sms", "target": "+4412345"}, "kind", "'webhook', 'email', 'slack', 'teams' or 'pagerduty'"),
     ],
 )
 def test_endpoint_validation_errors_name_the_field(api: TestClient, body: dict, field: str, message: str) -> None:

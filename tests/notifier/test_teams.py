@@ -1,0 +1,79 @@
+"""The Teams channel against a local receiver that checks the documented Adaptive Card envelope."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from core.settings import Settings
+from devstack.receiver import WebhookReceiver
+from notifier.channels import EndpointView
+from notifier.channels.teams import CARD_VERSION, TeamsChannel
+from notifier.notification import Notification
+from subscriptions.templating import sample_notification
+from tests.notifier.receivers import ADAPTIVE, ShapeChecked, teams_errors
+
+SETTINGS = Settings(webhook_allow_hosts=["127.0.0.1"], webhook_total_timeout_s=5)
+
+
+@pytest.fixture
+def teams() -> Iterator[tuple[WebhookReceiver, ShapeChecked]]:
+    answer = ShapeChecked(teams_errors, status=202)  # a Workflows webhook answers 202
+    receiver = WebhookReceiver(answer=answer)
+    yield receiver, answer
+    receiver.close()
+
+
+def _endpoint(url: str, template: str | None = None) -> EndpointView:
+    return EndpointView("teams", url, None, owner_id=1, generation="g", id=8, template=template)
+
+
+def _card(got: object) -> dict:
+    return got.json["attachments"][0]["content"]  # type: ignore[attr-defined]
+
+
+def test_the_card_has_the_documented_envelope_title_text_and_facts(teams) -> None:
+    receiver, answer = teams
+    attempt = TeamsChannel(SETTINGS).send(Notification.from_json(sample_notification("resolved")),
+                                          _endpoint(receiver.url))
+    assert attempt.ok and attempt.status_code == 202
+    [got] = receiver.received
+    assert not answer.rejected
+    assert got.json["type"] == "message" and got.json["attachments"][0]["contentType"] == ADAPTIVE
+    card = _card(got)
+    assert card["type"] == "AdaptiveCard" and card["version"] == CARD_VERSION
+    title, text, facts = card["body"]
+    assert title["text"] == "RESOLVED: High volume" and title["color"] == "Good"
+    assert "Condition: SUM\\(volume\\) OVER 5m > 2e6" in text["text"].replace("\\>", ">")
+    assert facts["facts"] == [{"title": "AAPL", "value": "2.514e+06 (resolved)"},
+                              {"title": "MSFT", "value": "2.0715e+06 (resolved)"}]
+
+
+def test_a_template_renders_the_text_block_with_values_markdown_escaped(teams) -> None:
+    receiver, answer = teams
+    alert = {**sample_notification()["alerts"][0], "key": "[click](http://evil.example)"}
+    notification = Notification.from_json({**sample_notification(), "alerts": [alert]})
+    template = "**{{ alert.key }}** is {{ alert.value|number }} since {{ alert.window_start|ms_time }}"
+    assert TeamsChannel(SETTINGS).send(notification, _endpoint(receiver.url, template)).ok
+    text = _card(receiver.received[0])["body"][1]["text"]
+    assert text == r"**\[click\]\(http://evil.example\)** is 2.514e+06 since 2025-12-31 23:55:00 UTC"
+    assert not answer.rejected
+
+
+def test_a_failing_template_falls_back_to_the_default_card(teams) -> None:
+    receiver, answer = teams
+    attempt = TeamsChannel(SETTINGS).send(Notification.from_json(sample_notification()),
+                                          _endpoint(receiver.url, "{% for i in range(999) %}{% for j in range(999) %}"
+                                                                  "{% endfor %}{% endfor %}"))
+    assert attempt.ok and "loops ran over 10,000 iterations" in (attempt.error or "")
+    assert _card(receiver.received[0])["body"][1]["text"].startswith("Condition:") and not answer.rejected
+
+
+def test_a_throttled_teams_webhook_is_retried_after_its_retry_after() -> None:
+    receiver = WebhookReceiver(fail_first=1, fail_status=429, retry_after="3")
+    try:
+        attempt = TeamsChannel(SETTINGS).send(Notification.from_json(sample_notification()), _endpoint(receiver.url))
+    finally:
+        receiver.close()
+    assert not attempt.ok and attempt.retryable and attempt.retry_after_s == 3.0
