@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import pytest
@@ -96,10 +95,8 @@ def test_a_template_over_the_size_limit_is_refused() -> None:
     ("{{ lipsum(10 ** 6) }}", "'lipsum' is undefined"),
 ])
 def test_runaway_and_escaping_templates_fail_fast_with_little_memory(source: str, reason: str) -> None:
-    started = time.perf_counter()
-    with pytest.raises(MessageTemplateError) as failed:
+    with pytest.raises(MessageTemplateError) as failed:  # stopped by counted work, not a clock (see templating)
         _render(source)
-    elapsed = time.perf_counter() - started
     assert reason in str(failed.value)
     tracemalloc.start()  # again, for the memory it takes (tracing slows it down, so not timed)
     try:
@@ -108,7 +105,7 @@ def test_runaway_and_escaping_templates_fail_fast_with_little_memory(source: str
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert elapsed < 2.0 and peak < 16 * 1024 * 1024, (elapsed, peak)
+    assert peak < 16 * 1024 * 1024, peak
 
 
 def test_the_output_is_cut_at_its_limit() -> None:
@@ -145,10 +142,9 @@ def test_a_failing_or_empty_template_falls_back_to_the_default_and_says_why() ->
     "{{ title }}", "{{ title ~ title }}", "{% for a in alerts %}", "{% for i in range(999) %}", "{% endfor %}",
     "{% set t = title ~ title ~ title %}", "{{ t }}", "{{ keys * 99 }}", "{{ (keys * 99)|join }}", "x" * 50,
     "{% if state %}", "{% endif %}", "{{ alert.key|replace('A', title) }}"]), max_size=12))
-def test_whatever_a_template_does_it_ends_quickly_and_within_the_output_limit(parts: list[str]) -> None:
-    started = time.perf_counter()
-    try:
+def test_whatever_a_template_does_it_ends_within_the_output_limit(parts: list[str]) -> None:
+    try:  # it ends: the loops and the work are counted (no clock in a test: machines under load vary)
         out = _render("".join(parts))
     except MessageTemplateError:
         out = ""
-    assert len(out) <= LIMITS.max_output_chars and time.perf_counter() - started < 2.0
+    assert len(out) <= LIMITS.max_output_chars
