@@ -32,6 +32,9 @@ class Transition:
     window_start: int
     window_end: int
     evaluated_at: int
+    # "state" (an edge of the alert's state) or "crossing" (an event, evaluator/lifecycle.py: state "firing", no
+    # resolved follows, nothing to keep as firing). Last, with a default: payloads written before it still load.
+    kind: str = "state"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,11 +62,23 @@ class Transition:
             window_start=int(data["window_start"]),
             window_end=int(data["window_end"]),
             evaluated_at=int(data["evaluated_at"]),
+            kind=_kind(data.get("kind")),
         )
 
     @classmethod
     def from_json(cls, payload: str | bytes) -> Transition:
         return cls.from_dict(json.loads(payload))
+
+
+KINDS = ("state", "crossing")
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "state"
+    if value not in KINDS:
+        raise ValueError(f"transition kind {value!r} is none of {', '.join(KINDS)}")
+    return str(value)
 
 
 def _text(value: object, name: str) -> str:

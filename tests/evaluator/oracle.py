@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from evaluator.comparators import Range
 from evaluator.expr import expr_from_json
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, SubscriptionSpec, Term
 
@@ -98,4 +99,105 @@ def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: in
             out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
             out |= {(spec.id, k, "resolved", b) for k in firing[spec.id] - matched}
             firing[spec.id] = matched
+    return out
+
+
+def _raw_truth(events: list[Event], members: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
+               horizon_ms: int) -> dict[int, dict[int, set[str]]]:
+    """Per boundary, per member: the keys whose window satisfies its condition (a key is watched while it has an
+    event in the horizon or satisfied it at the previous boundary)."""
+    first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
+    all_keys = {e[0] for e in events}
+    by_key: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_key[e[0]].append(e)
+    held: dict[int, set[str]] = defaultdict(set)
+    out: dict[int, dict[int, set[str]]] = {}
+    for b in range(first, last_boundary + 1, pane_ms):
+        known = {k for k, ts, *_ in events if b - horizon_ms <= ts // pane_ms * pane_ms < b}
+        for spec in members:
+            c = spec.condition
+            held[spec.id] = {key for key in (known | held[spec.id]) & (spec.keys or all_keys)
+                             if c.holds(value_of(c, [e for e in by_key[key]
+                                                     if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]))}
+        out[b] = {sid: set(keys) for sid, keys in held.items()}
+    return out
+
+
+def _up(ms: int, pane_ms: int) -> int:
+    return -(-ms // pane_ms) * pane_ms
+
+
+def lifecycle_oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
+                     horizon_ms: int) -> set[tuple[int, str, str, int, str]]:
+    """(subscription, key, state, boundary, kind) of every transition users see, by the lifecycle rules applied
+    to the brute-force raw truth at every boundary, every pair at every boundary (docs/conditions.md):
+
+    * plain: an edge of the raw truth;
+    * FOR d: pending from the boundary it became true, firing at the first boundary at least d later if true at
+      every boundary in between;
+    * while firing, "false" means out of the RESOLVE hold range (or the condition false without one); it resolves
+      once false for KEEP FIRING FOR and at least DAMPEN after it fired, true again before that: firing on;
+    * a crossing: each rise of the side's raw truth (either side for CROSSES x), at most one per DAMPEN.
+    """
+    members: list[SubscriptionSpec] = []
+    for spec in specs:
+        members.append(spec)
+        life = spec.condition.lifecycle
+        if life is None:
+            continue
+        hold = life.resolve
+        if life.crossing == "either":  # the lower side, as its own member
+            hold = Range(high=spec.condition.low)
+        if hold is not None:
+            members.append(SubscriptionSpec(-spec.id, Condition(spec.condition.aggregate, spec.condition.attribute,
+                spec.condition.window_ms, hold.low, hold.high, hold.low_inclusive, hold.high_inclusive,
+                spec.condition.q, spec.condition.expression, spec.condition.percent_of), spec.keys))
+    truth = _raw_truth(events, members, last_boundary, pane_ms, horizon_ms)
+    out: set[tuple[int, str, str, int, str]] = set()
+    before: dict[int, set[str]] = defaultdict(set)
+    state: dict[tuple[int, str], dict[str, Any]] = {}
+    for b in sorted(truth):
+        now = defaultdict(set, truth[b])
+        for spec in specs:
+            sid, life = spec.id, spec.condition.lifecycle
+            keys = now[sid] | before[sid] | now[-sid] | before[-sid] | {k for s, k in state if s == sid}
+            for key in sorted(keys):
+                true, was = key in now[sid], key in before[sid]
+                if life is None:
+                    if true != was:
+                        out.add((sid, key, "firing" if true else "resolved", b, "state"))
+                    continue
+                st = state.setdefault((sid, key), {"phase": None})
+                if life.crossing is not None:
+                    rise = (true and not was) or (life.crossing == "either" and key in now[-sid]
+                                                  and key not in before[-sid])
+                    last = st.get("last")
+                    if rise and (last is None or b >= last + _up(life.dampen_ms, pane_ms)):
+                        out.add((sid, key, "firing", b, "crossing"))
+                        st["last"] = b
+                    continue
+                holds = key in now[-sid] if life.resolve is not None else true
+                phase = st["phase"]
+                if phase in (None, "pending"):
+                    if not true:
+                        st["phase"] = None
+                        continue
+                    if phase is None:
+                        st["since"] = b
+                    if b >= st["since"] + _up(life.for_ms, pane_ms):
+                        out.add((sid, key, "firing", b, "state"))
+                        st.update(phase="firing", fired=b)
+                    else:
+                        st["phase"] = "pending"
+                    continue
+                if holds:
+                    st["phase"] = "firing"
+                    continue
+                if phase == "firing":
+                    st.update(phase="keep", fell=b)
+                if b >= max(st["fell"] + _up(life.keep_firing_ms, pane_ms), st["fired"] + _up(life.dampen_ms, pane_ms)):
+                    out.add((sid, key, "resolved", b, "state"))
+                    st["phase"] = None
+        before = now
     return out
