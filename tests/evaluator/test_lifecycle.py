@@ -231,3 +231,24 @@ def test_conditions_without_lifecycle_keep_their_wire_form() -> None:
     life = replace(c, lifecycle=Lifecycle(for_ms=2_000, resolve=Range(low=1.0, low_inclusive=True)))
     assert Condition.from_dict(life.to_dict()) == life
     assert replace(c, lifecycle=Lifecycle()).lifecycle is None  # no clause: plain
+
+
+def test_a_boundary_examines_only_the_flips_and_the_timers_due(monkeypatch) -> None:
+    """Output-sensitive: with 5,000 keys firing under KEEP FIRING FOR, one raw flip costs one pair's work."""
+    from evaluator.lifecycle import Raw, Tracker
+
+    life = Lifecycle(keep_firing_ms=5_000)
+    tracker = Tracker(PANE)
+    tracker.follow(1, life)
+    keys = {f"K{i}" for i in range(5_000)}
+    out = tracker.step(1_000, Raw({1: set(keys)}, {(1, k) for k in keys}), lambda sid: life)
+    assert len(out) == 5_000 and not tracker.reconcile
+    examined: list[tuple] = []
+    pair = Tracker._pair
+    monkeypatch.setattr(Tracker, "_pair", lambda self, *args: examined.append(args[1:3]) or pair(self, *args))
+    assert tracker.step(2_000, Raw({1: keys - {"K7"}}, {(1, "K7")}), lambda sid: life) == []
+    assert examined == [(1, "K7")]
+    assert tracker.next_due() == 7_000
+    examined.clear()
+    assert tracker.step(7_000, Raw({1: keys - {"K7"}}, set()), lambda sid: life) == [(1, "K7", "resolved", "state")]
+    assert examined == [(1, "K7")]

@@ -43,7 +43,8 @@ def test_sigkill_and_restart_give_the_lifecycle_oracles_transitions(settings: Se
     events = generated_stream(seed=5, n=1_500)
     last = publish(settings, events)
     shards = settings.spark_shuffle_partitions
-    run = for_run(settings, "lifecycle", tmp_path)
+    # small batches, so the kill lands mid-stream
+    run = for_run(settings, "lifecycle", tmp_path).model_copy(update={"source_max_records_per_trigger": 120})
     publish_catalog(run, *SPECS)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     stats_key = RedisKeys(run).evaluator_stats
