@@ -1,5 +1,8 @@
 """Edge-triggered output: ``firing`` when a (subscription, key) enters its condition, ``resolved`` when it leaves.
 
+With lifecycle clauses (evaluator/lifecycle.py) the edges are those users see (after a pending period, keep-firing,
+hysteresis, damping); a crossing is a ``firing`` of kind ``crossing``, an event that nothing resolves.
+
 Each transition has a deterministic id, so re-evaluating the same data (a replayed
 micro-batch, a restart from a checkpoint) reproduces the same ids and downstream
 de-duplication holds.
