@@ -92,6 +92,7 @@ def catalogs(draw):
     from and between clauses), and remove them."""
     n = draw(st.integers(1, 6))
     first = [SubscriptionSpec(i + 1, draw(any_condition), draw(key_filters)) for i in range(n)]
+    current = {s.id: s for s in first}
     diffs, next_id = {}, n + 1
     for at in sorted(set(draw(st.lists(st.integers(0, 8), max_size=3)))):
         upserts = []
@@ -100,10 +101,34 @@ def catalogs(draw):
                 sid, next_id = next_id, next_id + 1
             else:
                 sid = draw(st.integers(1, next_id - 1))
-            upserts.append(SubscriptionSpec(sid, draw(any_condition), draw(key_filters)))
+            if sid in current and draw(st.booleans()):  # the same condition, other clauses (or none)
+                spec = replace(current[sid], condition=draw(_other_clauses(current[sid].condition)))
+            else:
+                spec = SubscriptionSpec(sid, draw(any_condition), draw(key_filters))
+            upserts.append(spec)
+            current[sid] = spec
         removals = tuple(draw(st.lists(st.integers(1, next_id - 1), max_size=2)))
         diffs[at] = (tuple({s.id: s for s in upserts}.values()), removals)
     return first, diffs
+
+
+@st.composite
+def _other_clauses(draw, c: Condition) -> Condition:
+    """``c`` with other lifecycle clauses: none, a state lifecycle, or a crossing where its range allows one."""
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        return replace(c, lifecycle=None)
+    half_line = not c.ranges and (c.low is None) != (c.high is None) and not (c.low_inclusive or c.high_inclusive)
+    if choice == 1 and half_line:
+        direction = "below" if c.high is not None else draw(st.sampled_from(["above", "either"]))
+        return replace(c, lifecycle=Lifecycle(dampen_ms=draw(DURATIONS), crossing=direction))
+    resolve = None
+    if draw(st.booleans()) and not c.ranges:
+        if c.low is not None:
+            resolve = Range(low=c.low - draw(st.integers(0, 10)), low_inclusive=True)
+        elif c.high is not None:
+            resolve = Range(high=c.high + draw(st.integers(0, 10)), high_inclusive=True)
+    return replace(c, lifecycle=Lifecycle(draw(DURATIONS), draw(DURATIONS), draw(DURATIONS), resolve))
 
 
 def _catalogs(first, diffs, n: int) -> list[Catalog]:
@@ -114,6 +139,25 @@ def _catalogs(first, diffs, n: int) -> list[Catalog]:
             catalog = catalog.applied(CatalogChange(catalog.version + 1, upserts, removals))
         out.append(catalog)
     return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams(), catalog=catalogs())
+def test_every_plan_equals_the_lifecycle_oracle_through_edits(stream, catalog) -> None:
+    """Catalog edits mid-stream (clauses added, changed, removed; subscriptions turned into crossings and back):
+    each catalog applies from the first boundary the shard evaluates after it, as in the oracle."""
+    events, batches = stream
+    batches = [*batches, []]
+    end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
+    seen = _catalogs(catalog[0], catalog[1], len(batches))
+    last = (end - DELAY) // PANE * PANE
+    for plan, config in PLANS.items():
+        shard, got, steps = ShardEvaluator(config), set(), []
+        for batch, cat in zip(batches, seen, strict=True):
+            transitions, _ = _step(shard, batch, end, cat)
+            got |= _seen(transitions)
+            steps.append((list(cat.subscriptions), shard.evaluated_at))
+        assert got == lifecycle_oracle(events, steps, last, PANE, HORIZON), plan
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -252,3 +296,40 @@ def test_a_boundary_examines_only_the_flips_and_the_timers_due(monkeypatch) -> N
     examined.clear()
     assert tracker.step(7_000, Raw({1: keys - {"K7"}}, set()), lambda sid: life) == [(1, "K7", "resolved", "state")]
     assert examined == [(1, "K7")]
+
+
+def _edited(events, conditions_by_batch, batches) -> tuple[dict[str, list], set]:
+    """Run every plan over ``batches``, subscription 1's condition replaced by the next one at each batch."""
+    catalog, seen = Catalog(1, (SubscriptionSpec(1, conditions_by_batch[0]),)), []
+    for c in conditions_by_batch:
+        if c != catalog.subscriptions[0].condition:
+            catalog = catalog.applied(CatalogChange(catalog.version + 1, (SubscriptionSpec(1, c),), ()))
+        seen.append(catalog)
+    end = events[-1][1] + HORIZON + 3 * PANE
+    got: dict[str, list] = {}
+    for plan, config in PLANS.items():
+        shard, steps, out = ShardEvaluator(config), [], []
+        for batch, cat in zip(batches, seen, strict=True):
+            out += [(t.state, t.evaluated_at, t.kind) for t in _step(shard, batch, end, cat)[0]]
+            steps.append((list(cat.subscriptions), shard.evaluated_at))
+        got[plan] = out
+    oracle = lifecycle_oracle(events, steps, (end - DELAY) // PANE * PANE, PANE, HORIZON)
+    return got, {(state, b, kind) for sid, key, state, b, kind in oracle if key == "A"}
+
+
+def test_an_edit_keeps_what_users_saw() -> None:
+    """A firing key stays firing silently when a pending period is added, resolves when the subscription becomes a
+    crossing, and fires again when it turns plain while its condition holds."""
+    events = sorted([("A", 10_000 + i * 500, 50.0, 1.0) for i in range(40)]  # A: two events a pane, 10 s to 30 s
+                    + [("D", 10_000 + i * 2_000, 50.0, 1.0) for i in range(10)],  # D: the other partition's clock
+                    key=lambda e: e[1])
+    batches = [events[:12], events[12:24], events[24:36], events[36:], []]
+    c = Condition(Aggregate.COUNT, None, 2_000, low=1.0)
+    held = replace(c, lifecycle=Lifecycle(for_ms=3_000))
+    crossing = replace(c, lifecycle=Lifecycle(crossing="above"))
+    got, oracle = _edited(events, [c, c, held, crossing, c], batches)
+    assert all(out == got["naive"] for out in got.values())
+    # plain: fires at 11 s; FOR added (batch 2): nothing; a crossing (batch 3): resolved; plain again: fires
+    assert got["naive"] == [("firing", 11_000, "state"), ("resolved", 21_000, "state"),
+                            ("firing", 27_000, "state"), ("resolved", 32_000, "state")]
+    assert set(got["naive"]) == oracle
