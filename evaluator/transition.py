@@ -40,7 +40,11 @@ class Transition:
     kind: str = "state"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; ``kind`` only for a crossing, so a state transition reads exactly as before kinds existed."""
+        data = asdict(self)
+        if self.kind == "state":
+            del data["kind"]
+        return data
 
     def to_json(self) -> str:
         """The compact JSON the sink stores (fields in declaration order)."""
