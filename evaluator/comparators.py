@@ -68,3 +68,27 @@ def comparator_of(ranges: tuple[Range, ...]) -> tuple[Comparator, tuple[float, .
         if thresholds is not None:
             return comparator, thresholds
     raise ValueError(f"no comparator accepts exactly {ranges}")
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A crossing (evaluator/lifecycle.py): an event when the value moves onto ``side(threshold)``.
+
+    ``either`` crosses up or down: its raw truth is the upper side, plus an internal member for the lower one.
+    """
+
+    direction: str  # "above", "below" or "either"
+    syntax: str  # "CROSSES ABOVE {}"
+    words: str  # "crosses above {}"
+    side: Callable[[float], Range]  # the range the condition's raw truth is
+
+
+CROSSINGS: tuple[Crossing, ...] = (
+    Crossing("above", "CROSSES ABOVE {}", "crosses above {}", lambda t: Range(low=t)),
+    Crossing("below", "CROSSES BELOW {}", "crosses below {}", lambda t: Range(high=t)),
+    Crossing("either", "CROSSES {}", "crosses {}", lambda t: Range(low=t)),
+)
+
+
+def crossing_of(direction: str) -> Crossing:
+    return next(c for c in CROSSINGS if c.direction == direction)

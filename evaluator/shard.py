@@ -68,7 +68,8 @@ from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.comparators import Range
-from evaluator.incremental import Context, Flip, GroupState, PlanCosts, values_of
+from evaluator.incremental import Context, Flip, GroupState, PlanCosts, empty_value, values_of
+from evaluator.lifecycle import Raw, Tracker, aux_id
 from evaluator.panerows import PaneRows
 from evaluator.panestore import Panes, RunningWindows, to_floats
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
@@ -133,10 +134,26 @@ def _loosest(ranges: list[Range]) -> list[Range]:
     return merged
 
 
+def aux_member(spec: SubscriptionSpec) -> SubscriptionSpec | None:
+    """A lifecycle's internal second member (evaluator/lifecycle.py): the hold range of a resolve threshold, or a
+    two-way crossing's lower side, over the same value, so it joins the subscription's group."""
+    life = spec.condition.lifecycle
+    r = life.aux_range(spec.condition.accepted) if life is not None and spec.id > 0 else None
+    if r is None:
+        return None
+    condition = replace(spec.condition, low=None, high=None, low_inclusive=False, high_inclusive=False,
+                        ranges=(r,), lifecycle=None)
+    return SubscriptionSpec(aux_id(spec.id), condition, spec.keys)
+
+
+def _with_aux(specs: tuple[SubscriptionSpec, ...]) -> list[SubscriptionSpec]:
+    return [m for spec in specs for m in (spec, aux_member(spec)) if m is not None]
+
+
 def group_subscriptions(catalog: Catalog) -> list[Group]:
     """Subscriptions by the value they ask for (aggregate, attribute, window, ...), each with its loosest ranges."""
     by: dict[tuple, list[SubscriptionSpec]] = defaultdict(list)
-    for spec in catalog.subscriptions:
+    for spec in _with_aux(catalog.subscriptions):
         by[_value_key(spec.condition)].append(spec)
     groups = []
     for _, specs in sorted(by.items(), key=lambda kv: _order(kv[0])):
@@ -146,7 +163,7 @@ def group_subscriptions(catalog: Catalog) -> list[Group]:
         loosest = None
         if ranges != [Range(None, None, True, True)]:
             loosest = tuple(replace(template, low=r.low, high=r.high, low_inclusive=True, high_inclusive=True,
-                                    ranges=()) for r in ranges)
+                                    ranges=(), lifecycle=None) for r in ranges)
         groups.append(Group(template, tuple(specs), loosest, AGGREGATES.get(template.aggregate.value), accepted))
     return groups
 
@@ -162,6 +179,7 @@ class Delta:
     changes: list[tuple[int, str, str]] = field(default_factory=list)  # (subscription, key, state), in order
     dropped_subscriptions: list[int] = field(default_factory=list)
     stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
+    lifecycle: dict | None = None  # the lifecycle records this batch changed (evaluator/lifecycle.py Tracker.export)
 
     def to_bytes(self) -> bytes:
         meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
@@ -169,6 +187,7 @@ class Delta:
             "change_ids": [c[0] for c in self.changes], "change_states": "".join(c[2][0] for c in self.changes),
             "change_keys": "\x00".join(c[1] for c in self.changes),
             "dropped": self.dropped_subscriptions, "stale": self.stale,
+            **({"lifecycle": self.lifecycle} if self.lifecycle is not None else {}),
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -190,6 +209,7 @@ class Delta:
             changes,
             meta["dropped"],
             meta.get("stale", True),
+            meta.get("lifecycle"),
         )
 
 
@@ -270,6 +290,7 @@ class ShardEvaluator:
         self._maybe_free: list[int] = []  # key ids that resolved: released if no longer known nor firing
         self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
         self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
+        self.lifecycle = Tracker(config.pane_ms)  # pending, keep-firing, damping, crossings (evaluator/lifecycle.py)
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -435,6 +456,7 @@ class ShardEvaluator:
                 self._apply_until(last)
                 self.evaluated_at = last
         delta.evaluated_at, delta.applied_until, delta.stale = self.evaluated_at, self.applied_until, self.stale
+        delta.lifecycle = self.lifecycle.export()
         return transitions, delta
 
     def _next_boundary(self) -> int | None:
@@ -447,6 +469,9 @@ class ShardEvaluator:
         if self.stale or first_pending == after:
             return after
         candidates = [] if first_pending is None else [first_pending]
+        due = self.lifecycle.next_due()  # a lifecycle timer (pending period, keep firing, damping) falls due
+        if due is not None:
+            candidates.append(due)
         if self.starts.size:  # a pane at s leaves a window of length T at s + T + pane
             for window in self.running.windows:  # the windows in use, and the horizon
                 i = int(np.searchsorted(self.starts, self.evaluated_at - window - pane, side="right"))
@@ -476,17 +501,20 @@ class ShardEvaluator:
             self._states, self._of_spec, self._restricted_names = {}, {}, {}
             for spec in catalog.subscriptions:
                 self._upsert(spec)
-            active = {s.id for s in catalog.subscriptions}
+            active = set(self._of_spec)  # the subscriptions and their internal lifecycle members
             gone = [sid for sid in self.firing if sid not in active]
+            gone += [sid for sid in self.lifecycle.sids() if sid not in active and sid not in self.firing]
         else:
             gone = []
             for change in changes:
                 for sid in change.removals:
                     self._remove(sid)
-                    gone.append(sid)
+                    gone += [sid, aux_id(sid)]
                 for spec in change.upserts:
                     self._upsert(spec)
-            gone = [sid for sid in dict.fromkeys(gone) if sid not in self._of_spec and sid in self.firing]
+                    gone.append(aux_id(spec.id))  # an edit may have dropped its internal member
+            gone = [sid for sid in dict.fromkeys(gone) if sid not in self._of_spec
+                    and (sid in self.firing or self.lifecycle.has(sid))]
         self._catalog = catalog
         self._groups_version = catalog.version
         for sid in gone:  # deleted or paused: forget silently
@@ -505,8 +533,15 @@ class ShardEvaluator:
         for name in spec.keys or ():
             self._restricted_names[name] = self._restricted_names.get(name, 0) + 1
         self._restricted_ids = None
+        if spec.id > 0:
+            self.lifecycle.follow(spec.id, spec.condition.lifecycle)
+            aux = aux_member(spec)
+            if aux is not None:
+                self._upsert(aux)
 
     def _remove(self, sid: int) -> None:
+        if sid > 0:
+            self._remove(aux_id(sid))
         key = self._of_spec.pop(sid, None)
         if key is None:
             return
@@ -522,6 +557,8 @@ class ShardEvaluator:
         self._restricted_ids = None
 
     def _forget(self, sid: int) -> None:
+        if sid > 0:
+            self.lifecycle.forget(sid)
         for key in self.firing.pop(sid, ()):
             self._unfire(sid, key)
 
@@ -629,21 +666,62 @@ class ShardEvaluator:
         flips.sort(key=_key_order)
         transitions = []
         firing, by_key, changes = self.firing, self._firing_by_key, delta.changes
+        managed = self.lifecycle.manages if self.lifecycle else None
+        flipped: set[tuple[int, str]] = set()  # raw flips of subscriptions with a lifecycle
         for _, sid, state_rank, key, value, window_ms in flips:
             state: State = "firing" if state_rank == 0 else "resolved"
-            transitions.append(Transition(alert_id(sid, key, state, boundary), sid, key, state, value,
-                                          boundary - window_ms, boundary, boundary))
+            if managed is not None and managed(sid):
+                flipped.add((sid, key))
+            else:
+                transitions.append(Transition(alert_id(sid, key, state, boundary), sid, key, state, value,
+                                              boundary - window_ms, boundary, boundary))
             changes.append((sid, key, state))
             if state_rank == 0:  # _set_state, inlined: this loop is per transition
                 firing.setdefault(sid, set()).add(key)
                 by_key.setdefault(key, set()).add(sid)
             else:
                 self._set_state(sid, key, state)
+        if managed is not None:
+            transitions += self._lifecycle_step(boundary, flipped)
         stats.transitions += len(transitions)
         if self._incremental:  # the other plans count their matches as they find them
             stats.matches += sum(map(len, firing.values()))
         self._recycle()
         return transitions
+
+    def _lifecycle_step(self, boundary: int, flipped: set[tuple[int, str]]) -> list[Transition]:
+        """The transitions of the subscriptions with a lifecycle: from their raw flips and the timers due."""
+        out = []
+        for sid, key, state, kind in self.lifecycle.step(boundary, Raw(self.firing, flipped), self._lifecycle_of):
+            spec = self._spec(sid)
+            assert spec is not None  # the tracker forgets removed subscriptions
+            c = spec.condition
+            out.append(Transition(alert_id(sid, key, state, boundary), sid, key, state,  # type: ignore[arg-type]
+                                  self._value_now(c, key, boundary), boundary - c.window_ms, boundary, boundary,
+                                  kind))
+        return out
+
+    def _spec(self, sid: int) -> SubscriptionSpec | None:
+        key = self._of_spec.get(sid)
+        if key is None:
+            return None
+        state = self._states[key]
+        return state.everyone.get(sid) or state.restricted.get(sid)
+
+    def _lifecycle_of(self, sid: int):  # noqa: ANN202
+        spec = self._spec(sid)
+        return spec.condition.lifecycle if spec is not None else None
+
+    def _value_now(self, condition: Condition, key: str, boundary: int) -> float | None:
+        """``condition``'s value for ``key`` at ``boundary`` from the running windows (a timer has no flip to carry
+        it): one key's columns, whatever the plan."""
+        kid = self.running.keys.get(key)
+        if kid is None:
+            value = empty_value(condition)
+        else:
+            columns = _Columns(self.running, self.values, self.config.attributes, boundary)
+            value = float(values_of(columns, condition, np.array([kid], dtype=np.int64))[0])
+        return None if value != value else value
 
     def _restricted_mask(self) -> np.ndarray:
         """Per key id: named by some key-restricted subscription (cached until the catalog or the key table change)."""
@@ -763,6 +841,7 @@ class ShardEvaluator:
             self._forget(sid)
         for sid, key, state in delta.changes:
             self._set_state(sid, key, state)
+        self.lifecycle.apply(delta.lifecycle)
         self._unsynced = True
 
     def _sync(self) -> None:
@@ -793,7 +872,8 @@ class ShardEvaluator:
     def snapshot(self) -> bytes:
         parts = self.running.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
-                "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale}
+                "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale,
+                "lifecycle": self.lifecycle.to_json()}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
         return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
 
@@ -816,6 +896,7 @@ class ShardEvaluator:
             for key in keys:
                 shard._set_state(int(sid), key, "firing")
         shard.stale = meta.get("stale", True)
+        shard.lifecycle.apply(meta.get("lifecycle"))
         shard.starts = np.unique(shard.running.store.live.starts)
         shard._trusted = False
         return shard

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from evaluator.aggregates import AGGREGATES, check_term
 from evaluator.comparators import Range
 from evaluator.expr import EXPR_TYPES, OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
+from evaluator.lifecycle import Lifecycle, contains
 
 __all__ = ["OPERATORS", "Aggregate", "BinOp", "Condition", "Expr", "Num", "Range", "SubscriptionSpec", "Term",
            "combine", "expr_terms"]
@@ -57,6 +58,9 @@ class Condition:
     expression: Expr | None = None
     percent_of: str | None = None
     ranges: tuple[Range, ...] = ()  # two or more; empty: the one range (low, high)
+    # Pending, keep-firing, hysteresis, damping, crossing (evaluator/lifecycle.py); None: plain edges. Not part of
+    # the value asked, so subscriptions differing only in it share one group in the shard.
+    lifecycle: Lifecycle | None = None
     computes: Expr = field(init=False, compare=False, repr=False)  # the expression, or the one term: built once
 
 
@@ -85,6 +89,24 @@ class Condition:
         for term in terms:
             check_term(term)
         object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else terms[0])
+        self._check_lifecycle()
+
+    def _check_lifecycle(self) -> None:
+        life = self.lifecycle
+        if isinstance(life, dict):
+            life = Lifecycle.from_dict(life)
+        if life is not None and life.trivial:
+            life = None
+        object.__setattr__(self, "lifecycle", life)
+        if life is None:
+            return
+        if life.crossing is not None and (self.ranges or (self.low is None) == (self.high is None)
+                                          or self.low_inclusive or self.high_inclusive):
+            raise ValueError("a crossing's raw truth is one open half-line")
+        if life.crossing == "either" and self.low is None:
+            raise ValueError("a two-way crossing is above its threshold (and, internally, below)")
+        if life.resolve is not None and not all(contains(life.resolve, r) for r in self.accepted):
+            raise ValueError("the resolve range must contain the firing range")
 
     @property
     def terms(self) -> list[Term]:
@@ -107,11 +129,14 @@ class Condition:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``ranges`` only when there are several, so one-range conditions read as they always did."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("ranges", "computes")}
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("ranges", "computes", "lifecycle")}
         data["aggregate"] = self.aggregate.value
         data["expression"] = self.expression.to_json() if self.expression is not None else None
         if self.ranges:
             data["ranges"] = [[r.low, r.high, r.low_inclusive, r.high_inclusive] for r in self.ranges]
+        if self.lifecycle is not None:  # absent otherwise: a plain condition reads as it always did
+            data["lifecycle"] = self.lifecycle.to_dict()
         return data
 
     @classmethod
@@ -121,6 +146,8 @@ class Condition:
             kwargs["expression"] = expr_from_json(data["expression"])
         if data.get("ranges"):
             kwargs["ranges"] = tuple(Range(*r) for r in data["ranges"])
+        if data.get("lifecycle"):
+            kwargs["lifecycle"] = Lifecycle.from_dict(data["lifecycle"])
         return cls(**kwargs)
 
 

@@ -1,5 +1,8 @@
 """Edge-triggered output: ``firing`` when a (subscription, key) enters its condition, ``resolved`` when it leaves.
 
+With lifecycle clauses (evaluator/lifecycle.py) the edges are those users see (after a pending period, keep-firing,
+hysteresis, damping); a crossing is a ``firing`` of kind ``crossing``, an event that nothing resolves.
+
 Each transition has a deterministic id, so re-evaluating the same data (a replayed
 micro-batch, a restart from a checkpoint) reproduces the same ids and downstream
 de-duplication holds.
@@ -32,9 +35,16 @@ class Transition:
     window_start: int
     window_end: int
     evaluated_at: int
+    # "state" (an edge of the alert's state) or "crossing" (an event, evaluator/lifecycle.py: state "firing", no
+    # resolved follows, nothing to keep as firing). Last, with a default: payloads written before it still load.
+    kind: str = "state"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; ``kind`` only for a crossing, so a state transition reads exactly as before kinds existed."""
+        data = asdict(self)
+        if self.kind == "state":
+            del data["kind"]
+        return data
 
     def to_json(self) -> str:
         """The compact JSON the sink stores (fields in declaration order)."""
@@ -59,11 +69,23 @@ class Transition:
             window_start=int(data["window_start"]),
             window_end=int(data["window_end"]),
             evaluated_at=int(data["evaluated_at"]),
+            kind=_kind(data.get("kind")),
         )
 
     @classmethod
     def from_json(cls, payload: str | bytes) -> Transition:
         return cls.from_dict(json.loads(payload))
+
+
+KINDS = ("state", "crossing")
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "state"
+    if value not in KINDS:
+        raise ValueError(f"transition kind {value!r} is none of {', '.join(KINDS)}")
+    return str(value)
 
 
 def _text(value: object, name: str) -> str:

@@ -5,16 +5,25 @@
     AVG(price) OVER 1h BETWEEN 10 AND 20
     QUANTILE(volume, 0.95) OVER 15m > 5000
     MAX(price) - MIN(price) OVER 30m > 3%
+    SUM(volume) OVER 5m > 2e6 FOR 2m KEEP FIRING FOR 5m
+    SUM(volume) OVER 5m > 2e6 RESOLVE BELOW 1.5e6 DAMPEN 10m
+    LAST(price) OVER 1m CROSSES ABOVE 100
 
 Grammar (case-insensitive words)::
 
-    condition  := expr OVER duration comparison
+    condition  := expr OVER duration (comparison | crossing) clause*
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
     factor     := number | '-' factor | aggregate | '(' expr ')'
     aggregate  := NAME '(' ['*'] ')' | NAME '(' attribute [',' number] ')'
     comparison := a comparator's syntax, each {} a threshold: '>' threshold | BETWEEN threshold AND threshold | ...
     threshold  := ['-' | '+'] number ['%']
+    crossing   := CROSSES (ABOVE | BELOW)? threshold
+    clause     := FOR duration | KEEP FIRING FOR duration | RESOLVE (BELOW | ABOVE) threshold | DAMPEN duration
+
+The clauses (each at most once, in any order) are the alert's lifecycle, see
+evaluator/lifecycle.py: a pending period, keep-firing, a separate resolve threshold
+(hysteresis) and damping; a crossing is an event that takes DAMPEN only.
 
 The aggregates (their names, arguments and aliases) are those declared in
 evaluator/aggregates.py, the comparisons those in evaluator/comparators.py.
@@ -31,9 +40,11 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from typing import cast
 
 from evaluator.aggregates import AGGREGATES, SPELLINGS, EventAggregate, format_term, number_text
-from evaluator.comparators import COMPARATORS, Comparator, comparator_of
+from evaluator.comparators import COMPARATORS, CROSSINGS, Comparator, Crossing, Range, comparator_of, crossing_of
+from evaluator.lifecycle import Lifecycle, contains
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
 
@@ -212,25 +223,32 @@ class _Parser:
         window_token = self.take("duration", expected="a window such as 30s, 5m or 1h")
         window_ms = _duration_ms(window_token)
         column = self.column()
-        comparator, thresholds, percents = self.comparison()
+        crossing = self.crossing()
+        if crossing is None:
+            comparator, thresholds, percents = self.comparison()
+        else:
+            threshold, percent = self.threshold()
+            comparator, thresholds, percents = COMPARATORS[0], [threshold], [percent]  # its raw truth: one side
+        clauses = self.clauses()
         if self.peek() is not None:
             raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
         if len(set(percents)) > 1:
             raise ConditionError("give both ends of the range as percentages, or neither", column)
         if any(a > b for a, b in itertools.pairwise(thresholds)):
             raise ConditionError(f"empty range: {thresholds[0]:g} is above {thresholds[-1]:g}", column)
-        ranges = comparator.ranges(*thresholds)
+        ranges = comparator.ranges(*thresholds) if crossing is None else (crossing.side(thresholds[0]),)
+        lifecycle = self.lifecycle(clauses, crossing, ranges, bool(percents and percents[0]))
         if percents and percents[0]:
             attributes = {term.attribute for term in expr_terms(expression) if term.attribute}
             if len(attributes) != 1:
                 raise ConditionError("a percentage compares with the last value of one attribute: use it with an "
                                      "expression over exactly one attribute, like MAX(price) - MIN(price)", start)
             return Condition(Aggregate.EXPR, None, window_ms, expression=expression,
-                             percent_of=attributes.pop(), ranges=ranges)
+                             percent_of=attributes.pop(), ranges=ranges, lifecycle=lifecycle)
         if isinstance(expression, Term):
             return Condition(Aggregate(expression.aggregate), expression.attribute, window_ms, q=expression.param,
-                             ranges=ranges)
-        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges)
+                             ranges=ranges, lifecycle=lifecycle)
+        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges, lifecycle=lifecycle)
 
     def comparison(self) -> tuple[Comparator, list[float], list[bool]]:
         """One of the comparators' syntaxes: which, its thresholds, and which of them are percentages."""
@@ -260,6 +278,84 @@ class _Parser:
             else:
                 self.take("word" if word.isalpha() else "op", word)
         return comparator, thresholds, percents
+
+
+    # -- the lifecycle -------------------------------------------------------------------------
+
+    def crossing(self) -> Crossing | None:
+        """``CROSSES [ABOVE | BELOW]``, up to its threshold (None: the condition is not a crossing)."""
+        if not self.at("CROSSES"):
+            return None
+        self.i += 1
+        for direction in ("ABOVE", "BELOW"):
+            if self.at(direction):
+                self.i += 1
+                return crossing_of(direction.lower())
+        return crossing_of("either")
+
+    def clauses(self) -> dict[str, tuple[int, object]]:
+        """The lifecycle clauses: name -> (column, duration ms or (side, threshold, percent))."""
+        found: dict[str, tuple[int, object]] = {}
+        while self.at(*_CLAUSES):
+            column = self.column()
+            word = self.take(self.peek().kind, expected="a clause").text.upper()  # type: ignore[union-attr]  # at() saw it
+            if word == "KEEP":
+                self.take("word", "FIRING", expected="FIRING FOR and a duration, as in KEEP FIRING FOR 5m")
+                self.take("word", "FOR", expected="FOR and a duration, as in KEEP FIRING FOR 5m")
+            name = _CLAUSES[word]
+            if name in found:
+                raise ConditionError(f"{_CLAUSE_SYNTAX[name]} is given twice", column)
+            if name == "resolve":
+                if not self.at("BELOW", "ABOVE"):
+                    found_text = f"{self.peek().text!r}" if self.peek() else "end of input"  # type: ignore[union-attr]
+                    raise ConditionError(f"expected BELOW or ABOVE after RESOLVE, found {found_text}", self.column())
+                side = self.take("word").text.upper()
+                value, percent = self.threshold()
+                found[name] = (column, (side, value, percent))
+            else:
+                token = self.take("duration", expected=f"a duration such as 30s, 5m or 1h after {_CLAUSE_SYNTAX[name]}")
+                match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", token.text)
+                ms = float(match.group(1)) * UNITS_MS[match.group(2)] if match else 0.0
+                if ms <= 0 or ms != int(ms):
+                    raise ConditionError(f"{_CLAUSE_SYNTAX[name]} {token.text} is not a positive whole number of "
+                                         "milliseconds", token.column)
+                found[name] = (column, int(ms))
+        return found
+
+    def lifecycle(self, clauses: dict[str, tuple[int, object]], crossing: Crossing | None,
+                  ranges: tuple[Range, ...], percent: bool) -> Lifecycle | None:
+        """The clauses as a :class:`Lifecycle`, checked: what a crossing takes, and the resolve range."""
+        if crossing is not None:
+            for name in ("for", "keep", "resolve"):
+                if name in clauses:
+                    raise ConditionError(f"a crossing is an event: it takes DAMPEN, not {_CLAUSE_SYNTAX[name]}",
+                                         clauses[name][0])
+        resolve = None
+        if "resolve" in clauses:
+            column, clause = clauses["resolve"]
+            side, value, pct = cast(tuple[str, float, bool], clause)
+            if pct != percent:
+                raise ConditionError("give the resolve threshold as a percentage exactly when the condition's "
+                                     "thresholds are", column)
+            resolve = Range(low=value, low_inclusive=True) if side == "BELOW" else Range(high=value, high_inclusive=True)
+            if not all(contains(resolve, r) for r in ranges):
+                bounded = all((r.low if side == "BELOW" else r.high) is not None for r in ranges)
+                fix = (f"the resolve threshold must be {'at or below' if side == 'BELOW' else 'at or above'} the "
+                       "firing range") if bounded else \
+                    f"use RESOLVE {'ABOVE' if side == 'BELOW' else 'BELOW'} for a condition with no " \
+                    f"{'lower' if side == 'BELOW' else 'upper'} bound"
+                raise ConditionError(f"RESOLVE {side} {number_text(value)} would resolve values the condition fires "
+                                     f"for: {fix}", column)
+
+        def ms(name: str) -> int:
+            return int(clauses[name][1]) if name in clauses else 0  # type: ignore[call-overload]  # a duration
+
+        life = Lifecycle(ms("for"), ms("keep"), ms("dampen"), resolve, crossing.direction if crossing else None)
+        return None if life.trivial else life
+
+
+_CLAUSES = {"FOR": "for", "KEEP": "keep", "RESOLVE": "resolve", "DAMPEN": "dampen"}
+_CLAUSE_SYNTAX = {"for": "FOR", "keep": "KEEP FIRING FOR", "resolve": "RESOLVE", "dampen": "DAMPEN"}
 
 
 def _duration_ms(token: _Token) -> int:
@@ -319,8 +415,29 @@ def format_condition(condition: Condition) -> str:
     """Canonical text of a condition (parses back to an equal condition)."""
     head = f"{format_expr(condition.computes)} OVER {format_duration(condition.window_ms)}"
     pct = "%" if condition.percent_of else ""
+    life = condition.lifecycle
+    if life is not None and life.crossing is not None:
+        [side] = condition.accepted
+        threshold = side.low if side.low is not None else side.high
+        assert threshold is not None  # a crossing's side is a half-line
+        return f"{head} {crossing_of(life.crossing).syntax.format(f'{number_text(threshold)}{pct}')}" + \
+            format_lifecycle(life, pct)
     comparator, thresholds = comparator_of(condition.accepted)
-    return f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
+    text = f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
+    return text + format_lifecycle(life, pct) if life is not None else text
+
+
+def format_lifecycle(life: Lifecycle, pct: str = "") -> str:
+    """The lifecycle clauses' canonical text (leading space), in the order RESOLVE, FOR, KEEP FIRING FOR, DAMPEN."""
+    text = ""
+    if life.resolve is not None:
+        r = life.resolve
+        text += f" RESOLVE BELOW {number_text(r.low)}{pct}" if r.low is not None else \
+            f" RESOLVE ABOVE {number_text(r.high)}{pct}"  # type: ignore[arg-type]  # one side is bounded
+    for ms, word in ((life.for_ms, "FOR"), (life.keep_firing_ms, "KEEP FIRING FOR"), (life.dampen_ms, "DAMPEN")):
+        if ms:
+            text += f" {word} {format_duration(ms)}"
+    return text
 
 
 def explain(condition: Condition) -> str:
@@ -331,11 +448,41 @@ def explain(condition: Condition) -> str:
         [term] = condition.terms
         what = AGGREGATES[term.aggregate].describe(term)
     pct = "%" if condition.percent_of else ""
+    life = condition.lifecycle
+    if life is not None and life.crossing is not None:
+        [side] = condition.accepted
+        threshold = side.low if side.low is not None else side.high
+        test = crossing_of(life.crossing).words.format(f"{number_text(threshold)}{pct}")  # type: ignore[arg-type]
+        if condition.percent_of:
+            test += f" of its latest {condition.percent_of}"
+        text = (f"notifies each time a key's {what} over the last {format_duration(condition.window_ms)} {test} "
+                f"(an event: nothing resolves)")
+        if life.dampen_ms:
+            text += f", at most once per key every {format_duration(life.dampen_ms)}"
+        return text
     comparator, thresholds = comparator_of(condition.accepted)
     test = comparator.words.format(*(f"{number_text(t)}{pct}" for t in thresholds))
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
-    return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+    text = f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+    return text + explain_lifecycle(life, pct) if life is not None else text
+
+
+def explain_lifecycle(life: Lifecycle, pct: str = "") -> str:
+    """The lifecycle clauses in plain words, continuing :func:`explain`'s sentence."""
+    text = ""
+    if life.for_ms:
+        text += f", once that has held for {format_duration(life.for_ms)} (pending until then)"
+    if life.resolve is not None:
+        r = life.resolve
+        text += (f"; it resolves only when the value falls below {number_text(r.low)}{pct}" if r.low is not None
+                 else f"; it resolves only when the value rises above {number_text(r.high)}{pct}")  # type: ignore[arg-type]
+    if life.keep_firing_ms:
+        text += f"; it keeps firing until the condition has been false for {format_duration(life.keep_firing_ms)}"
+    if life.dampen_ms:
+        text += (f"; once fired it stays firing at least {format_duration(life.dampen_ms)}, so a key notifies at "
+                 f"most once per {format_duration(life.dampen_ms)}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -346,6 +493,7 @@ class LanguageHelp:
     aliases: tuple[tuple[str, str], ...]  # (alias, what it stands for)
     comparisons: tuple[str, ...]
     attributes: tuple[str, ...]
+    lifecycle: tuple[tuple[str, str], ...] = ()  # (clause syntax, plain words)
 
 
 def language_help() -> LanguageHelp:
@@ -355,4 +503,15 @@ def language_help() -> LanguageHelp:
                       for alias, (a, param) in SPELLINGS.items() if alias != a.name),
         comparisons=tuple(c.syntax.replace("{}", "x", 1).replace("{}", "y") for c in COMPARATORS),
         attributes=ATTRIBUTES,
+        lifecycle=LIFECYCLE_HELP,
     )
+
+
+LIFECYCLE_HELP: tuple[tuple[str, str], ...] = (
+    *((c.syntax.replace("{}", "x"), f"instead of a comparison: notify each time the value {c.words.format('x')} "
+       "(an event; takes DAMPEN only)") for c in CROSSINGS),
+    ("FOR d", "pending period: fire only once the condition has held for d"),
+    ("KEEP FIRING FOR d", "resolve only once the condition has been false for d"),
+    ("RESOLVE BELOW x / RESOLVE ABOVE x", "hysteresis: once firing, stay firing until the value leaves this range"),
+    ("DAMPEN d", "once fired, stay firing at least d: at most one notification per key per d"),
+)

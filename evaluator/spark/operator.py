@@ -131,7 +131,7 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
         self._answer_previews(source, shard, evaluator)
-        records = [t.to_dict() for t in transitions]
+        records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append(clock_record(shard, evaluator.evaluated_at or 0))
         yield pd.DataFrame.from_records(records)

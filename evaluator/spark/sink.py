@@ -24,7 +24,7 @@ from evaluator.transition import Transition
 
 TRANSITIONS_SCHEMA = (
     "alert_id string, subscription_id long, key string, state string, value double, "
-    "window_start long, window_end long, evaluated_at long"
+    "window_start long, window_end long, evaluated_at long, kind string"
 )
 CLOCK_STATE = "clock"  # an output row carrying a shard's last evaluated boundary, not a transition
 
@@ -32,7 +32,7 @@ CLOCK_STATE = "clock"  # an output row carrying a shard's last evaluated boundar
 def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
     """The row that carries a shard's clock to the sink (the shard id travels as ``subscription_id``)."""
     return {"alert_id": "", "subscription_id": shard, "key": "", "state": CLOCK_STATE, "value": None,
-            "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at}
+            "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
 
 
 def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
@@ -93,7 +93,8 @@ class RedisAlertSink:
                 sid = t.subscription_id
                 keys += [self.keys.alert_mark(t.alert_id), self.keys.firing(sid), self.keys.counters(sid),
                          self.keys.history(sid)]
-                args += [t.to_json(), t.state, t.key]
+                # a crossing (an event, evaluator/lifecycle.py) is not kept as firing: the script's other branch
+                args += [t.to_json(), t.state if t.kind == "state" else t.kind, t.key]
             written += int(self.script(keys=keys, args=args))
         return written
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from evaluator.comparators import Range
 from evaluator.expr import expr_from_json
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, SubscriptionSpec, Term
 
@@ -98,4 +99,138 @@ def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: in
             out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
             out |= {(spec.id, k, "resolved", b) for k in firing[spec.id] - matched}
             firing[spec.id] = matched
+    return out
+
+
+def _up(ms: int, pane_ms: int) -> int:
+    return -(-ms // pane_ms) * pane_ms
+
+
+def _members(specs: list[SubscriptionSpec]) -> list[SubscriptionSpec]:
+    """The subscriptions and, for a RESOLVE range or a two-way crossing's lower side, a second member (id -s)."""
+    members: list[SubscriptionSpec] = []
+    for spec in specs:
+        members.append(spec)
+        c, life = spec.condition, spec.condition.lifecycle
+        hold = None if life is None else Range(high=c.low) if life.crossing == "either" else life.resolve
+        if hold is not None:
+            members.append(SubscriptionSpec(-spec.id, Condition(c.aggregate, c.attribute, c.window_ms, hold.low,
+                hold.high, hold.low_inclusive, hold.high_inclusive, c.q, c.expression, c.percent_of), spec.keys))
+    return members
+
+
+def _kind(life: Any) -> str | None:
+    return None if life is None else "crossing" if life.crossing is not None else "state"
+
+
+def lifecycle_oracle(events: list[Event], specs: list[SubscriptionSpec] | list[tuple[list[SubscriptionSpec], int | None]],
+                     last_boundary: int, pane_ms: int, horizon_ms: int) -> set[tuple[int, str, str, int, str]]:
+    """(subscription, key, state, boundary, kind) of every transition users see, by the lifecycle rules applied
+    to the brute-force raw truth, every pair at every boundary (docs/conditions.md):
+
+    * plain: an edge of the raw truth (a key is watched while it has an event in the horizon or satisfied its
+      condition at the previous boundary);
+    * FOR d: pending from the boundary it became true, firing at the first boundary at least d later if true at
+      every boundary in between;
+    * while firing, "false" means out of the RESOLVE hold range (or the condition false without one); it resolves
+      once false for KEEP FIRING FOR and at least DAMPEN after it fired; true again before that: firing on;
+    * a crossing: each rise of the side's raw truth (either side for CROSSES x), at most one per DAMPEN.
+
+    ``specs`` is the catalog, or the catalogs in turn each with the last boundary it was in force for (None:
+    none, it was replaced before any): removed subscriptions and members are forgotten as each applies; one whose
+    clauses changed keeps what users saw (firing or not), its timers counted from the recorded instants with the
+    new durations, and turning into a crossing resolves its firing keys.
+    """
+    steps = [(specs, last_boundary)] if not specs or isinstance(specs[0], SubscriptionSpec) else specs
+    first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
+    all_keys = {e[0] for e in events}
+    by_key: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_key[e[0]].append(e)
+    held: dict[int, set[str]] = defaultdict(set)  # raw truth per member at the previous boundary
+    state: dict[tuple[int, str], dict[str, Any]] = {}
+    applied: dict[int, Any] = {}  # the clauses each subscription's state follows
+    out: set[tuple[int, str, str, int, str]] = set()
+    b = first
+    for catalog, until in steps:
+        members = _members(list(catalog))  # type: ignore[arg-type]  # a catalog
+        ids = {m.id for m in members}
+        for gone in [i for i in held if i not in ids]:
+            del held[gone]
+        for pair in [p for p in state if p[0] not in ids]:
+            del state[pair]
+        for sid in [s for s in applied if s not in ids]:
+            del applied[sid]
+        while until is not None and b <= min(until, last_boundary):
+            known = {k for k, ts, *_ in events if b - horizon_ms <= ts // pane_ms * pane_ms < b}
+            before = {i: set(keys) for i, keys in held.items()}
+            for m in members:
+                c = m.condition
+                held[m.id] = {key for key in (known | held[m.id]) & (m.keys or all_keys)
+                              if c.holds(value_of(c, [e for e in by_key[key]
+                                                      if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]))}
+            for spec in catalog:
+                out |= _lifecycle_step(spec, b, held, before, state, applied, pane_ms)  # type: ignore[arg-type]
+            b += pane_ms
+    return out
+
+
+def _lifecycle_step(spec: SubscriptionSpec, b: int, now: dict[int, set[str]], before: dict[int, set[str]],
+                    state: dict[tuple[int, str], dict[str, Any]], applied: dict[int, Any],
+                    pane_ms: int) -> set[tuple[int, str, str, int, str]]:
+    sid, life = spec.id, spec.condition.lifecycle
+    old = applied.get(sid)
+    applied[sid] = life
+    empty: set[str] = set()
+    keys = (now.get(sid, empty) | before.get(sid, empty) | now.get(-sid, empty) | before.get(-sid, empty)
+            | {k for s, k in state if s == sid})
+    out = set()
+    for key in sorted(keys):
+        true, was = key in now.get(sid, empty), key in before.get(sid, empty)
+        st = state.setdefault((sid, key), {"phase": None})
+        shown = was if old is None else old.crossing is None and st["phase"] in ("firing", "keep")
+        if _kind(old) != _kind(life):
+            st.clear()
+            st["phase"] = "firing" if shown and _kind(life) == "state" else None
+            st["fired"] = None
+        if life is None:
+            if true != shown:
+                out.add((sid, key, "firing" if true else "resolved", b, "state"))
+            st["phase"] = None
+            continue
+        if life.crossing is not None:
+            if shown:
+                out.add((sid, key, "resolved", b, "state"))
+            rise = (true and not was) or (life.crossing == "either" and key in now.get(-sid, empty)
+                                          and key not in before.get(-sid, empty))
+            last = st.get("last")
+            if rise and (last is None or b >= last + _up(life.dampen_ms, pane_ms)):
+                out.add((sid, key, "firing", b, "crossing"))
+                st["last"] = b
+            continue
+        holds = key in now.get(-sid, empty) if life.resolve is not None else true
+        phase = st["phase"]
+        if phase in (None, "pending"):
+            if not true:
+                st["phase"] = None
+                continue
+            if phase is None:
+                st["since"] = b
+            if b >= st["since"] + _up(life.for_ms, pane_ms):
+                out.add((sid, key, "firing", b, "state"))
+                st.update(phase="firing", fired=b)
+            else:
+                st["phase"] = "pending"
+            continue
+        if holds:
+            st["phase"] = "firing"
+            continue
+        if phase == "firing":
+            st.update(phase="keep", fell=b)
+        due = st["fell"] + _up(life.keep_firing_ms, pane_ms)
+        if st["fired"] is not None:
+            due = max(due, st["fired"] + _up(life.dampen_ms, pane_ms))
+        if b >= due:
+            out.add((sid, key, "resolved", b, "state"))
+            st["phase"] = None
     return out

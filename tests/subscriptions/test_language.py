@@ -116,3 +116,72 @@ def test_percentages_round_trip(expression, a, op) -> None:
     attribute = expression[2] if expression[0] == "agg" else "volume"
     condition = _condition(expression, 60_000, a, a + 1, op, attribute)
     assert parse_condition(format_condition(condition)) == condition
+
+
+# -- the alert lifecycle ---------------------------------------------------------------------------------------
+
+from evaluator.comparators import Range  # noqa: E402  # the lifecycle tests' own imports, kept with them
+from evaluator.lifecycle import Lifecycle  # noqa: E402
+from subscriptions.language import explain  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("text", "lifecycle", "canonical"),
+    [
+        ("SUM(volume) OVER 5m > 2e6 FOR 2m", Lifecycle(for_ms=120_000), "SUM(volume) OVER 5m > 2000000 FOR 2m"),
+        ("SUM(volume) OVER 5m > 2e6 keep firing for 5m", Lifecycle(keep_firing_ms=300_000),
+         "SUM(volume) OVER 5m > 2000000 KEEP FIRING FOR 5m"),
+        ("SUM(volume) OVER 5m > 2e6 DAMPEN 10m RESOLVE BELOW 1.5e6 FOR 30s",
+         Lifecycle(for_ms=30_000, dampen_ms=600_000, resolve=Range(low=1.5e6, low_inclusive=True)),
+         "SUM(volume) OVER 5m > 2000000 RESOLVE BELOW 1500000 FOR 30s DAMPEN 10m"),
+        ("AVG(price) OVER 1h < 5 RESOLVE ABOVE 5", Lifecycle(resolve=Range(high=5, high_inclusive=True)),
+         "AVG(price) OVER 1h < 5 RESOLVE ABOVE 5"),
+        ("MAX(price) - MIN(price) OVER 30m > 3% RESOLVE BELOW 2%", Lifecycle(resolve=Range(low=2, low_inclusive=True)),
+         "MAX(price) - MIN(price) OVER 30m > 3% RESOLVE BELOW 2%"),
+        ("LAST(price) OVER 1m CROSSES ABOVE 100", Lifecycle(crossing="above"), "LAST(price) OVER 1m CROSSES ABOVE 100"),
+        ("LAST(price) OVER 1m crosses below -3 dampen 5m", Lifecycle(dampen_ms=300_000, crossing="below"),
+         "LAST(price) OVER 1m CROSSES BELOW -3 DAMPEN 5m"),
+        ("LAST(price) OVER 1m CROSSES 100", Lifecycle(crossing="either"), "LAST(price) OVER 1m CROSSES 100"),
+    ],
+)
+def test_lifecycle_clauses_parse_and_round_trip(text: str, lifecycle: Lifecycle, canonical: str) -> None:
+    condition = parse_condition(text)
+    assert condition.lifecycle == lifecycle
+    assert format_condition(condition) == canonical
+    assert parse_condition(canonical) == condition
+    assert explain(condition)
+
+
+def test_crossings_compare_one_side() -> None:
+    assert parse_condition("LAST(price) OVER 1m CROSSES ABOVE 100").accepted == (Range(low=100),)
+    assert parse_condition("LAST(price) OVER 1m CROSSES BELOW 100").accepted == (Range(high=100),)
+    assert parse_condition("LAST(price) OVER 1m CROSSES 100").accepted == (Range(low=100),)  # and, inside, below
+    assert "crosses above 100" in explain(parse_condition("LAST(price) OVER 1m CROSSES ABOVE 100"))
+    assert "once that has held for 2m" in explain(parse_condition("COUNT(*) OVER 1m > 1 FOR 2m"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "column"),
+    [
+        ("SUM(volume) OVER 5m > 2e6 FOR", "expected a duration such as 30s, 5m or 1h after FOR", 30),
+        ("SUM(volume) OVER 5m > 2e6 FOR 0s", "FOR 0s is not a positive whole number of milliseconds", 31),
+        ("SUM(volume) OVER 5m > 2e6 FOR 2m FOR 3m", "FOR is given twice", 34),
+        ("SUM(volume) OVER 5m > 2e6 KEEP FOR 2m", "expected FIRING FOR and a duration", 32),
+        ("SUM(volume) OVER 5m > 2e6 KEEP FIRING 2m", "expected FOR and a duration", 39),
+        ("SUM(volume) OVER 5m > 2e6 DAMPEN soon", "expected a duration such as 30s, 5m or 1h after DAMPEN", 34),
+        ("SUM(volume) OVER 5m > 2e6 RESOLVE 3", "expected BELOW or ABOVE after RESOLVE", 35),
+        ("SUM(volume) OVER 5m > 2e6 RESOLVE BELOW 3e6", "must be at or below the firing range", 27),
+        ("AVG(price) OVER 5m BETWEEN 1 AND 2 RESOLVE ABOVE 1.5", "must be at or above the firing range", 36),
+        ("SUM(volume) OVER 5m < 3 RESOLVE BELOW 1", "use RESOLVE ABOVE for a condition with no lower bound", 25),
+        ("SUM(volume) OVER 5m > 2e6 RESOLVE BELOW 1%", "as a percentage exactly when", 27),
+        ("LAST(price) OVER 1m CROSSES ABOVE 100 FOR 2m", "a crossing is an event: it takes DAMPEN, not FOR", 39),
+        ("LAST(price) OVER 1m CROSSES 100 RESOLVE BELOW 90", "not RESOLVE", 33),
+        ("LAST(price) OVER 1m CROSSES ABOVE", "expected a number", 34),
+        ("SUM(volume) OVER 5m > 2e6 DAMPEN 5m x", "unexpected 'x' after the condition", 37),
+    ],
+)
+def test_lifecycle_errors_say_what_and_where(text: str, message: str, column: int) -> None:
+    with pytest.raises(ConditionError) as info:
+        parse_condition(text)
+    assert message in str(info.value)
+    assert info.value.column == column
