@@ -46,6 +46,9 @@ class AlertLine(BaseModel):
     # own id, and what its resolution carries. Only on the dispatcher's notifications; absent elsewhere
     # (test alerts, the watchdog), where the alert id names the episode.
     episode_id: str | None = None
+    # "crossing" for a crossing (a one-off event, ``CROSSES ABOVE x``: nothing resolves it); absent for the edges
+    # of a state (firing/resolved), so their alerts read as before crossings existed.
+    kind: str | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
     evaluated_at: int | float | None = None
@@ -128,7 +131,8 @@ def make_notification(subscription: dict, alerts: list[dict], notification: str,
         evaluated_at=max(a["evaluated_at"] for a in ordered),
         created_at=time.time(),
         alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}
-                                              | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {}))
+                                              | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {})
+                                              | ({"kind": a["kind"]} if a.get("kind", "state") != "state" else {}))
                      for a in ordered),
         **marks,
     )

@@ -57,6 +57,15 @@ def test_the_json_form_is_the_payload_receivers_always_got() -> None:
     assert made_up(7, 60_000).to_json()["test"] is True
 
 
+def test_a_crossing_says_so_and_a_state_edge_reads_as_before() -> None:
+    from evaluator.transition import Transition
+    crossing = Transition("c1", 3, "AAPL", "firing", 101.0, 0, 60_000, 60_000, kind="crossing").to_dict()
+    edge = Transition("e1", 3, "MSFT", "firing", 99.0, 0, 60_000, 60_000).to_dict()
+    payload = build_notification({"id": 3, "name": "p", "condition": "c"}, [crossing, edge], "n1")
+    assert [a.get("kind") for a in payload["alerts"]] == ["crossing", None]
+    assert "kind" not in payload["alerts"][1]
+
+
 @pytest.mark.parametrize(("payload", "reason"), [
     (None, "notification is NoneType, not an object"),
     ([], "notification is list, not an object"),

@@ -33,11 +33,12 @@ def test_a_silence_made_in_the_ui_shows_as_the_suppression_in_the_delivery_log(s
 
     page.get_by_role("link", name="New subscription").click()
     page.get_by_label("Name").fill("Tech volume")
-    page.locator("#condition").fill("SUM(volume) OVER 1m > 100")  # TODO(merge): add FOR 2m
+    page.locator("#condition").fill("SUM(volume) OVER 1m > 100 FOR 2m")  # a pending period, as the issue asks
     expect(page.locator("#condition-check .condition-ok")).to_be_visible()
     page.locator("#keys").fill("AAPL, MSFT")
     page.get_by_role("button", name="Create subscription").click()
     expect(page.get_by_role("heading", name="Tech volume")).to_be_visible()
+    expect(page.locator("main")).to_contain_text("SUM(volume) OVER 1m > 100 FOR 2m")  # the pending period kept
     subscription_id = int(re.search(r"/subscriptions/(\d+)$", page.url)[1])
 
     page.get_by_role("link", name="Silence", exact=True).click()  # prefilled with this subscription
