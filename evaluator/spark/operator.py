@@ -128,6 +128,8 @@ class ShardProcessor(StatefulProcessor):
         for stage, seconds in (("restore", restored - started), ("evaluate", evaluated - restored),
                                ("persist", persisted - evaluated)):
             pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
+        # Restore time by how, so start-up rebuilds can be told apart from steady-state catch-up.
+        pipe.hincrbyfloat(keys.evaluator_stats, f"restore_{how}_ms_total", round((restored - started) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
         self._answer_previews(source, shard, evaluator)
