@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     evaluator_stop_timeout_s: float = Field(
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
+    # latency
+    evaluator_own_python_workers: bool = Field(
+        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
+    )
 
     # --- what a record may be (ingest.model.RecordLimits) ---------------------------
     max_record_bytes: int = Field(

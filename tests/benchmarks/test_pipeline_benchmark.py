@@ -54,8 +54,8 @@ def test_quick_run_prints_every_table() -> None:
     assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
 
     [live] = table_rows(stdout, "Alert latency")
-    assert live[0] == "realistic 100", live
+    assert live[0] == "alerts 100", live
     assert number(live[1]) > 0, live  # processed events/s after the warm-up
     assert number(live[8]) + number(live[9]) > 0, live  # alerts during and after the warm-up
     [profile] = table_rows(stdout, "Where a live batch's time goes")
-    assert profile[0] == "realistic 100" and number(profile[1]) > 0 and number(profile[5]) > 0, profile  # addBatch
+    assert profile[0] == "alerts 100" and number(profile[1]) > 0 and number(profile[5]) > 0, profile  # addBatch
