@@ -556,6 +556,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
         "spark_ms": {s: sum(p["durationMs"].get(s, 0) for p in steady) / n for s in SPARK_STAGES},
         "task_ms": {s: diff.get(f"{s}_ms_total", 0.0) / n for s in STAGES},
         "restores": [int(diff.get(f"shard_restore_{how}", 0)) for how in RESTORES],
+        "state_ms": diff.get("restore_state_ms_total", 0.0) / n,
     }
 
 
@@ -792,9 +793,10 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         "Where a live batch's time goes, ms per batch after the warm-up: Spark's own stages (durationMs: "
         "offsets, planning, write-ahead log, the batch's execution = addBatch, offset commit), then inside "
         "addBatch the task time of each of our stages, both cores summed",
-        ["mix, feed events/s", "trigger ms", *SPARK_STAGES, *(f"{s} (tasks)" for s in STAGES), "restore share %",
-         "shard restores cached/caught up/rebuilt"],
+        ["mix, feed events/s", "trigger ms", *SPARK_STAGES, *(f"{s} (tasks)" for s in STAGES),
+         "of restore: state store open", "restore share %", "shard restores cached/caught up/rebuilt"],
         [[name, x["batch_ms"], *(x["spark_ms"][s] for s in SPARK_STAGES), *(x["task_ms"][s] for s in STAGES),
+          x["state_ms"],
           100 * x["task_ms"]["restore"] / max(sum(x["task_ms"][s] for s in ("restore", "evaluate", "persist")), 1e-9),
           "/".join(map(str, x["restores"]))] for name, (_, x) in live.items()],
     ))
