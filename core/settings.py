@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     )
     # latency
     evaluator_own_python_workers: bool = Field(
-        True, description="the shard operator draws Python workers from a pool of its own (README: batching)"
+        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
     )
 
     # --- what a record may be (ingest.model.RecordLimits) ---------------------------
