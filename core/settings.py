@@ -68,10 +68,6 @@ class Settings(BaseSettings):
     evaluator_stop_timeout_s: float = Field(
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
-    # latency
-    evaluator_own_python_workers: bool = Field(
-        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
-    )
 
     # --- what a record may be (ingest.model.RecordLimits) ---------------------------
     max_record_bytes: int = Field(
@@ -210,6 +206,11 @@ class Settings(BaseSettings):
     metrics_port_evaluator: int = 9464
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
+
+    # latency
+    evaluator_own_python_workers: bool = Field(
+        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
+    )
 
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client")
