@@ -35,10 +35,16 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   records per micro-batch, measured the same way; one ratio table.
 - *Latency*: events produced live at each ``--live-rates`` (event time = now, a
   producer process of its own) with ``--live-subscriptions`` at a ``--trigger``
-  and the production cap; for every alert, the time from the moment its window
-  became complete in the log (window end + allowed delay) to its arrival in the
-  Redis stream, with the batches' size and duration: the latency side of the
-  trade-off.
+  and the production cap, over a *per-symbol alert* mix (one key per subscription,
+  about ``--live-share`` of them over their threshold, the rest comfortably not;
+  rate 0 is a heartbeats-only feed: the near-empty batch, the latency floor) and the
+  throughput rows' *heavy* mix (``--live-heavy-rates``). Measured in steady state,
+  after ``--live-warm-up`` seconds whose first evaluations fire every match at
+  once: for every alert whose window became complete in the log (window end +
+  allowed delay) after the warm-up, the time to its arrival in the Redis stream;
+  with the batches' size, duration and gaps, and where a batch's time goes
+  (Spark's ``durationMs`` stages and our stages' task time): the latency side of
+  the trade-off.
 
 RSS is the peak of the whole process tree (driver, JVM, Python workers) during a
 row. Numbers are printed, never asserted.
@@ -52,6 +58,7 @@ import contextlib
 import json
 import multiprocessing
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -191,6 +198,38 @@ def selective_subscriptions(n: int, keys: list[str], rate: int, seconds: int, sh
         else:
             condition = Condition(aggregate, "price", window, high=float(np.quantile(levels, q)))
         specs.append(SubscriptionSpec(i + 1, condition, _watched(rng, keys)))
+    return tuple(specs)
+
+
+def alert_subscriptions(n: int, keys: list[str], rate: int, firing_share: float = 0.005,
+                        seed: int = 13) -> tuple[SubscriptionSpec, ...]:
+    """Per-symbol alerts: each subscription watches one key, its threshold set from that key's own level.
+
+    About ``firing_share`` of them are set to be over their threshold (the key's expected window value
+    x 0.8, or its price level x 0.95 / 1.05), the rest comfortably not (x 1.5-4 counts and volumes,
+    plus four standard deviations for thin keys; price levels x 1.05-1.3 or 0.75-0.95), so few pairs sit at
+    their threshold and flap. Counts and volumes are expected values over the whole window at ``rate``.
+    """
+    rng = random.Random(seed)
+    weights = zipf_weights(len(keys))
+    specs = []
+    for i in range(n):
+        k = rng.randrange(len(keys))
+        window = rng.choice(WINDOWS)
+        aggregate = rng.choice(INDEXED)
+        over = rng.random() < firing_share
+        expected = rate * float(weights[k]) * window / SECOND  # events of the key in a full window
+        if aggregate in (Aggregate.COUNT, Aggregate.SUM):
+            scale = 1.0 if aggregate is Aggregate.COUNT else MEAN_VOLUME
+            quiet = max(expected * rng.uniform(1.5, 4), expected + 4 * expected ** 0.5 + 3)
+            low = scale * (0.8 * expected if over else quiet)
+            condition = Condition(aggregate, None if aggregate is Aggregate.COUNT else "volume", window, low=low)
+        elif aggregate is Aggregate.MIN:
+            condition = Condition(aggregate, "price", window,
+                                  high=level(k) * (1.05 if over else rng.uniform(0.75, 0.95)))
+        else:
+            condition = Condition(aggregate, "price", window, low=level(k) * (0.95 if over else rng.uniform(1.05, 1.3)))
+        specs.append(SubscriptionSpec(i + 1, condition, frozenset([keys[k]])))
     return tuple(specs)
 
 
@@ -369,6 +408,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
     done = max(sum(p["numInputRows"] for p in progress), 1)
     us = {stage: stats.get(f"{stage}_ms_total", 0) * 1000 / read for stage in STAGES}
     operator = us["restore"] + us["evaluate"] + us["persist"]
+    rebuilt_us = stats.get("restore_rebuilt_ms_total", 0) * 1000 / read
     shards = base.spark_shuffle_partitions
     return {
         "rate": throughput.rate, "events": throughput.rows, "finished": throughput.finished,
@@ -380,6 +420,12 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "cpu_us": rss.cpu_s * 1e6 / read, "evaluate_ms": stats.get("evaluate_ms_total", 0) / boundaries,
         "restore_share": us["restore"] / operator if operator else float("nan"),
         "restores": [int(stats.get(f"shard_restore_{how}", 0)) for how in RESTORES],
+        # Without the rebuilds (a worker's first batch of a shard, or a copy older than the last snapshot):
+        # the steady state a long run tends to.
+        "steady_restore_share": (us["restore"] - rebuilt_us) / (operator - rebuilt_us)
+        if operator > rebuilt_us else float("nan"),
+        "restore_ms": [stats.get(f"restore_{how}_ms_total", 0) / max(stats.get(f"shard_restore_{how}", 0), 1)
+                       for how in RESTORES],
     }
 
 
@@ -418,22 +464,42 @@ def live_feed(bootstrap: str, topic: str, keys: int, rate: int, stop) -> None:
     sender.flush()
 
 
-def latency_run(spark, base: Settings, specs, keys: int, live_rate: int, seconds: int,
+@dataclass(frozen=True)
+class LiveRow:
+    """One live-latency row: a catalog at a feed rate (0: heartbeats only, the near-empty batch)."""
+
+    name: str
+    specs: tuple[SubscriptionSpec, ...]
+    rate: int
+
+
+SPARK_STAGES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")  # in durationMs
+
+
+def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, seconds: int,
                 trigger_s: float) -> dict:
-    tag = f"{live_rate}-{trigger_s:g}"
+    """Feed ``row.rate`` events/s live for ``warm_up_s`` + ``seconds``; measure only after the warm-up.
+
+    The warm-up holds the first evaluations, where every (subscription, key) already in its condition
+    fires at once; alerts count only if their window became complete after it, and the per-batch
+    profile covers only the batches that started after it.
+    """
+    tag = re.sub(r"[^A-Za-z0-9.]+", "-", f"{row.name} {trigger_s:g}").strip("-")  # a legal topic name
     settings = base.model_copy(update={
         "redis_prefix": f"bench-live-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-live-{tag}",
         "events_topic": f"bench-live-{tag}", "dead_letter_topic": f"bench-live-dead-{tag}",
         "watermark_delay_ms": 500, "trigger_interval": f"{trigger_s:g} seconds",
     })
     ensure_topics(settings)
-    install_catalog(settings, specs)
-    print(f"live {live_rate:,} events/s, trigger {trigger_s:g} s ...", file=sys.stderr, flush=True)
+    install_catalog(settings, row.specs)
+    print(f"live {row.name}, trigger {trigger_s:g} s ...", file=sys.stderr, flush=True)
     query = build_query(spark, settings)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    stats_key = RedisKeys(settings).evaluator_stats
     context = multiprocessing.get_context("spawn")  # not a fork of a process holding a JVM gateway
     stop = context.Event()
     producer = context.Process(target=live_feed, args=(settings.kafka_bootstrap, settings.events_topic, keys,
-                                                       live_rate, stop), daemon=True)
+                                                       row.rate, stop), daemon=True)
     seen: dict[int, dict] = {}
     deadline = time.monotonic() + 300
     while query.lastProgress is None and time.monotonic() < deadline:  # start-up (an empty first batch) is not
@@ -442,36 +508,60 @@ def latency_run(spark, base: Settings, specs, keys: int, live_rate: int, seconds
         time.sleep(0.2)
     begin = time.time()
     producer.start()
+    warm = begin + warm_up_s
+    at_warm: dict[str, float] | None = None
     try:
         with Resources() as rss:
-            while time.time() - begin < seconds:
+            while time.time() - begin < warm_up_s + seconds:
                 time.sleep(1)
                 if (failed := query.exception()) is not None:
                     raise failed
                 seen |= {p["batchId"]: p for p in query.recentProgress}
+                if at_warm is None and time.time() >= warm:
+                    at_warm = _numbers(client.hgetall(stats_key))
     finally:
         stop.set()
         producer.join(30)
         seen |= {p["batchId"]: p for p in query.recentProgress}
         query.stop()
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    at_end = _numbers(client.hgetall(stats_key))
     latencies = []
-    warm = begin + min(10, seconds / 2)  # leave out the first seconds: the producer's start, first batches
     for entry_id, fields in text_entries(client.xrange(RedisKeys(settings).alerts_stream)):
         written = int(entry_id.split("-")[0]) / 1000
         alert = json.loads(fields["alert"])
         decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000
         if decidable >= warm:
             latencies.append(written - decidable)
-    fed = [p for _, p in sorted(seen.items()) if p["numInputRows"]]  # batches that completed with events
-    wall = sum(p["durationMs"].get("triggerExecution", 0) for p in fed) / 1000
-    processed = sum(p["numInputRows"] for p in fed)
+    ordered = [p for _, p in sorted(seen.items())]
+    steady = [p for p in ordered if batch_end_s(p) - p["durationMs"].get("triggerExecution", 0) / 1000 >= warm]
+    n = max(len(steady), 1)
+    processed = sum(p["numInputRows"] for p in steady)
+    starts = [batch_end_s(p) - p["durationMs"].get("triggerExecution", 0) / 1000 for p in steady]
+    gaps = [start - batch_end_s(before) for before, start in zip(steady, starts[1:], strict=False)]
+    diff = {k: at_end.get(k, 0.0) - (at_warm or {}).get(k, 0.0) for k in at_end}
+    pipe = client.pipeline(transaction=False)
+    for spec in row.specs:
+        pipe.hlen(RedisKeys(settings).firing(spec.id))
+    firing = sum(pipe.execute())
+    pairs = sum(len(spec.keys) if spec.keys is not None else keys for spec in row.specs)  # (subscription, key)
     return {
-        "latencies": latencies, "batches": len(fed),
-        "batch_rows": processed / max(len(fed), 1), "batch_ms": wall * 1000 / max(len(fed), 1),
-        "rate": processed / (batch_end_s(fed[-1]) - begin) if fed else float("nan"),
-        "behind": _behind(settings, fed), "rss_mb": rss.rss_mb,
+        "latencies": latencies, "batches": len(steady), "batch_rows": processed / n,
+        "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in steady) / n,
+        "gap_ms": 1000 * sum(gaps) / max(len(gaps), 1),
+        "rate": processed / (batch_end_s(steady[-1]) - starts[0]) if steady else float("nan"),
+        "behind": _behind(settings, ordered), "rss_mb": rss.rss_mb,
+        "transitions": diff.get("transitions", 0.0) / n,
+        "warm_up_alerts": client.xlen(RedisKeys(settings).alerts_stream) - len(latencies),
+        "firing_share": firing / pairs,
+        "spark_ms": {s: sum(p["durationMs"].get(s, 0) for p in steady) / n for s in SPARK_STAGES},
+        "task_ms": {s: diff.get(f"{s}_ms_total", 0.0) / n for s in STAGES},
+        "restores": [int(diff.get(f"shard_restore_{how}", 0)) for how in RESTORES],
+        "state_ms": diff.get("restore_state_ms_total", 0.0) / n,
     }
+
+
+def _numbers(stats: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in text_hash(stats).items() if _is_number(v)}
 
 
 def _behind(settings: Settings, progress: list[dict]) -> int:
@@ -554,16 +644,22 @@ def main() -> None:
     parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
     parser.add_argument("--quix-windows", default="60", help="window lengths (s) of the quixstreams peer")
     parser.add_argument("--budget", type=float, default=90.0, help="wall seconds per row after warm-up")
-    parser.add_argument("--live-rates", default="1000,5000,20000", help="live feed rates (events/s)")
+    parser.add_argument("--live-rates", default="0,1000,5000,20000",
+                        help="live feed rates (events/s) of the per-symbol alert mix; 0: heartbeats only (the floor)")
+    parser.add_argument("--live-heavy-rates", default="1000", help="live feed rates of the heavy (old) mix")
+    parser.add_argument("--live-share", type=float, default=0.005,
+                        help="alert mix: about this share of the subscriptions over their threshold")
     parser.add_argument("--live-subscriptions", type=int, default=10_000)
-    parser.add_argument("--live-seconds", type=int, default=60)
+    parser.add_argument("--live-warm-up", type=int, default=20, help="seconds fed before measuring")
+    parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
     args = parser.parse_args()
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
         args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
-        args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 20
+        args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 15
+        args.live_heavy_rates, args.live_warm_up = "", 5
 
     load_before = psutil.getloadavg()
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -605,7 +701,7 @@ def main() -> None:
     peer_specs = mix[args.peer_subscriptions]
     peers: list[tuple[str, float, float]] = []
     results: dict[str, dict] = {}
-    live: dict[int, dict] = {}
+    live: dict[str, tuple[LiveRow, dict]] = {}
     spark = None
     try:
         peers += quix_rows(base, peer_specs, args, total_rows)
@@ -614,9 +710,9 @@ def main() -> None:
             results[r.name] = throughput_run(spark, base, r, churn_rows if r.topic == churn_topic else total_rows,
                                              args.budget)
         peers = peer_rows(spark, base, peer_specs, args, total_rows) + peers
-        live_specs = subscriptions(args.live_subscriptions, keys, max(counts(args.live_rates)))
-        live = {rate: latency_run(spark, base, live_specs, args.keys, rate, args.live_seconds, args.trigger)
-                for rate in counts(args.live_rates)}
+        for lr in live_rows(args, keys):
+            live[lr.name] = (lr, latency_run(spark, base, lr, args.keys, args.live_warm_up, args.live_seconds,
+                                             args.trigger))
     finally:
         if spark is not None:
             spark.stop()
@@ -626,7 +722,24 @@ def main() -> None:
     report(args, runs, results, peers, live, total_rows, publish_s, begun, load_before, load_after)
 
 
-def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[int, dict],
+def live_rows(args, keys: list[str]) -> list[LiveRow]:
+    """The per-symbol alert mix at each feed rate (0: calibrated at 1,000), then the heavy mix's rows.
+
+    Realistic (:func:`alert_subscriptions`): one key per subscription, about ``--live-share`` of them
+    over their threshold, the rest comfortably not, as users set price and volume alerts. Heavy: the
+    throughput rows' mix (every key, thresholds calibrated at 20,000 events/s, price thresholds near
+    many keys' levels), whose pairs flap on the random-walk feed (~5 transitions per event) -- kept to
+    show what a catalog of thresholds at the keys' levels costs.
+    """
+    n = args.live_subscriptions
+    rows = [LiveRow(f"alerts {rate:,}" if rate else "alerts 0 (heartbeats only)",
+                    alert_subscriptions(n, keys, rate or 1_000, args.live_share), rate)
+            for rate in counts(args.live_rates)]
+    heavy = subscriptions(n, keys, 20_000)
+    return rows + [LiveRow(f"heavy {rate:,}", heavy, rate) for rate in counts(args.live_heavy_rates)]
+
+
+def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[str, tuple[LiveRow, dict]],
            total_rows: int, publish_s: float, begun: str, load_before, load_after) -> None:
     naive = {len(r.specs): results[r.name]["rate"] for r in runs if r.mode == "naive"}
     tables = [(
@@ -644,10 +757,12 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[in
         "Where the time goes: µs per record read. Stages: wall time inside the tasks, both cores summed; rest = "
         "2 cores x batch wall time - the stages (shuffle, Arrow transfers, scheduling, state commit, idle or "
         "lent cores); tree CPU = CPU time of the whole process tree, what the row costs on idle cores",
-        ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %",
-         "shard restores cached/caught up/rebuilt", "evaluate ms per shard boundary"],
+        ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %", "without rebuilds %",
+         "restore ms each cached/caught up/rebuilt", "shard restores cached/caught up/rebuilt",
+         "evaluate ms per shard boundary"],
         [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"], x["cpu_us"],
-          100 * x["restore_share"], "/".join(map(str, x["restores"])), x["evaluate_ms"]]
+          100 * x["restore_share"], 100 * x["steady_restore_share"], "/".join(f"{ms:.1f}" for ms in x["restore_ms"]),
+          "/".join(map(str, x["restores"])), x["evaluate_ms"]]
          for r in runs for x in [results[r.name]]],
     )]
     tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
@@ -661,14 +776,29 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[in
         [[name, rate, rss, *(rate / other if other > 0 else float("nan") for _, other, _ in peers)]
          for name, rate, rss in tocsin + peers],
     ))
+    warm = f"after a {args.live_warm_up} s warm-up, {args.live_seconds} s measured"
     tables.append((
         f"Alert latency, live feed, {args.live_subscriptions:,} subscriptions, trigger {args.trigger:g} s, "
-        f"cap {args.cap:,}, allowed delay 0.5 s (window complete in the log -> alert in Redis)",
-        ["feed events/s", "processed events/s", "events/batch", "batch ms", "lag at end", "alerts", "p50 s",
-         "p95 s", "p99 s", "max s", "peak RSS MB"],
-        [[f"{rate:,}", x["rate"], x["batch_rows"], x["batch_ms"], f"{x['behind']:,}", len(x["latencies"]),
+        f"cap {args.cap:,}, allowed delay 0.5 s (window complete in the log -> alert in Redis), {warm}: alerts "
+        "whose window completed after the warm-up, batches that started after it",
+        ["mix, feed events/s", "processed events/s", "events/batch", "transitions/batch", "batch ms", "gap ms",
+         "lag at end", "firing % of pairs watched", "warm-up alerts", "alerts", "p50 s", "p95 s", "p99 s", "max s",
+         "peak RSS MB"],
+        [[name, x["rate"], x["batch_rows"], x["transitions"], x["batch_ms"], x["gap_ms"], f"{x['behind']:,}",
+          100 * x["firing_share"], x["warm_up_alerts"], len(x["latencies"]),
           *(percentiles(x["latencies"], (50, 95, 99, 100), 1.0) if x["latencies"] else [float("nan")] * 4),
-          x["rss_mb"]] for rate, x in live.items()],
+          x["rss_mb"]] for name, (_, x) in live.items()],
+    ))
+    tables.append((
+        "Where a live batch's time goes, ms per batch after the warm-up: Spark's own stages (durationMs: "
+        "offsets, planning, write-ahead log, the batch's execution = addBatch, offset commit), then inside "
+        "addBatch the task time of each of our stages, both cores summed",
+        ["mix, feed events/s", "trigger ms", *SPARK_STAGES, *(f"{s} (tasks)" for s in STAGES),
+         "of restore: state store open", "restore share %", "shard restores cached/caught up/rebuilt"],
+        [[name, x["batch_ms"], *(x["spark_ms"][s] for s in SPARK_STAGES), *(x["task_ms"][s] for s in STAGES),
+          x["state_ms"],
+          100 * x["task_ms"]["restore"] / max(sum(x["task_ms"][s] for s in ("restore", "evaluate", "persist")), 1e-9),
+          "/".join(map(str, x["restores"]))] for name, (_, x) in live.items()],
     ))
     print(f"\nPublished {total_rows:,} records (events and heartbeats) in {publish_s:.1f} s: "
           f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")

@@ -87,6 +87,10 @@ class RedisKeys:
         self.evaluator_starts = k("evaluator", "starts")
         self.watchdog_state = k("ops", "watchdog")
         self._k = k
+        # What the sink's script prepends to a subscription id (the keys below, named inside the script).
+        self.firing_prefix = k("firing", "")
+        self.history_prefix = k("history", "")
+        self.counters_prefix = k("counters", "")
 
     def alert_mark(self, alert_id: str) -> str:
         return self._k("alert", alert_id)

@@ -237,6 +237,11 @@ class Settings(BaseSettings):
     template_max_iterations: int = Field(10_000, ge=1, description="loop iterations of one render, all loops together")
     template_max_range: int = Field(1000, ge=1, description="most numbers range() gives a template")
 
+    # latency
+    evaluator_own_python_workers: bool = Field(
+        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
+    )
+
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client")
     @classmethod

@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 from pyspark.sql.streaming import StreamingQuery
@@ -34,6 +37,27 @@ def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
     for row in rows:
         first.setdefault(row.p, row.id)
     return tuple(first[p] for p in sorted(first)[:shards])
+
+
+POOL_VARIABLE = "TOCSIN_PYTHON_WORKER_POOL"
+
+
+@contextmanager
+def _worker_pool(spark: SparkSession, name: str | None) -> Iterator[None]:
+    """Python functions defined inside draw their workers from a pool of their own (``name``; None: shared).
+
+    Spark keeps one pool of idle Python workers per (interpreter, environment) and hands a task the
+    oldest idle one; a function whose environment differs (``POOL_VARIABLE``, copied into the function
+    when it is defined) gets its own pool, so the shard operator's tasks are not handed the workers
+    that just read and parsed, and find their shard's cached copy more often (README: batching).
+    """
+    environment = spark.sparkContext.environment
+    if name is not None:
+        environment[POOL_VARIABLE] = name
+    try:
+        yield
+    finally:
+        environment.pop(POOL_VARIABLE, None)
 
 
 def source_options(settings: Settings) -> dict[str, str]:
@@ -72,9 +96,10 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
                 F.unix_millis(F.current_timestamp()).alias("now"))  # the batch's clock: the same on replay
         .mapInPandas(PaneParser(settings, shard_ids), PANES_SCHEMA)
     )
-    transitions = panes.groupBy("shard").transformWithStateInPandas(
-        ShardProcessor(settings, partitions), TRANSITIONS_SCHEMA, "append", "None"
-    )
+    with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):
+        transitions = panes.groupBy("shard").transformWithStateInPandas(
+            ShardProcessor(settings, partitions), TRANSITIONS_SCHEMA, "append", "None"
+        )
     return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings))
         .option("checkpointLocation", str(settings.checkpoint_path))

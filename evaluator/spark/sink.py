@@ -9,8 +9,9 @@ Transitions are stored as :meth:`evaluator.transition.Transition.to_json`.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -20,7 +21,7 @@ from redis.typing import EncodableT, FieldT
 
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, shard_clock_field, shard_clocks
 from core.settings import Settings
-from evaluator.transition import Transition
+from evaluator.transition import KINDS, STATES, Transition
 
 TRANSITIONS_SCHEMA = (
     "alert_id string, subscription_id long, key string, state string, value double, "
@@ -42,35 +43,107 @@ def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
 
 
 _RECORD_TRANSITIONS = """
--- KEYS: the alert stream, then per transition its dedupe mark, firing hash, counters hash and history stream
--- ARGV: dedupe TTL, stream max length, history length, then per transition its payload, state and key
+-- KEYS[1]: the alert stream
+-- ARGV: dedupe TTL, stream max length, history length, the prefixes of the dedupe marks, firing hashes,
+--       counters hashes and history streams, then per transition: alert id, subscription id, key, state (firing,
+--       resolved, or crossing: an event, counted but never kept in the firing hash), payload
+local ttl, maxlen, history_length = ARGV[1], ARGV[2], ARGV[3]
+local mark, firing, counters, history = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local call, stream = redis.call, KEYS[1]
+local order, entries = {}, {}
 local written = 0
-for i = 0, (#ARGV - 3) / 3 - 1 do
-  local mark, firing, counters, history = KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i], KEYS[5 + 4 * i]
-  local payload, state, key = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
-  if redis.call('SET', mark, '1', 'NX', 'EX', ARGV[1]) then
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'alert', payload)
-    redis.call('XADD', history, 'MAXLEN', '~', ARGV[3], '*', 'alert', payload)
-    if state == 'firing' then
-      redis.call('HSET', firing, key, payload)
-    else
-      redis.call('HDEL', firing, key)
+for i = 8, #ARGV, 5 do
+  if call('SET', mark .. ARGV[i], '1', 'NX', 'EX', ttl) then
+    local sid, payload = ARGV[i + 1], ARGV[i + 4]
+    call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'alert', payload)
+    local list = entries[sid]
+    if list == nil then
+      list = {}
+      entries[sid] = list
+      order[#order + 1] = sid
     end
-    redis.call('HINCRBY', counters, state, 1)
+    list[#list + 1] = i
     written = written + 1
+  end
+end
+-- Per subscription, once: its history in order, its firing hash at each key's last state, its counters.
+for _, sid in ipairs(order) do
+  local last, keys, tally = {}, {}, {}
+  for _, i in ipairs(entries[sid]) do
+    local key, state = ARGV[i + 2], ARGV[i + 3]
+    call('XADD', history .. sid, 'MAXLEN', '~', history_length, '*', 'alert', ARGV[i + 4])
+    if last[key] == nil then keys[#keys + 1] = key end
+    last[key] = i
+    tally[state] = (tally[state] or 0) + 1
+  end
+  local set, gone = {}, {}
+  for _, key in ipairs(keys) do
+    local i = last[key]
+    if ARGV[i + 3] == 'firing' then
+      set[#set + 1] = key
+      set[#set + 1] = ARGV[i + 4]
+    else
+      gone[#gone + 1] = key
+    end
+  end
+  if #set > 0 then call('HSET', firing .. sid, unpack(set)) end
+  if #gone > 0 then call('HDEL', firing .. sid, unpack(gone)) end
+  for state, n in pairs(tally) do
+    call('HINCRBY', counters .. sid, state, n)
   end
 end
 return written
 """
 
+#: One transition as the script takes it: alert id, subscription id, key, state, payload (``Transition.to_json``).
+Record = tuple[str, int, str, str, str]
+
+
+def frame_records(frame: pd.DataFrame) -> list[Record]:
+    """The transitions of an operator output frame (clock rows removed), payloads as ``Transition.to_json``.
+
+    Column-wise, without a :class:`Transition` per row: the frame has ``TRANSITIONS_SCHEMA``'s types, so
+    only the state needs checking (tests/evaluator/spark/test_sink.py checks the payloads against
+    ``Transition.to_json``).
+    """
+    bad = ~frame["state"].isin(STATES)
+    if bad.any():
+        raise ValueError(f"transition state {frame['state'][bad].iloc[0]!r} is none of {', '.join(STATES)}")
+    kinds = frame["kind"].fillna("state") if "kind" in frame else pd.Series("state", index=frame.index)
+    unknown = ~kinds.isin(KINDS)
+    if unknown.any():
+        raise ValueError(f"transition kind {kinds[unknown].iloc[0]!r} is none of {', '.join(KINDS)}")
+    values = frame["value"].astype(object).where(frame["value"].notna(), None).tolist()
+    columns = (frame["alert_id"].tolist(), frame["subscription_id"].astype("int64").tolist(), frame["key"].tolist(),
+               frame["state"].tolist(), values, frame["window_start"].astype("int64").tolist(),
+               frame["window_end"].astype("int64").tolist(), frame["evaluated_at"].astype("int64").tolist(),
+               kinds.tolist())
+    return [(aid, sid, key, _script_state(state, kind),
+             _DUMPS({"alert_id": aid, "subscription_id": sid, "key": key, "state": state,
+                     "value": None if value is None else float(value), "window_start": start, "window_end": end,
+                     "evaluated_at": at, **({} if kind == "state" else {"kind": kind})}))
+            for aid, sid, key, state, value, start, end, at, kind in zip(*columns, strict=True)]
+
+
+def _script_state(state: str, kind: str) -> str:
+    """What the script is told: the state, or ``crossing`` for a crossing (an event, evaluator/lifecycle.py),
+    which is counted as such and never kept in the firing hash."""
+    return state if kind == "state" else kind
+
+
+_DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # what Transition.to_json writes
+
 
 class RedisAlertSink:
     """foreachBatch: record transitions in Redis exactly once per alert id.
 
-    A Lua script makes "seen?" and "record" atomic per transition, so a replayed
-    micro-batch (after a crash between Redis and Spark's commit) adds nothing; it
-    takes transitions in chunks, one round trip per chunk. (Its keys span hash
-    slots: this needs a single Redis, not Redis Cluster.)
+    A Lua script makes "seen?" and "record" atomic per transition, so a replayed micro-batch (after a
+    crash between Redis and Spark's commit) adds nothing. Per transition it writes its dedupe mark and
+    the alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its
+    firing hash at each key's last state, and one HINCRBY per state. It takes transitions in chunks
+    (a script call blocks Redis while it runs), all chunks in one pipelined round trip, then the
+    batch's stats in another. (Its keys span hash slots and are named inside the script: this needs a single
+    Redis, not Redis Cluster.)
     """
 
     DEDUPE_TTL_S = 7 * 24 * 3600
@@ -81,22 +154,28 @@ class RedisAlertSink:
         self.keys = RedisKeys(settings)
         self.redis = redis.Redis.from_url(settings.redis_url)
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
+        self.prefixes = [self.keys.alert_mark(""), self.keys.firing_prefix, self.keys.counters_prefix,
+                         self.keys.history_prefix]
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
         transitions = [Transition.from_dict(row) for row in rows]
-        written = 0
-        for first in range(0, len(transitions), self.CHUNK):
-            keys: list[str] = [self.keys.alerts_stream]
-            args: list[str | int] = [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH]
-            for t in transitions[first : first + self.CHUNK]:
-                sid = t.subscription_id
-                keys += [self.keys.alert_mark(t.alert_id), self.keys.firing(sid), self.keys.counters(sid),
-                         self.keys.history(sid)]
-                # a crossing (an event, evaluator/lifecycle.py) is not kept as firing: the script's other branch
-                args += [t.to_json(), t.state if t.kind == "state" else t.kind, t.key]
-            written += int(self.script(keys=keys, args=args))
-        return written
+        records = [(t.alert_id, t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json())
+                   for t in transitions]
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue(pipe, records)
+        return sum(int(n) for n in pipe.execute())
+
+    def _queue(self, pipe: redis.client.Pipeline, records: Sequence[Record]) -> int:
+        """Queue the script calls that record ``records`` on ``pipe``; returns how many calls."""
+        calls = 0
+        for first in range(0, len(records), self.CHUNK):
+            args: list[EncodableT] = [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH, *self.prefixes]
+            for record in records[first : first + self.CHUNK]:
+                args.extend(record)
+            self.script(keys=[self.keys.alerts_stream], args=args, client=pipe)
+            calls += 1
+        return calls
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         frame: pd.DataFrame = batch.toPandas()  # runs the whole micro-batch: not the sink's own time
@@ -104,12 +183,11 @@ class RedisAlertSink:
         is_clock = frame["state"] == CLOCK_STATE
         clocks: dict[FieldT, EncodableT] = {shard_clock_field(sid): int(at) for sid, at in
                   zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
-        rows = frame[~is_clock].astype(object).where(frame[~is_clock].notna(), None).to_dict("records")
-        written = self.write(rows) if rows else 0
         pipe = self.redis.pipeline(transaction=False)
+        calls = self._queue(pipe, frame_records(frame[~is_clock]))
+        # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
+        written = sum(int(n) for n in pipe.execute()[:calls]) if calls else 0
         pipe.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id, "last_batch_at": time.time(), **clocks})
         pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
         pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
         pipe.execute()
-
-

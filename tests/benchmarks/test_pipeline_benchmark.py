@@ -39,10 +39,12 @@ def test_quick_run_prints_every_table() -> None:
 
     stages = {cells[0]: cells[1:] for cells in table_rows(stdout, "Where the time goes")}
     assert set(stages) == {cells[0] for cells in throughput}
-    for name, (read, parse, _, evaluate, *_, total, share, restores, per_boundary) in stages.items():
+    for name, (read, parse, _, evaluate, *_, total, share, steady, restore_ms, restores, per_boundary) in stages.items():
         assert number(per_boundary) > 0, (name, per_boundary)
         assert all(number(c) > 0 for c in (read, parse, evaluate, total)), (name, stages[name])
         assert 0 <= number(share) <= 100 and len(restores.split("/")) == 3, (name, share, restores)
+        assert steady == "nan" or 0 <= number(steady) <= number(share), (name, steady, share)  # rebuilds left out
+        assert len(restore_ms.split("/")) == 3, (name, restore_ms)
 
     peers = {cells[0]: cells[1:] for cells in table_rows(stdout, "Peers:")}
     assert set(peers) == {"Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"}
@@ -52,4 +54,8 @@ def test_quick_run_prints_every_table() -> None:
     assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
 
     [live] = table_rows(stdout, "Alert latency")
-    assert number(live[1]) > 0 and int(live[5]) > 0, live  # processed events/s, alerts
+    assert live[0] == "alerts 100", live
+    assert number(live[1]) > 0, live  # processed events/s after the warm-up
+    assert number(live[8]) + number(live[9]) > 0, live  # alerts during and after the warm-up
+    [profile] = table_rows(stdout, "Where a live batch's time goes")
+    assert profile[0] == "alerts 100" and number(profile[1]) > 0 and number(profile[5]) > 0, profile  # addBatch

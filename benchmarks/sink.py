@@ -1,0 +1,114 @@
+"""The evaluator sink alone: µs per transition from a micro-batch's frame into Redis.
+
+    python benchmarks/sink.py            # prints one table
+    python benchmarks/sink.py --quick    # smoke run
+
+A Redis server of its own; each row hands ``RedisAlertSink`` a frame shaped as the operator's output
+(``TRANSITIONS_SCHEMA`` rows plus one clock row per shard) through a stand-in for Spark's DataFrame
+whose ``toPandas`` returns it, so the time is the sink's own: building the payloads and its Redis
+round trips; *CPU* counts this process and the Redis server, which other jobs on the machine do not
+inflate. Each batch is written twice: *new* is the first write, *replay* the same batch again (a
+micro-batch replayed after a crash: it must write nothing). Numbers are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import cast
+
+import pandas as pd
+import redis
+from pyspark.sql import DataFrame
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import table
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from devstack.services import free_port, start_redis
+from evaluator.spark.sink import RedisAlertSink, clock_record
+from evaluator.transition import State, alert_id
+
+
+class Frame:
+    """What ``foreachBatch`` hands the sink, already computed."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def toPandas(self) -> pd.DataFrame:  # noqa: N802 - Spark's name
+        return self.frame.copy()
+
+
+def batch_frame(transitions: int, subscriptions: int, keys: int, batch: int, seed: int = 1) -> pd.DataFrame:
+    """``transitions`` distinct (subscription, key) transitions, two thirds firing, and two shards' clocks."""
+    rng = random.Random(seed * 1_000 + batch)
+    evaluated_at = 1_700_000_000_000 + batch * 1_000
+    rows = []
+    for _ in range(transitions):
+        sid, key = rng.randint(1, subscriptions), f"S{rng.randrange(keys):05d}"
+        state: State = "firing" if rng.random() < 2 / 3 else "resolved"
+        rows.append({"alert_id": alert_id(sid, key, state, evaluated_at), "subscription_id": sid, "key": key,
+                     "state": state, "value": round(rng.uniform(1, 1_000), 2) if state == "firing" else None,
+                     "window_start": evaluated_at - 60_000, "window_end": evaluated_at,
+                     "evaluated_at": evaluated_at})
+    rows += [clock_record(shard, evaluated_at) for shard in range(2)]
+    return pd.DataFrame.from_records(rows)
+
+
+def run(settings: Settings, transitions: int, subscriptions: int, batches: int) -> list[object]:
+    sink = RedisAlertSink(settings)
+    frames = [batch_frame(transitions, subscriptions, 5_000, b) for b in range(batches)]
+    client = redis.Redis.from_url(settings.redis_url)
+    new_s = replay_s = new_cpu = 0.0
+    for b, frame in enumerate(frames):
+        started, cpu = time.perf_counter(), cpu_s(client)
+        sink(cast("DataFrame", Frame(frame)), b)
+        new_s += time.perf_counter() - started
+        new_cpu += cpu_s(client) - cpu
+        started = time.perf_counter()
+        sink(cast("DataFrame", Frame(frame)), b)
+        replay_s += time.perf_counter() - started
+    stored = client.xlen(RedisKeys(settings).alerts_stream)
+    n = transitions * batches
+    return [f"{transitions:,}", f"{subscriptions:,}", batches, new_s * 1e6 / n, new_cpu * 1e6 / n,
+            replay_s * 1e6 / n, new_s * 1e3 / batches, f"{stored:,}"]
+
+
+def cpu_s(client: redis.Redis) -> float:
+    """CPU seconds used so far by this process and the Redis server: what other jobs on the machine do not inflate."""
+    info = client.info("cpu")
+    return time.process_time() + float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    shapes = [(100, 10_000, 5), (2_000, 10_000, 5), (20_000, 10_000, 3), (20_000, 1_000, 3)]
+    if args.quick:
+        shapes = [(50, 100, 2)]
+    work = Path(tempfile.mkdtemp(prefix="tocsin-bench-sink-"))
+    port = free_port()
+    server = start_redis(port, work / "redis", work / "redis.log")
+    rows = []
+    try:
+        for i, (transitions, subscriptions, batches) in enumerate(shapes):
+            settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix=f"bench-sink-{i}")
+            rows.append(run(settings, transitions, subscriptions, batches))
+    finally:
+        server.stop()
+    table("Sink: µs per transition from the batch's frame into Redis (new = first write, replay = the same "
+          "batch again, which writes nothing)",
+          ["transitions/batch", "subscriptions", "batches", "µs/transition new", "CPU µs/transition new",
+           "µs/transition replay",
+           "ms per batch", "alerts stored"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The sink alone, against a real Redis: what each transition leaves behind, and a replay leaves nothing.
+
+No Spark: the sink is handed its micro-batch as the frame Spark's ``toPandas`` would return.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from core.redis_schema import RedisKeys, shard_clocks
+from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink, clock_record, frame_records
+from evaluator.transition import Transition, alert_id
+
+
+class Batch:
+    """What ``foreachBatch`` hands the sink, already computed."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def toPandas(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self.rows, columns=list(clock_record(0, 0)))
+
+
+def transition(sid: int, key: str, state: str, at: int, value: float | None = 1.5) -> dict:
+    return Transition(alert_id(sid, key, state, at), sid, key, state, value if state == "firing" else None,  # type: ignore[arg-type]
+                      at - 60_000, at, at).to_dict()
+
+
+def stored(settings: Settings, sid: int) -> tuple[list[dict], list[dict], dict[str, str], dict[str, str]]:
+    """The alert stream, the subscription's history, its firing hash (key -> alert id) and its counters."""
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = RedisKeys(settings)
+    alerts = [json.loads(f["alert"]) for _, f in client.xrange(keys.alerts_stream)]
+    history = [json.loads(f["alert"]) for _, f in client.xrange(keys.history(sid))]
+    firing = {k: json.loads(v)["alert_id"] for k, v in client.hgetall(keys.firing(sid)).items()}
+    return alerts, history, firing, client.hgetall(keys.counters(sid))
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**40), st.text(min_size=1, max_size=12),
+                          st.sampled_from(["firing", "resolved", "crossing"]),
+                          st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 2**50)),
+                min_size=1, max_size=20))
+def test_payloads_built_by_column_are_what_transition_to_json_writes(rows) -> None:
+    transitions = [Transition(alert_id(sid, key, state, at), sid, key, "resolved" if state == "resolved" else "firing",
+                              value if state != "resolved" else None, at, at + 1, at + 2,
+                              kind="crossing" if state == "crossing" else "state") for sid, key, state, value, at in rows]
+    frame = pd.DataFrame.from_records([t.to_dict() | {"kind": t.kind} for t in transitions])  # as the operator yields
+    records = frame_records(frame)
+    assert [r[4] for r in records] == [t.to_json() for t in transitions]
+    assert [r[3] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
+
+
+def test_a_crossing_is_counted_and_never_kept_as_firing(settings: Settings) -> None:
+    sink = RedisAlertSink(settings)
+    cross = Transition(alert_id(7, "AAPL", "firing", 60_000), 7, "AAPL", "firing", 101.0, 0, 60_000, 60_000,
+                       kind="crossing")
+    edge = Transition(alert_id(7, "MSFT", "firing", 60_000), 7, "MSFT", "firing", 3.0, 0, 60_000, 60_000)
+    rows = [t.to_dict() | {"kind": t.kind} for t in (cross, edge)] + [clock_record(0, 60_000)]
+    sink(Batch(rows), 1)  # type: ignore[arg-type]
+    alerts, history, firing, counters = stored(settings, 7)
+    assert [a.get("kind") for a in alerts] == ["crossing", None] and len(history) == 2
+    assert firing == {"MSFT": edge.alert_id}
+    assert counters == {"crossing": "1", "firing": "1"}
+    assert sink.write([cross.to_dict()]) == 0  # a replay of it writes nothing
+
+
+def test_frame_records_refuse_an_unknown_state() -> None:
+    frame = pd.DataFrame.from_records([{**transition(1, "K", "firing", 60_000), "state": "pending"}])
+    with pytest.raises(ValueError, match="'pending' is none of firing, resolved"):
+        frame_records(frame)
+
+
+def test_a_key_that_fires_and_resolves_in_one_batch_is_not_left_firing(settings: Settings) -> None:
+    """The firing hash takes each key's last state in the batch, across the script's chunks too."""
+    sink = RedisAlertSink(settings)
+    sink.CHUNK = 3  # the firing of B and its resolution land in different script calls
+    batch = [transition(7, "A", "firing", 60_000), transition(7, "B", "firing", 60_000),
+             transition(7, "C", "firing", 60_000), transition(7, "A", "resolved", 61_000),
+             transition(7, "B", "resolved", 61_000), transition(7, "A", "firing", 62_000),
+             transition(8, "A", "firing", 62_000), clock_record(0, 62_000), clock_record(1, 61_000)]
+    sink(Batch(batch), 0)
+    alerts, history, firing, counters = stored(settings, 7)
+    assert [a["alert_id"] for a in alerts] == [t["alert_id"] for t in batch if t["state"] != "clock"]
+    assert history == [t for t in batch if t["subscription_id"] == 7]  # in order, payloads as written
+    assert firing == {"A": batch[5]["alert_id"], "C": batch[2]["alert_id"]}
+    assert counters == {"firing": "4", "resolved": "2"}
+    assert stored(settings, 8)[2] == {"A": batch[6]["alert_id"]}
+    stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
+    assert sorted(shard_clocks(stats)) == [61_000, 62_000] and stats["transitions"] == "7"
+
+
+def test_a_replayed_batch_writes_nothing_twice(settings: Settings) -> None:
+    sink = RedisAlertSink(settings)
+    first = [transition(3, "A", "firing", 60_000), transition(3, "B", "firing", 60_000), clock_record(0, 60_000)]
+    sink(Batch(first), 0)
+    # The batch again after a crash before Spark's commit, now with one transition more (the catalog moved on).
+    replay = [*first[:2], transition(3, "A", "resolved", 61_000), clock_record(0, 61_000)]
+    sink(Batch(replay), 0)
+    sink(Batch(replay), 0)
+    alerts, history, firing, counters = stored(settings, 3)
+    assert [a["alert_id"] for a in alerts] == [t["alert_id"] for t in replay[:3]]
+    assert history == replay[:3]
+    assert firing == {"B": first[1]["alert_id"]}
+    assert counters == {"firing": "2", "resolved": "1"}
+    assert sink.write(replay[:3]) == 0
+
+
+def test_an_empty_batch_still_reports_the_clocks(settings: Settings) -> None:
+    RedisAlertSink(settings)(Batch([clock_record(0, 5_000)]), 4)
+    stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
+    assert shard_clocks(stats) == [5_000] and stats["last_batch_id"] == "4" and stats["transitions"] == "0"
