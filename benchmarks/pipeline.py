@@ -87,6 +87,7 @@ from evaluator.spark.session import spark_session
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
+from subscriptions.language import format_condition, parse_condition
 from subscriptions.service import publish_catalog
 
 SECOND = 1_000
@@ -168,6 +169,49 @@ def subscriptions(n: int, keys: list[str], rate: int, seed: int = 9) -> tuple[Su
         else:
             condition = Condition(aggregate, "price", window, high=5 * 200 ** rng.uniform(-0.02, 0.03))
         specs.append(SubscriptionSpec(i + 1, condition, _watched(rng, keys)))
+    return tuple(specs)
+
+
+def semantics_subscriptions(n: int, keys: list[str], rate: int, seed: int = 13) -> tuple[SubscriptionSpec, ...]:
+    """The mix of :func:`subscriptions` with issue 16's constructs in it, as users write them (parsed from text).
+
+    Of every 20 subscriptions: 8 plain thresholds; with a lifecycle, 3 ``FOR 1m``, 2 ``KEEP FIRING FOR 2m``,
+    1 ``RESOLVE BELOW`` (hysteresis) and 1 ``DAMPEN 5m``; 2 crossings of a key's price level
+    (``LAST(price) OVER 1m CROSSES ABOVE|BELOW``); 1 ``CHANGE(price) OVER 5m`` over or under a percentage; 1 tuple
+    window (``AVG(price) OVER LAST n EVENTS``); 1 ``NO DATA FOR 5m`` on listed keys.
+    """
+    rng = random.Random(seed)
+    plain = subscriptions(n, keys, rate, seed)
+    specs = []
+    for spec in plain:
+        slot = (spec.id - 1) % 20
+        text = format_condition(spec.condition)
+        watched = spec.keys
+        if slot < 8:
+            pass  # a plain threshold
+        elif slot < 11:
+            text += " FOR 1m"
+        elif slot < 13:
+            text += " KEEP FIRING FOR 2m"
+        elif slot == 13 and spec.condition.low is not None and spec.condition.low > 0:
+            text += f" RESOLVE BELOW {spec.condition.low * 0.9:.6g}"
+        elif slot == 14:
+            text += " DAMPEN 5m"
+        elif slot in (15, 16):
+            i = rng.randrange(len(keys))
+            direction = "ABOVE" if slot == 15 else "BELOW"
+            text = f"LAST(price) OVER 1m CROSSES {direction} {level(i) * rng.uniform(0.999, 1.001):.2f}"
+            watched = frozenset({keys[i]}) if rng.random() < 0.5 else None
+        elif slot == 17:
+            text = f"CHANGE(price) OVER 5m {rng.choice(['>', '<'])} {rng.choice(['', '-'])}{rng.uniform(0.2, 2):.2f}%"
+        elif slot == 18:
+            i = rng.randrange(len(keys))
+            text = f"AVG(price) OVER LAST {rng.choice([10, 50, 100])} EVENTS > {level(i) * 1.001:.2f}"
+            watched = frozenset({keys[i]})
+        elif slot == 19:
+            text = "NO DATA FOR 5m"
+            watched = frozenset(rng.sample(keys, 3))
+        specs.append(SubscriptionSpec(spec.id, parse_condition(text), watched, text=text))
     return tuple(specs)
 
 
@@ -638,6 +682,9 @@ def main() -> None:
     parser.add_argument("--sweep-caps", default="20000", help="10k collective rows at these caps too")
     parser.add_argument("--high-selectivity", default="1000,10000", help="subscription counts of its rows")
     parser.add_argument("--churn", type=int, default=10_000, help="subscriptions (0: no row)")
+    parser.add_argument("--semantics", default="10000",
+                        help="subscription counts of the issue-16 mix rows (lifecycle clauses, crossings, CHANGE %%, "
+                             "tuple windows, NO DATA), collective and naive")
     parser.add_argument("--churn-turnover", type=int, default=2_000, help="new keys per event-second")
     parser.add_argument("--peer-subscriptions", type=int, default=10_000)
     parser.add_argument("--peer-batch", type=int, default=20_000, help="records per micro-batch of the peers")
@@ -657,6 +704,7 @@ def main() -> None:
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
+        args.semantics = "300"
         args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
         args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 15
         args.live_heavy_rates, args.live_warm_up = "", 5
@@ -695,6 +743,9 @@ def main() -> None:
     runs += [row(f"collective {short(sweep_n)} cap {short(c)}", mix[sweep_n], cap=c) for c in counts(args.sweep_caps)]
     runs += [row(f"high selectivity {short(n)}", selective_subscriptions(n, keys, args.rate, args.seconds))
              for n in counts(args.high_selectivity)]
+    for n in counts(args.semantics):
+        semantic = semantics_subscriptions(n, keys, args.rate)
+        runs += [row(f"issue-16 mix {short(n)}", semantic), row(f"issue-16 mix {short(n)} naive", semantic, "naive")]
     if args.churn:
         runs.append(row(f"key churn {short(args.churn)}", mix[args.churn], topic=churn_topic,
                         n_keys=args.keys + args.seconds * args.churn_turnover))
@@ -741,7 +792,7 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
 
 def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[str, tuple[LiveRow, dict]],
            total_rows: int, publish_s: float, begun: str, load_before, load_after) -> None:
-    naive = {len(r.specs): results[r.name]["rate"] for r in runs if r.mode == "naive"}
+    naive = {id(r.specs): results[r.name]["rate"] for r in runs if r.mode == "naive"}  # by mix, not by size
     tables = [(
         f"Sustained throughput (backlog drain), {args.rate:,} events per event-second, {args.seconds} event-seconds, "
         "local[2]; events/s = rows processed after the first batch / wall time of their batches",
@@ -751,7 +802,7 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         [[r.name, f"{len(r.specs):,}", f"{r.keys:,}", x["rate"], x["events"], "yes" if x["finished"] else "budget",
           x["batches"], x["batch_rows"], x["batch_ms"], x["transitions"], x["candidates"], x["matches"],
           100 * x["selectivity"], x["rss_mb"],
-          x["rate"] / naive[len(r.specs)] if r.mode == "collective" and len(r.specs) in naive else float("nan")]
+          x["rate"] / naive[id(r.specs)] if r.mode == "collective" and id(r.specs) in naive else float("nan")]
          for r in runs for x in [results[r.name]]],
     ), (
         "Where the time goes: µs per record read. Stages: wall time inside the tasks, both cores summed; rest = "
