@@ -21,11 +21,13 @@ are compiled, for validation and matching alike).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import re2
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
@@ -36,10 +38,14 @@ from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.models import Silence, Subscription, User
 from subscriptions.schemas import MAX_ID, Printable
 
+log = structlog.get_logger("silences")
+
 MatcherName = Literal["key", "subscription", "subscription_name"]
 MatcherOp = Literal["=", "!=", "=~", "!~"]
 SilenceState = Literal["pending", "active", "expired"]
 REGEX_OPS = frozenset({"=~", "!~"})
+MATCHER_NAMES: frozenset[str] = frozenset(get_args(MatcherName))
+MATCHER_OPS: frozenset[str] = frozenset(get_args(MatcherOp))
 
 MAX_MATCHERS = 16  # every alert of the owner is checked against every matcher of every active silence
 MAX_VALUE_LENGTH = 256  # bounds each RE2 program, and what a silence row holds
@@ -56,6 +62,17 @@ def compile_pattern(pattern: str) -> re2._Regexp:
     except re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(f"not a valid RE2 regular expression: {reason}") from None
+
+
+def matches_empty(op: str, value: str, pattern: re2._Regexp | None = None) -> bool:
+    """Whether a matcher matches the empty label (a missing one): such a matcher alone narrows nothing down."""
+    if op in REGEX_OPS:
+        return ((pattern or compile_pattern(value)).fullmatch("") is not None) == (op == "=~")
+    return (value == "") == (op == "=")
+
+
+EVERYTHING = ("at least one matcher must not match the empty string (as in Alertmanager): these would silence "
+              "every alert of yours; to mean that, say so with key =~ .+")
 
 
 class MatcherIn(BaseModel):
@@ -87,6 +104,13 @@ class SilenceIn(BaseModel):
     starts_at: datetime | None = Field(None, description="default (and at the earliest): now")
     ends_at: datetime | None = None
     duration_s: int | None = Field(None, ge=1, description="instead of ends_at")
+
+    @field_validator("matchers")
+    @classmethod
+    def _narrows(cls, matchers: list[MatcherIn]) -> list[MatcherIn]:
+        if all(matches_empty(m.op, m.value) for m in matchers):
+            raise ValueError(EVERYTHING)
+        return matchers
 
     @field_validator("comment")
     @classmethod
@@ -253,7 +277,29 @@ def silence_rules(session: Session, owner_ids: set[int], now: datetime) -> dict[
     query = (select(Silence).where(Silence.owner_id.in_(owner_ids), ~_in_state("expired", now))
              .order_by(Silence.id))
     for s in session.scalars(query):
+        matchers = _stored_matchers(s.matchers)
+        if matchers is None:
+            log.error("silence_skipped", silence_id=s.id, owner_id=s.owner_id,
+                      reason=f"matchers this version cannot read: {json.dumps(s.matchers, default=str)[:300]}")
+            continue
         found[s.owner_id].append(SilenceRule(s.id, s.owner_id, _aware(s.starts_at).timestamp(),
-                                             _aware(s.ends_at).timestamp(),
-                                             tuple((m["name"], m["op"], m["value"]) for m in s.matchers)))
+                                             _aware(s.ends_at).timestamp(), matchers))
     return found
+
+
+def _stored_matchers(stored: object) -> tuple[tuple[str, str, str], ...] | None:
+    """A row's matchers as (name, op, value), or None if they are not what this version writes.
+
+    Rows are written through :class:`SilenceIn`, but one edited by hand or by a newer version (a label or an
+    operator this one does not know) must be skipped, never read as something else: a silence nobody can read
+    silences nothing, and must not stop the dispatcher. Cheap checks only: this runs at every reload.
+    """
+    if not isinstance(stored, list) or not stored:
+        return None
+    matchers = []
+    for m in stored:
+        if not (isinstance(m, dict) and m.get("name") in MATCHER_NAMES and m.get("op") in MATCHER_OPS
+                and isinstance(m.get("value"), str)):
+            return None
+        matchers.append((m["name"], m["op"], m["value"]))
+    return tuple(matchers)
