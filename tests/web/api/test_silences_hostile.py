@@ -1,0 +1,72 @@
+"""Silences an attacker or a hurried operator would try: ones that silence everything without saying so, markup in
+what the page shows, a form posted from another site, times without a zone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core.settings import Settings
+from tests.users import api_client, new_user, sign_in
+
+
+def _create(api: TestClient, *matchers: tuple[str, str, str], **body: object):
+    return api.post("/api/silences", json={"matchers": [{"name": n, "op": o, "value": v} for n, o, v in matchers],
+                                           "comment": "why", "duration_s": 600, **body})
+
+
+@pytest.mark.parametrize("matchers", [
+    [("key", "!=", "AAPL")],
+    [("key", "=~", ".*")],
+    [("key", "=~", "")],
+    [("key", "=", "")],
+    [("subscription_name", "!~", "prod.*")],
+    [("key", "!=", "AAPL"), ("subscription_name", "=~", "(x)?")],
+])
+def test_a_silence_whose_every_matcher_matches_the_empty_string_is_refused(api: TestClient, matchers: list) -> None:
+    """Alertmanager's rule: such a silence narrows nothing down and would silence everything its owner has."""
+    response = _create(api, *matchers)
+    assert response.status_code == 422, response.text
+    [detail] = response.json()["detail"]
+    assert detail["loc"] == ["body", "matchers"] and "must not match the empty string" in detail["msg"]
+    assert api.get("/api/silences").json() == []
+
+
+@pytest.mark.parametrize("matchers", [[("key", "=~", ".+")], [("key", "!=", "AAPL"), ("key", "=~", "A.*")]])
+def test_saying_everything_or_narrowing_a_negative_matcher_is_accepted(api: TestClient, matchers: list) -> None:
+    assert _create(api, *matchers).status_code == 201
+
+
+def test_a_time_without_a_zone_is_utc(api: TestClient) -> None:
+    ends = (datetime.now(UTC) + timedelta(hours=2)).replace(tzinfo=None, microsecond=0)
+    created = _create(api, ("key", "=", "AAPL"), duration_s=None, ends_at=ends.isoformat())
+    assert created.status_code == 201, created.text
+    assert datetime.fromisoformat(created.json()["ends_at"]) == ends.replace(tzinfo=UTC)
+
+
+def test_control_characters_are_refused(api: TestClient) -> None:
+    assert _create(api, ("key", "=", "AA\x00PL")).status_code == 422
+    assert api.post("/api/silences", json={"matchers": [{"name": "key", "value": "A"}], "comment": "x\x00",
+                                           "duration_s": 60}).status_code == 422
+
+
+def test_markup_in_a_silence_is_shown_as_text_and_the_expire_form_needs_its_token(settings: Settings) -> None:
+    user, token = new_user(settings)
+    script = "<script>alert(1)</script>"
+    with api_client(settings, token) as api:
+        silence = _create(api, ("key", "=", '"><img src=x onerror=alert(2)>'), comment=script).json()
+    with api_client(settings) as client:
+        csrf = sign_in(client, user.email)
+        page = client.get("/silences").text
+        assert script not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+        assert "<img src=x" not in page
+        del client.headers["X-CSRF-Token"]
+        assert client.post(f"/silences/{silence['id']}/expire", follow_redirects=False).status_code == 403
+        checked = client.post("/silences/check", data={"matcher_name": "key", "matcher_op": "=~",
+                                                       "matcher_value": "<b>(", "comment": "c", "duration_s": "60",
+                                                       "csrf_token": csrf})
+        assert "<b>(" not in checked.text and "&lt;b&gt;(" in checked.text
+    with api_client(settings, token) as api:
+        assert api.get(f"/api/silences/{silence['id']}").json()["state"] == "active"
