@@ -20,8 +20,9 @@ and puts its message back on its queue (or, if even that fails, leaves it
 unacknowledged for the visibility timeout to restore), so the delivery runs again
 once Redis answers - at least once, never lost. Only if Redis refuses even the
 records of a failure for good is the task failed, logged with its whole notification
-(``delivery_store_error``, ``tocsin_delivery_store_errors_total``) for replay. A delivery whose endpoint was deleted, changed hands or changed
-(a rotated secret) since it was queued is dropped, and the drop is recorded.
+(``delivery_store_error``, ``tocsin_delivery_store_errors_total``) for replay.
+A delivery whose endpoint was deleted, changed hands or changed (a rotated secret)
+since it was queued is dropped, and the drop is recorded.
 
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
