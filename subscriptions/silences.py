@@ -28,7 +28,7 @@ from typing import Annotated, Literal, get_args
 
 import re2
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
@@ -141,11 +141,22 @@ class SilenceOut(BaseModel):
     created_at: datetime
     created_by: int | None
     expired_at: datetime | None = Field(description="when it was expired by hand")
+    ignored: str | None = Field(None, description="why the dispatcher ignores it (it silences nothing), if it does: "
+                                "matchers edited past the API or written by a newer version")
 
     @classmethod
     def of(cls, silence: Silence, now: datetime | None = None) -> SilenceOut:
+        """Also of a row the dispatcher skips (``ignored`` says why), so its owner still sees and can expire it."""
+        ignored = None
+        try:
+            matchers = [MatcherIn.model_validate(m) for m in silence.matchers]
+            if not matchers or all(matches_empty(m.op, m.value) for m in matchers):
+                ignored = EVERYTHING
+        except (ValidationError, TypeError):
+            matchers = []
+            ignored = f"matchers this version cannot read: {json.dumps(silence.matchers, default=str)[:300]}"
         return cls(id=silence.id, state=silence_state(silence, now or datetime.now(UTC)),
-                   matchers=[MatcherIn.model_validate(m) for m in silence.matchers], comment=silence.comment,
+                   matchers=matchers, ignored=ignored, comment=silence.comment,
                    starts_at=_aware(silence.starts_at), ends_at=_aware(silence.ends_at),
                    created_at=_aware(silence.created_at), created_by=silence.created_by,
                    expired_at=_aware(silence.expired_at) if silence.expired_at else None)

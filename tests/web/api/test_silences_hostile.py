@@ -9,6 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.settings import Settings
+from subscriptions.db import session_factory
+from subscriptions.models import Silence
 from tests.users import api_client, new_user, sign_in
 
 
@@ -70,3 +72,31 @@ def test_markup_in_a_silence_is_shown_as_text_and_the_expire_form_needs_its_toke
         assert "<b>(" not in checked.text and "&lt;b&gt;(" in checked.text
     with api_client(settings, token) as api:
         assert api.get(f"/api/silences/{silence['id']}").json()["state"] == "active"
+
+
+def test_a_row_the_dispatcher_ignores_is_still_listed_with_why_and_can_be_expired(settings: Settings) -> None:
+    """Edited past the API: the owner's list must not fail, or no silence of theirs could be seen or ended."""
+    user, token = new_user(settings)
+    now = datetime.now(UTC)
+    with session_factory(settings.database_url)() as session:
+        rows = [Silence(owner_id=user.id, created_by=user.id, comment="by hand", matchers=m, starts_at=now,
+                        ends_at=now + timedelta(hours=1), created_at=now)
+                for m in ({"name": "key"}, [{"name": "key", "op": "==", "value": "A"}],
+                          [{"name": "key", "op": "!=", "value": "A"}])]
+        session.add_all(rows)
+        session.commit()
+        ids = [r.id for r in rows]
+    with api_client(settings, token) as api:
+        good = _create(api, ("key", "=", "AAPL")).json()
+        listed = api.get("/api/silences")
+        assert listed.status_code == 200, listed.text
+        by_id = {s["id"]: s for s in listed.json()}
+        assert by_id[good["id"]]["ignored"] is None
+        assert "cannot read" in by_id[ids[0]]["ignored"] and by_id[ids[0]]["matchers"] == []
+        assert "cannot read" in by_id[ids[1]]["ignored"]
+        assert "must not match the empty string" in by_id[ids[2]]["ignored"]
+        assert api.post(f"/api/silences/{ids[0]}/expire").json()["state"] == "expired"
+    with api_client(settings) as client:
+        sign_in(client, user.email)
+        page = client.get("/silences")
+        assert page.status_code == 200 and page.text.count("ignored, silences nothing") == 3
