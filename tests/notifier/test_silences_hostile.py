@@ -6,20 +6,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from core.settings import Settings
+from devstack.services import python_module, spawn
+from evaluator.spark.sink import RedisAlertSink
 from notifier.app import make_celery
 from notifier.dispatcher import Dispatcher
 from notifier.silences import KEEP_TTLS, SilenceCache
 from subscriptions.db import session_factory
 from subscriptions.models import Silence
 from subscriptions.silences import SilenceRule
-from tests.databases import postgres_database
+from tests.databases import POSTGRES_ADMIN, postgres_database
 from tests.notifier.test_silences import (
     ROUTE,
     _dispatch,
@@ -130,3 +134,50 @@ def test_a_failed_reload_keeps_the_last_copy_for_a_while_then_fails_open() -> No
     cache.refresh(session, {7})  # type: ignore[arg-type]
     assert cache.silencing(ROUTE, "AAPL", time.time()) == 1  # readable again
 
+
+
+
+def _wait(check, what: str, process, log_path: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert process.process.poll() is None, f"the dispatcher exited: {log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
+        time.sleep(0.2)
+
+
+def _rename(database: str, to: str) -> None:
+    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+        admin.execute(f'ALTER DATABASE "{database}" RENAME TO "{to}"')
+
+
+@pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
+def test_the_dispatcher_outlives_a_database_that_goes_away_and_dispatches_once_it_answers(
+        settings: Settings, redis_client: redis.Redis, owner, tmp_path) -> None:
+    """Routes and silences are read from the database at each decision: while it is away the dispatcher waits
+    (logged), it does not exit, and what was written meanwhile is dispatched once it answers again."""
+    sid = _subscription(settings, redis_client, owner)
+    _silence(settings, owner, ("key", "=", "HELD"))
+    database = settings.database_url.rsplit("/", 1)[1]
+    log_path = tmp_path / "dispatcher.log"
+    process = spawn("dispatcher", python_module("notifier.dispatcher"), log_path, env=settings.to_env())
+    away = False
+    try:
+        RedisAlertSink(settings).write([_transition(sid, "AAPL", "firing", T)])
+        _wait(lambda: _queued(settings, redis_client), "the first alert dispatched", process, log_path)
+        _rename(database, f"{database}_away")
+        away = True
+        RedisAlertSink(settings).write([_transition(sid, "MSFT", "firing", T + 60_000),
+                                        _transition(sid, "HELD", "firing", T + 60_000)])
+        _wait(lambda: "database_unavailable" in log_path.read_text(), "a log line", process, log_path)
+        time.sleep(1.5)
+        assert process.process.poll() is None, log_path.read_text()[-3000:]  # still there, waiting
+        _rename(f"{database}_away", database)
+        away = False
+        _wait(lambda: len(_queued(settings, redis_client)) == 2, "the alert written meanwhile", process, log_path)
+    finally:
+        process.stop()
+        if away:
+            _rename(f"{database}_away", database)
+    assert _queued(settings, redis_client) == [(sid, "firing", ("AAPL",), False), (sid, "firing", ("MSFT",), False)]
+    assert [k for k, *_ in _suppressions(redis_client, settings, sid)] == ["HELD"]
