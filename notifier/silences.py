@@ -91,6 +91,7 @@ class ActiveSilence:
     starts_at: float
     ends_at: float
     matchers: tuple[Matcher, ...]
+    rule: SilenceRule | None = None  # what it was compiled from
 
     @classmethod
     def of(cls, rule: SilenceRule) -> ActiveSilence:
@@ -98,7 +99,7 @@ class ActiveSilence:
         matchers = sorted((Matcher.of(*m) for m in rule.matchers), key=lambda m: m.pattern is not None)
         if all(matches_empty(m.op, m.value, m.pattern) for m in matchers):
             raise ValueError(EVERYTHING)
-        return cls(rule.id, rule.starts_at, rule.ends_at, tuple(matchers))  # comparisons before patterns: cheaper
+        return cls(rule.id, rule.starts_at, rule.ends_at, tuple(matchers), rule)  # comparisons before patterns
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
@@ -176,8 +177,10 @@ class SilenceCache:
             rules, known = tuple(loaded), self._owners.get(owner)
             if known is not None and known.rules == rules:
                 known.loaded_at = now  # unchanged: what was matched stays matched
-            else:
-                self._owners[owner] = _OwnerSilences(now, rules, tuple(s for r in rules if (s := _compiled(r))))
+            else:  # only new or changed silences are compiled: one silence saved does not recompile them all
+                ready = {s.rule: s for s in known.silences} if known is not None else {}
+                self._owners[owner] = _OwnerSilences(
+                    now, rules, tuple(s for r in rules if (s := ready.get(r) or _compiled(r))))
         for owner in [o for o, known in self._owners.items()
                       if o not in owner_ids and now - known.loaded_at >= KEEP_TTLS * self.ttl_s]:
             del self._owners[owner]  # owners not seen for a while: their copy would be reloaded anyway

@@ -181,3 +181,18 @@ def test_the_dispatcher_outlives_a_database_that_goes_away_and_dispatches_once_i
             _rename(f"{database}_away", database)
     assert _queued(settings, redis_client) == [(sid, "firing", ("AAPL",), False), (sid, "firing", ("MSFT",), False)]
     assert [k for k, *_ in _suppressions(redis_client, settings, sid)] == ["HELD"]
+
+
+def test_one_silence_saved_compiles_that_one_not_every_silence_of_its_owner() -> None:
+    """Compiling is the costly part (RE2 builds a program per pattern); an owner saving silences again and again
+    must not make the dispatcher recompile all of them each time."""
+    rules = {7: [SilenceRule(i, 7, 0.0, 1e12, (("key", "=~", f"K{i}.+"),)) for i in range(1, 4)]}
+    cache = SilenceCache(0.0, lambda _s, owners, _n: {o: list(rules[o]) for o in owners})
+    cache.refresh(None, {7})  # type: ignore[arg-type]
+    before = cache._owners[7].silences
+    rules[7] = [*rules[7][1:], SilenceRule(9, 7, 0.0, 1e12, (("key", "=", "NEW"),))]  # #1 expired, #9 saved
+    cache.refresh(None, {7})  # type: ignore[arg-type]
+    after = cache._owners[7].silences
+    assert [s.id for s in after] == [2, 3, 9]
+    assert after[0] is before[1] and after[1] is before[2]  # reused as compiled
+    assert cache.silencing(ROUTE, "NEW", time.time()) == 9 and cache.silencing(ROUTE, "K1x", time.time()) is None
