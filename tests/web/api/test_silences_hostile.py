@@ -4,6 +4,7 @@ what the page shows, a form posted from another site, times without a zone."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,7 +12,9 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from subscriptions.db import session_factory
-from subscriptions.models import Silence
+from subscriptions.errors import Forbidden
+from subscriptions.models import Silence, User
+from subscriptions.silences import SilenceIn, SilenceService
 from tests.users import api_client, new_user, sign_in
 
 
@@ -111,3 +114,22 @@ def test_a_short_pattern_that_would_take_long_to_compile_is_refused_at_once(api:
     assert response.status_code == 422 and "pattern too large" in response.text
     assert time.perf_counter() - started < 2.0
     assert _create(api, ("key", "=~", r"\pL{1,8}"), ("subscription_name", "=~", "[A-Za-z ]{1,200}")).status_code == 201
+
+
+def test_parallel_creates_cannot_overshoot_the_quota(settings: Settings) -> None:
+    limited = settings.model_copy(update={"user_max_silences": 3})
+    user, _ = new_user(limited)
+
+    def create(i: int) -> str:
+        with session_factory(limited.database_url)() as session:
+            owner = session.get(User, user.id)
+            data = SilenceIn(matchers=[{"name": "key", "value": f"K{i}"}], comment="c", duration_s=60)
+            try:
+                SilenceService(session, limited, owner).create(data)
+                return "created"
+            except Forbidden:
+                return "refused"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = sorted(pool.map(create, range(8)))
+    assert outcomes == ["created"] * 3 + ["refused"] * 5
