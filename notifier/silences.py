@@ -45,6 +45,7 @@ from subscriptions.silences import (
     MATCHER_NAMES,
     MATCHER_OPS,
     REGEX_OPS,
+    UNREADABLE,
     SilenceRule,
     compile_pattern,
     matches_empty,
@@ -73,7 +74,7 @@ class Matcher:
     def of(cls, name: str, op: str, value: str) -> Matcher:
         """ValueError for a label or operator this version does not know (never read as another one)."""
         if name not in MATCHER_NAMES or op not in MATCHER_OPS:
-            raise ValueError(f"unknown matcher {name!r} {op!r}")
+            raise ValueError(f"{name} {value}" if name == UNREADABLE else f"unknown matcher {name!r} {op!r}")
         return cls(name, op, value, compile_pattern(value) if op in REGEX_OPS else None)
 
     def matches(self, labels: Mapping[str, str]) -> bool:

@@ -28,7 +28,6 @@ from functools import lru_cache
 from typing import Annotated, Literal, get_args
 
 import re2
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
@@ -38,8 +37,6 @@ from subscriptions.accounts import lock_owner
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.models import Silence, Subscription, User
 from subscriptions.schemas import MAX_ID, Printable
-
-log = structlog.get_logger("silences")
 
 MatcherName = Literal["key", "subscription", "subscription_name"]
 MatcherOp = Literal["=", "!=", "=~", "!~"]
@@ -297,14 +294,14 @@ def silence_rules(session: Session, owner_ids: set[int], now: datetime) -> dict[
     query = (select(Silence).where(Silence.owner_id.in_(owner_ids), ~_in_state("expired", now))
              .order_by(Silence.id))
     for s in session.scalars(query):
-        matchers = _stored_matchers(s.matchers)
-        if matchers is None:
-            log.error("silence_skipped", silence_id=s.id, owner_id=s.owner_id,
-                      reason=f"matchers this version cannot read: {json.dumps(s.matchers, default=str)[:300]}")
-            continue
+        # One the dispatcher cannot read is passed on as such: it skips it, logged once, not at every reload.
+        matchers = _stored_matchers(s.matchers) or ((UNREADABLE, "", json.dumps(s.matchers, default=str)[:300]),)
         found[s.owner_id].append(SilenceRule(s.id, s.owner_id, _aware(s.starts_at).timestamp(),
                                              _aware(s.ends_at).timestamp(), matchers))
     return found
+
+
+UNREADABLE = "matchers this version cannot read:"  # the name of the one matcher of a row not read
 
 
 def _stored_matchers(stored: object) -> tuple[tuple[str, str, str], ...] | None:

@@ -77,10 +77,16 @@ def test_silences_the_dispatcher_cannot_read_are_skipped_with_a_log_line_and_nev
     sid = _subscription(settings, redis_client, owner)
     unreadable = [_stored(settings, owner, m) for m in UNREADABLE]
     good = _silence(settings, owner, ("key", "=", "GOOD"))
+    settings = settings.model_copy(update={"silence_cache_s": 0.05})
+    dispatcher = Dispatcher(settings, make_celery(settings))
     with capture_logs() as logs:
-        _dispatch(settings, Dispatcher(settings, make_celery(settings)),
-                  *[_transition(sid, k, "firing", T) for k in ("AAPL", "MSFT", "OTHER", "GOOD")])
-    assert _suppressions(redis_client, settings, sid) == [("GOOD", "firing", f"silenced by #{good}", good)]
+        _dispatch(settings, dispatcher, *[_transition(sid, k, "firing", T) for k in ("AAPL", "MSFT", "OTHER", "GOOD")])
+    time.sleep(0.1)
+    with capture_logs() as again:  # reloaded, unchanged: not logged at every reload
+        _dispatch(settings, dispatcher, _transition(sid, "GOOD", "resolved", T + 60_000))
+    assert not [e for e in again if e["event"] == "silence_skipped"]
+    assert _suppressions(redis_client, settings, sid) == [("GOOD", "firing", f"silenced by #{good}", good),
+                                                          ("GOOD", "resolved", f"silenced by #{good}", good)]
     assert _queued(settings, redis_client) == [(sid, "firing", ("AAPL", "MSFT", "OTHER"), False)]
     skipped = sorted(e["silence_id"] for e in logs if e["event"] == "silence_skipped")
     assert skipped == unreadable
