@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from core.redis_schema import RedisKeys
@@ -19,6 +20,7 @@ from tests.notifier.test_delivery import _eventually, _notification, _outcomes, 
 __all__ = ["service"]  # the fixture
 
 
+@pytest.mark.slow  # a real worker through its retries (~25 s): run in CI
 def test_a_redis_error_no_wait_cures_is_retried_then_dead_lettered_not_requeued_for_ever(
         settings: Settings, service: SubscriptionService, redis_client: redis.Redis, tmp_path) -> None:
     settings = settings.model_copy(update={"delivery_max_retries": 2, "delivery_store_wait_s": 0.2})
