@@ -28,6 +28,7 @@ import redis
 import structlog
 from celery import Celery
 from prometheus_client import Counter, Gauge
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.logs import configure_logging
@@ -299,6 +300,9 @@ class Dispatcher:
                 self.run_once()
             except redis.ConnectionError as exc:
                 log.warning("redis_unavailable", error=str(exc))
+                time.sleep(1)
+            except (OperationalError, InterfaceError) as exc:  # routes and silences are read at each decision
+                log.warning("database_unavailable", error=str(exc)[:500])  # buffered and pending entries wait
                 time.sleep(1)
         self.flush(force=True)
 

@@ -11,7 +11,9 @@ The dispatcher must not ask the database per alert: :class:`SilenceCache` keeps 
 owner's pending and active silences and reloads an owner's at most every
 ``silence_cache_s``, in one query for every owner due. A silence saved or expired
 therefore applies to alerts decided at most ``silence_cache_s`` later; a pending one
-starts on time without a reload, as the start is checked per alert. Which silences match
+starts on time without a reload, as the start is checked per alert. Silences that cannot be
+read or loaded fail open (``SilenceCache.refresh``): alerts are delivered, never held back or
+stuck. Which silences match
 a subscription's key is remembered while the owner's silences stay the same: a call into
 RE2 costs ~4 µs through its binding, and the same keys fire again and again.
 
@@ -33,13 +35,27 @@ from datetime import UTC, datetime
 
 import re2
 import structlog
+from prometheus_client import Counter
 from sqlalchemy.orm import Session
 
 from notifier.policy import KeyState
 from subscriptions.routing import Route
-from subscriptions.silences import REGEX_OPS, SilenceRule, compile_pattern, silence_rules
+from subscriptions.silences import (
+    EVERYTHING,
+    MATCHER_NAMES,
+    MATCHER_OPS,
+    REGEX_OPS,
+    UNREADABLE,
+    SilenceRule,
+    compile_pattern,
+    matches_empty,
+    silence_rules,
+)
 
 log = structlog.get_logger("dispatcher")
+
+LOAD_FAILURES = Counter("tocsin_dispatcher_silence_load_failures_total",
+                        "Reloads of owners' silences that failed (their alerts were decided without them)")
 
 
 def silence_reason(silence_id: int) -> str:
@@ -56,6 +72,9 @@ class Matcher:
 
     @classmethod
     def of(cls, name: str, op: str, value: str) -> Matcher:
+        """ValueError for a label or operator this version does not know (never read as another one)."""
+        if name not in MATCHER_NAMES or op not in MATCHER_OPS:
+            raise ValueError(f"{name} {value}" if name == UNREADABLE else f"unknown matcher {name!r} {op!r}")
         return cls(name, op, value, compile_pattern(value) if op in REGEX_OPS else None)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -73,11 +92,15 @@ class ActiveSilence:
     starts_at: float
     ends_at: float
     matchers: tuple[Matcher, ...]
+    rule: SilenceRule | None = None  # what it was compiled from
 
     @classmethod
     def of(cls, rule: SilenceRule) -> ActiveSilence:
+        """ValueError for a silence the API would refuse: one that cannot be read, or that matches everything."""
         matchers = sorted((Matcher.of(*m) for m in rule.matchers), key=lambda m: m.pattern is not None)
-        return cls(rule.id, rule.starts_at, rule.ends_at, tuple(matchers))  # comparisons before patterns: cheaper
+        if all(matches_empty(m.op, m.value, m.pattern) for m in matchers):
+            raise ValueError(EVERYTHING)
+        return cls(rule.id, rule.starts_at, rule.ends_at, tuple(matchers), rule)  # comparisons before patterns
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
@@ -115,6 +138,7 @@ class _OwnerSilences:
 
 
 MATCHING_MEMO = 100_000  # remembered label sets per owner; beyond, the memo starts over
+KEEP_TTLS = 10  # an owner's copy outlives its period this many times: unseen owners, silences that cannot be read
 
 
 class SilenceCache:
@@ -128,19 +152,38 @@ class SilenceCache:
         self._owners: dict[int, _OwnerSilences] = {}
 
     def refresh(self, session: Session, owner_ids: set[int]) -> None:
-        """Reload the silences of the owners whose copy is older than ``ttl_s`` (one query for all of them)."""
+        """Reload the silences of the owners whose copy is older than ``ttl_s`` (one query for all of them).
+
+        Fails open: when they cannot be read (the database away, a row it cannot parse, a schema behind), this
+        is logged and counted, and each owner keeps its last copy for up to ``KEEP_TTLS`` periods (a blip does
+        not end a maintenance window), then has none - silences nobody can read never hold an alert back, and
+        never stop the dispatcher. The next refresh tries again.
+        """
         now = self.clock()
         stale = {o for o in owner_ids if o not in self._owners or now - self._owners[o].loaded_at >= self.ttl_s}
         if not stale:
             return
-        for owner, loaded in self.load(session, stale, datetime.now(UTC)).items():
+        try:
+            reloaded = self.load(session, stale, datetime.now(UTC))
+        except Exception as exc:  # noqa: BLE001 - whatever it is, alerts go on: delivered, not held back or stuck
+            session.rollback()
+            LOAD_FAILURES.inc()
+            log.error("silences_unavailable_delivering", owners=len(stale), reason=f"{type(exc).__name__}: {exc}")
+            reloaded = {}
+            for owner in stale:
+                known = self._owners.get(owner)
+                if known is not None and now - known.loaded_at >= KEEP_TTLS * self.ttl_s:
+                    del self._owners[owner]
+        for owner, loaded in reloaded.items():
             rules, known = tuple(loaded), self._owners.get(owner)
             if known is not None and known.rules == rules:
                 known.loaded_at = now  # unchanged: what was matched stays matched
-            else:
-                self._owners[owner] = _OwnerSilences(now, rules, tuple(s for r in rules if (s := _compiled(r))))
+            else:  # only new or changed silences are compiled: one silence saved does not recompile them all
+                ready = {s.rule: s for s in known.silences} if known is not None else {}
+                self._owners[owner] = _OwnerSilences(
+                    now, rules, tuple(s for r in rules if (s := ready.get(r) or _compiled(r))))
         for owner in [o for o, known in self._owners.items()
-                      if o not in owner_ids and now - known.loaded_at >= 10 * self.ttl_s]:
+                      if o not in owner_ids and now - known.loaded_at >= KEEP_TTLS * self.ttl_s]:
             del self._owners[owner]  # owners not seen for a while: their copy would be reloaded anyway
 
     def silencing(self, route: Route, key: str, now: float) -> int | None:

@@ -13,12 +13,16 @@ which gets the typed notification and a read-only view of the endpoint.
 
 Never silence: whatever goes wrong in a task - a receiver's odd reply, a
 template or header error, a bug - ends as a recorded retry or a dead letter with
-its reason. When the records themselves cannot be written (Redis unreachable,
-out of memory, failing over), the task cannot record anything: it waits a moment
+its reason (a Redis error no wait changes, such as WRONGTYPE, included). When the
+records themselves cannot be written (Redis unreachable, out of memory, failing over),
+the task cannot record anything: it waits a moment
 and puts its message back on its queue (or, if even that fails, leaves it
 unacknowledged for the visibility timeout to restore), so the delivery runs again
-once Redis answers - at least once, never lost. A delivery whose endpoint was deleted, changed hands or changed
-(a rotated secret) since it was queued is dropped, and the drop is recorded.
+once Redis answers - at least once, never lost. Only if Redis refuses even the
+records of a failure for good is the task failed, logged with its whole notification
+(``delivery_store_error``, ``tocsin_delivery_store_errors_total``) for replay.
+A delivery whose endpoint was deleted, changed hands or changed (a rotated secret)
+since it was queued is dropped, and the drop is recorded.
 
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
@@ -36,6 +40,7 @@ import uuid
 from functools import lru_cache
 
 import redis
+import redis.exceptions as redis_errors
 import structlog
 from celery import Task
 from celery.exceptions import Reject, Retry
@@ -130,9 +135,15 @@ def read_delivery(notification: object, endpoint_id: object, attempt: object, de
     return typed
 
 
-#: Redis unreachable, as the delivery records (redis-py) or the broker (kombu) report it: nothing can be recorded
-#: or re-queued with a countdown, so the task is put back, not failed (a failed task is acknowledged: lost).
-STORE_ERRORS = (redis.RedisError, OperationalError)
+#: Redis unreachable or not answering for now, as the delivery records (redis-py) or the broker (kombu) report it
+#: (down, timing out, loading, a read-only replica or a master down while failing over, out of memory): nothing
+#: can be recorded or re-queued with a countdown, so the task is put back, not failed (a failed task is
+#: acknowledged: lost). Any other Redis error is a reply no wait changes (WRONGTYPE, a script's bug): put back, the
+#: task would come round for ever holding a worker thread each time, so it ends as any other failure (below).
+STORE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, redis.OutOfMemoryError,
+                redis_errors.TryAgainError, redis_errors.ClusterDownError, OperationalError)
+STORE_BROKEN = Counter("tocsin_delivery_store_errors_total",
+                       "Deliveries whose records Redis refused for a reason no wait changes (WRONGTYPE, a script)")
 
 
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
@@ -149,6 +160,10 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
                     reason=f"{type(exc).__name__}: {exc}")
         time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
         raise Reject(exc, requeue=True) from exc
+    except redis.RedisError:  # during an attempt it is a recorded retry; here not even that could be written
+        STORE_BROKEN.inc()
+        log.exception("delivery_store_error", endpoint_id=endpoint_id, notification=notification)
+        raise
 
 
 def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint_id: int | None, extra: tuple,

@@ -18,7 +18,8 @@ against five rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 - ``catalog``: for ``watchdog_catalog_s`` the shards have evaluated with a catalog
   older than the one published, because a change or snapshot no reader can decode
   (or a lost one) stops them from reaching it: subscription edits, new
-  subscriptions and deletions silently do not take effect, so an operator must know.
+  subscriptions and deletions silently do not take effect, so an operator must know
+  (stuck readers keep their mark fresh; a stale one, left by readers that are gone, does not fire).
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
@@ -130,12 +131,20 @@ def down(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
 
 
 def catalog(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
-    """The shards' catalog behind a published version they cannot reach, for ``watchdog_catalog_s``."""
+    """The shards' catalog behind a published version they cannot reach, for ``watchdog_catalog_s``.
+
+    Stuck workers rewrite their mark every few seconds (``seen_at``); one nobody rewrote for twice the rule's
+    period (or three of their periods, if longer) was left by workers that are gone, and does not fire.
+    """
     latest = samples[-1] if samples else {}
     since = latest.get("catalog_stuck_since")
     if since is None or now - since < settings.watchdog_catalog_s:
         return RuleStatus(False)
     stuck = latest.get("catalog_stuck") or {}
+    seen_at, every_s = stuck.get("seen_at"), stuck.get("every_s")
+    if (isinstance(seen_at, int | float) and isinstance(every_s, int | float)
+            and now - seen_at > max(2 * settings.watchdog_catalog_s, 3 * every_s)):
+        return RuleStatus(False)
     detail = (f"the evaluator holds subscription catalog version {stuck.get('held', '?')} of "
               f"{stuck.get('published', '?')} published, so later edits do not take effect: "
               f"{stuck.get('problem', 'reason unknown')}")

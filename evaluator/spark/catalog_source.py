@@ -26,7 +26,10 @@ from evaluator.catalog import UNREADABLE, Catalog
 from evaluator.preview import PreviewRequest
 
 log = structlog.get_logger("evaluator")
-_UNREPORTED = object()  # a new worker writes its first view whatever it is (a restarted job may have left one)
+_UNREPORTED = object()  # a new worker writes its first view (a restarted job may have left a mark)
+#: How often a stuck worker rewrites its mark (with ``seen_at``): another worker's clearing, or a restart, cannot
+#: hide that this one is still stuck for longer than that, and a mark nobody rewrites is known to be left over.
+REASSERT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ def caught_up(source: CatalogLog, catalog: Catalog, keep: int) -> Catalog:
 
 
 class CatalogSource:
-    def __init__(self, settings: Settings, refresh_s: float = 0.2) -> None:
+    def __init__(self, settings: Settings, refresh_s: float = 0.2, reassert_s: float = REASSERT_S) -> None:
         self.keys = RedisKeys(settings)
         self.refresh_s = refresh_s
+        self.reassert_s = reassert_s
         self.preview_max_age_s = settings.preview_timeout_s
         self.redis = redis.Redis.from_url(settings.redis_url)
         self.catalog_log = CatalogLog(self.redis, self.keys)
@@ -84,6 +88,8 @@ class CatalogSource:
         self._catalog = Catalog.empty()
         self._checked = 0.0
         self._reported: object = _UNREPORTED  # the problem last written to the stats, by this worker
+        self._stuck_since: float | None = None  # when this worker found itself stuck (unix seconds)
+        self._asserted = 0.0  # when it last wrote its mark
         self._answered: dict[tuple[int, str], float] = {}  # (shard, request) -> when, in this worker
 
     def previews(self, shard: int) -> list[tuple[str, PreviewRequest]]:
@@ -118,20 +124,43 @@ class CatalogSource:
 
     def _report(self, reached: Reach) -> None:
         """Tell the dead man's switch (``web.watchdog``, rule ``catalog``) that edits no longer reach evaluation,
-        or that they do again. Written only when this worker's view changes: one round trip per change."""
-        if reached.problem == self._reported:
-            return
+        or that they do again.
+
+        The mark is shared by every worker, and workers may disagree (a rolling deploy: one decodes what another
+        cannot). So a stuck worker rewrites it every ``reassert_s`` (``seen_at``), with the start it saw itself:
+        a worker that is past clears it, but cannot hide for longer than that that another one is still stuck.
+        A new worker that is past clears only a mark nobody keeps fresh (one left by workers that are gone).
+        """
+        now = time.time()
         stats = self.keys.evaluator_stats
         if reached.problem is None:
+            if self._reported is None:
+                return
+            first, self._reported, self._stuck_since = self._reported is _UNREPORTED, None, None
+            if first and self._kept_fresh(now):
+                return
             self.redis.hdel(stats, CATALOG_STUCK_SINCE, CATALOG_STUCK)
-        else:
-            pipe = self.redis.pipeline()
-            pipe.hsetnx(stats, CATALOG_STUCK_SINCE, time.time())  # the first worker to see it sets the start
-            pipe.hset(stats, CATALOG_STUCK, json.dumps({"held": reached.catalog.version,
-                                                        "published": reached.published,
-                                                        "problem": reached.problem}))
-            pipe.execute()
-        self._reported = reached.problem
+            return
+        if reached.problem == self._reported and now - self._asserted < self.reassert_s:
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        pipe = self.redis.pipeline()
+        pipe.hsetnx(stats, CATALOG_STUCK_SINCE, self._stuck_since)  # the first stuck worker's start stays
+        pipe.hset(stats, CATALOG_STUCK, json.dumps({"held": reached.catalog.version, "published": reached.published,
+                                                    "problem": reached.problem, "seen_at": now,
+                                                    "every_s": self.reassert_s}))
+        pipe.execute()
+        self._reported, self._asserted = reached.problem, now
+
+    def _kept_fresh(self, now: float) -> bool:
+        """Whether a stuck worker rewrote the mark lately."""
+        raw = self.redis.hget(self.keys.evaluator_stats, CATALOG_STUCK)
+        try:
+            mark = json.loads(raw) if raw else {}
+            return now - float(mark["seen_at"]) < 2 * float(mark["every_s"])
+        except (ValueError, TypeError, KeyError):
+            return False  # none, or written before marks were rewritten: nobody keeps it
 
 
 _SHARED: dict[tuple[str, str], CatalogSource] = {}
