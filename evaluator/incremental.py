@@ -51,6 +51,8 @@ def _column(columns: Columns, expr: Expr, window_ms: int, ids: np.ndarray) -> np
 
 def values_of(columns: Columns, condition: Condition, ids: np.ndarray) -> np.ndarray:
     """What ``condition`` compares for the keys ``ids`` (NaN: no value), as :meth:`ShardEvaluator.value` does."""
+    if condition.events is not None:  # a tuple window: per changed key, from its newest events
+        return columns.tuples(condition, ids)
     expr = condition.computes
     if isinstance(expr, Term):
         return AGGREGATES[expr.aggregate].column(columns, expr, condition.window_ms, ids)
@@ -301,7 +303,7 @@ class GroupState:
                 name = ctx.names[k] or ""
                 was = np.zeros(len(members), dtype=bool)
                 was[[members.row[s] for s in ctx.firing_by_key.get(name, ()) if s in members.row]] = True
-                now_mask = members.holding(self.values[k]) & (bool(ctx.known[k]) | was) & ~fresh
+                now_mask = members.holding(self.values[k]) & bool(ctx.known[k]) & ~fresh  # watched: has data
                 for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
                     flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
                                   _value(self.values[k]), self.window_ms))
@@ -318,10 +320,9 @@ class GroupState:
         """One (member, key), decided explicitly."""
         assert self.values is not None
         value = self.empty if k is None else float(self.values[k])
-        known = k is not None and bool(ctx.known[k])
         was = name in ctx.firing.get(sid, ())
         spec = self.restricted[sid]
-        now = (known or was) and name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # restricted
+        now = name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # a listed key: watched
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
     def _full(self, ctx: Context, sid: int) -> list[Flip]:
@@ -338,6 +339,6 @@ class GroupState:
         holds = members.holds(np.full(capacity, m), self.values)
         was = np.zeros(capacity, dtype=bool)
         was[[ctx.ids[name] for name in ctx.firing.get(sid, ())]] = True
-        now = holds & (ctx.known | was)
+        now = holds & ctx.known  # a key every key's member watches while it has data in the horizon
         return [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
                 for k in np.flatnonzero(now != was).tolist()]

@@ -59,6 +59,7 @@ class ShardProcessor(StatefulProcessor):
             p=settings.evaluator_p,
             collective=settings.evaluator_mode == "collective",
             value_retention_ms=settings.quantile_max_window_ms,
+            tuple_max_events=settings.tuple_max_events,
         )
 
     def init(self, handle: StatefulProcessorHandle) -> None:

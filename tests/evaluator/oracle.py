@@ -27,6 +27,31 @@ def _last(window: list[Event], series: list[float], q: float | None) -> float | 
     return series[newest]
 
 
+def _ordered(window: list[Event]) -> list[int]:
+    """Indexes of the window's events by time, among equal times in arrival order."""
+    return sorted(range(len(window)), key=lambda i: (window[i][1], i))
+
+
+def _change(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """Newest value minus oldest."""
+    if not window:
+        return None
+    order = _ordered(window)
+    return series[order[-1]] - series[order[0]]
+
+
+def _pct_change(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """Newest minus oldest, in percent of the oldest's magnitude; none when the oldest is 0."""
+    if not window:
+        return None
+    order = _ordered(window)
+    first, last = series[order[0]], series[order[-1]]
+    if first == 0:
+        return None
+    value = 100.0 * (last - first) / abs(first)
+    return value if math.isfinite(value) else None
+
+
 #: Each aggregate by its definition, independently of evaluator/aggregates.py (a test checks both name the same
 #: aggregates): ``(window events in arrival order, the attribute's values, param) -> value``; None: no value.
 DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float | None]] = {
@@ -37,6 +62,8 @@ DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float 
     "MAX": lambda window, series, q: max(series) if series else None,
     "QUANTILE": _quantile,
     "LAST": _last,
+    "CHANGE": _change,
+    "PCT_CHANGE": _pct_change,
 }
 
 
@@ -75,10 +102,20 @@ def value_of(c: Condition, window: list[Event]) -> float | None:
     return 100.0 * value / last if last else None
 
 
+def window_of(c: Condition, key_events: list[Event], b: int, pane_ms: int, horizon_ms: int) -> list[Event]:
+    """A key's window at boundary ``b``, from its events in arrival order: those whose pane lies in
+    ``[b - T, b)``; for a tuple window, the ``n`` newest (by time, then arrival) of those in ``[b - horizon, b)``."""
+    if c.events is None:
+        return [e for e in key_events if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]
+    recent = [e for e in key_events if b - horizon_ms <= e[1] // pane_ms * pane_ms < b]
+    return [recent[i] for i in _ordered(recent)][-c.events:]
+
+
 def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
            horizon_ms: int) -> set[tuple[int, str, str, int]]:
     """(subscription, key, state, boundary) of every transition, evaluating every pane boundary from the
-    first pane with data: a key is watched while it has an event in the horizon or is firing."""
+    first pane with data: a key is watched while it has an event in the horizon; a key the subscription
+    lists, always."""
     first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
     all_keys = {e[0] for e in events}
     by_key: dict[str, list[Event]] = defaultdict(list)
@@ -91,8 +128,8 @@ def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: in
         for spec in specs:
             c = spec.condition
             matched = set()
-            for key in (known | firing[spec.id]) & (spec.keys or all_keys):
-                window = [e for e in by_key[key] if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]
+            for key in known & all_keys if spec.keys is None else spec.keys:
+                window = window_of(c, by_key[key], b, pane_ms, horizon_ms)
                 if c.holds(value_of(c, window)):
                     matched.add(key)
             out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
