@@ -336,8 +336,31 @@ class PctChange(EventAggregate):
         return value if math.isfinite(value) else math.nan
 
 
+class Rate(EventAggregate):
+    """CHANGE per second of the window's length (PromQL ``delta`` / range): over a time window only, as a tuple
+    window has no length."""
+
+    name = "RATE"
+    summary = "the newest value minus the oldest, per second of the window (time windows only)"
+    words = "change of {attribute} per second"
+    tuple_windows = False
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values[-1] - values[0])  # per window: value_of and column divide by its length
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        change = super().value_of(sources, term, window_ms, key, now)
+        return None if change is None else change / (window_ms / 1000)
+
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return super().column(columns, term, window_ms, ids) / (window_ms / 1000)
+
+
 AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last(),
-                                                          Change(), PctChange())}
+                                                          Change(), PctChange(), Rate())}
 
 #: Every name the parser accepts, with the aggregate it means and the param an alias fixes.
 SPELLINGS: dict[str, tuple[Aggregation, float | None]] = {

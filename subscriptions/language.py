@@ -5,10 +5,14 @@
     AVG(price) OVER 1h BETWEEN 10 AND 20
     QUANTILE(volume, 0.95) OVER 15m > 5000
     MAX(price) - MIN(price) OVER 30m > 3%
+    CHANGE(price) OVER 5m < -3%
+    AVG(price) OVER LAST 100 EVENTS > 10
+    NO DATA FOR 5m
 
 Grammar (case-insensitive words)::
 
-    condition  := expr OVER duration comparison
+    condition  := expr OVER window comparison | NO DATA FOR duration
+    window     := duration | LAST integer EVENTS
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
     factor     := number | '-' factor | aggregate | '(' expr ')'
@@ -20,7 +24,10 @@ The aggregates (their names, arguments and aliases) are those declared in
 evaluator/aggregates.py, the comparisons those in evaluator/comparators.py.
 
 A percentage compares the expression with that share of the last value of the
-one attribute it uses ("high minus low above 3% of the last price").
+one attribute it uses ("high minus low above 3% of the last price"), except for
+``CHANGE(x)`` alone, where it is the change relative to the window's first value
+(``PCT_CHANGE(x)``, TradingView's "moving up %"); CHANGE inside a larger expression
+with a percentage is refused, so neither reading is ever guessed.
 
 Parsing is a small hand-written tokenizer + recursive descent so every error can
 say what was expected and where (column numbers start at 1).
@@ -37,6 +44,7 @@ from evaluator.comparators import COMPARATORS, Comparator, comparator_of
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
 
+_CHANGES = ("CHANGE", "PCT_CHANGE")  # with a %, CHANGE(x) alone means PCT_CHANGE(x); never inside an expression
 UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 # Symbols: the comparators' (longest first, so ">=" is one token) and the expressions'.
@@ -95,6 +103,7 @@ class _Parser:
         self.tokens = _tokenize(text)
         self.i = 0
         self.depth = 0
+        self.term_columns: list[tuple[Term, int]] = []  # each aggregate parsed, with its column
 
     def peek(self) -> _Token | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -161,6 +170,12 @@ class _Parser:
         return self.aggregate()
 
     def aggregate(self) -> Term:
+        column = self.column()
+        term = self._aggregate()
+        self.term_columns.append((term, column))
+        return term
+
+    def _aggregate(self) -> Term:
         names = ", ".join(SPELLINGS)
         token = self.take("word", expected=f"an aggregate ({names})")
         spelling = SPELLINGS.get(token.text.upper())
@@ -205,12 +220,13 @@ class _Parser:
 
     def parse(self) -> Condition:
         start = self.column()
+        if self.at("NO"):
+            return self.no_data()
         expression = self.expr()
         if not expr_terms(expression):
             raise ConditionError("the condition needs an aggregate such as SUM(volume)", start)
-        self.take("word", "OVER", expected="OVER and a window, as in OVER 5m")
-        window_token = self.take("duration", expected="a window such as 30s, 5m or 1h")
-        window_ms = _duration_ms(window_token)
+        self.take("word", "OVER", expected="OVER and a window, as in OVER 5m or OVER LAST 100 EVENTS")
+        window_ms, events = self.window()
         column = self.column()
         comparator, thresholds, percents = self.comparison()
         if self.peek() is not None:
@@ -220,17 +236,52 @@ class _Parser:
         if any(a > b for a, b in itertools.pairwise(thresholds)):
             raise ConditionError(f"empty range: {thresholds[0]:g} is above {thresholds[-1]:g}", column)
         ranges = comparator.ranges(*thresholds)
+        if percents and percents[0] and any(t.aggregate in _CHANGES for t in expr_terms(expression)):
+            if not (isinstance(expression, Term) and expression.aggregate == "CHANGE"):
+                raise ConditionError("a percentage of CHANGE is relative to the window's first value: write "
+                                     "CHANGE(x) alone before the comparison, or use PCT_CHANGE(x) without %", start)
+            return Condition(Aggregate.PCT_CHANGE, expression.attribute, window_ms, ranges=ranges, events=events)
         if percents and percents[0]:
             attributes = {term.attribute for term in expr_terms(expression) if term.attribute}
             if len(attributes) != 1:
                 raise ConditionError("a percentage compares with the last value of one attribute: use it with an "
                                      "expression over exactly one attribute, like MAX(price) - MIN(price)", start)
             return Condition(Aggregate.EXPR, None, window_ms, expression=expression,
-                             percent_of=attributes.pop(), ranges=ranges)
+                             percent_of=attributes.pop(), ranges=ranges, events=events)
         if isinstance(expression, Term):
             return Condition(Aggregate(expression.aggregate), expression.attribute, window_ms, q=expression.param,
-                             ranges=ranges)
-        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges)
+                             ranges=ranges, events=events)
+        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges, events=events)
+
+    def window(self) -> tuple[int, int | None]:
+        """After OVER: a duration (``window_ms``, None), or ``LAST n EVENTS`` (0, n) with aggregates that allow it."""
+        if not self.at("LAST"):
+            token = self.take("duration", expected="a window such as 30s, 5m or 1h, or LAST 100 EVENTS")
+            return _duration_ms(token), None
+        self.i += 1
+        token = self.take("number", expected="a number of events, as in LAST 100 EVENTS")
+        digits = token.text.replace("_", "")
+        if not digits.isdigit() or int(digits) < 1:
+            raise ConditionError(f"a tuple window holds a whole number of events, at least 1, not {token.text}",
+                                 token.column)
+        events = int(digits)
+        self.take("word", "EVENTS", expected="EVENTS, as in LAST 100 EVENTS")
+        for term, column in self.term_columns:
+            if not AGGREGATES[term.aggregate].tuple_windows:
+                raise ConditionError(f"{term.aggregate} is over a time window only (OVER 5m), not over LAST n "
+                                     "EVENTS", column)
+        return 0, events
+
+    def no_data(self) -> Condition:
+        """``NO DATA FOR duration``: COUNT(*) OVER duration <= 0, for every key watched (listed, or seen)."""
+        self.i += 1
+        self.take("word", "DATA", expected="DATA, as in NO DATA FOR 5m")
+        self.take("word", "FOR", expected="FOR and a duration, as in NO DATA FOR 5m")
+        token = self.take("duration", expected="a duration such as 30s, 5m or 1h, as in NO DATA FOR 5m")
+        window_ms = _duration_ms(token)
+        if self.peek() is not None:
+            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
+        return Condition(Aggregate.COUNT, None, window_ms, high=0.0, high_inclusive=True, no_data=True)
 
     def comparison(self) -> tuple[Comparator, list[float], list[bool]]:
         """One of the comparators' syntaxes: which, its thresholds, and which of them are percentages."""
@@ -278,8 +329,20 @@ def parse_condition(text: str) -> Condition:
     return _Parser(text).parse()
 
 
-def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int) -> None:
-    """Windows are whole numbers of panes and no longer than the evaluator keeps history (raw values for quantiles)."""
+def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int,
+                 max_events: int | None = None) -> None:
+    """Windows are whole numbers of panes and no longer than the evaluator keeps history (raw values for quantiles);
+    a tuple window holds at most ``max_events`` (TOCSIN_TUPLE_MAX_EVENTS; None: unchecked); NO DATA is shorter
+    than the horizon, after which a silent key is forgotten."""
+    if condition.events is not None:
+        if max_events is not None and condition.events > max_events:
+            if not max_events:
+                raise ConditionError("tuple windows (OVER LAST n EVENTS) are switched off on this deployment")
+            raise ConditionError(f"a tuple window may hold at most {max_events} events")
+        return
+    if condition.no_data and condition.window_ms >= max_window_ms:
+        raise ConditionError(f"NO DATA FOR must be shorter than {format_duration(max_window_ms)}: a key silent "
+                             "that long is forgotten")
     if condition.window_ms % pane_ms:
         raise ConditionError(f"the window must be a multiple of {format_duration(pane_ms)}")
     if condition.window_ms > max_window_ms:
@@ -315,10 +378,19 @@ def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
     return f"({text})" if level < context or (right and level == context) else text
 
 
+def _window_text(condition: Condition) -> str:
+    return f"LAST {condition.events} EVENTS" if condition.events is not None else format_duration(condition.window_ms)
+
+
 def format_condition(condition: Condition) -> str:
     """Canonical text of a condition (parses back to an equal condition)."""
-    head = f"{format_expr(condition.computes)} OVER {format_duration(condition.window_ms)}"
+    if condition.no_data:
+        return f"NO DATA FOR {format_duration(condition.window_ms)}"
+    computes = condition.computes
     pct = "%" if condition.percent_of else ""
+    if isinstance(computes, Term) and computes.aggregate == "PCT_CHANGE":  # written CHANGE(x) ... x%
+        computes, pct = Term("CHANGE", computes.attribute), "%"
+    head = f"{format_expr(computes)} OVER {_window_text(condition)}"
     comparator, thresholds = comparator_of(condition.accepted)
     return f"{head} {comparator.syntax.format(*(f'{number_text(t)}{pct}' for t in thresholds))}"
 
@@ -335,7 +407,12 @@ def explain(condition: Condition) -> str:
     test = comparator.words.format(*(f"{number_text(t)}{pct}" for t in thresholds))
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
-    return f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+    if condition.no_data:
+        return (f"fires for each key that has sent no event for {format_duration(condition.window_ms)} (a listed "
+                "key always; any other until it has been silent for the evaluator's horizon, then it is forgotten)")
+    window = (f"last {condition.events} events" if condition.events is not None
+              else f"last {format_duration(condition.window_ms)}")
+    return f"fires for each key whose {what} over the {window} {test}"
 
 
 @dataclass(frozen=True)
@@ -346,6 +423,7 @@ class LanguageHelp:
     aliases: tuple[tuple[str, str], ...]  # (alias, what it stands for)
     comparisons: tuple[str, ...]
     attributes: tuple[str, ...]
+    windows: tuple[tuple[str, str], ...] = ()  # (syntax, plain words): time and tuple windows, NO DATA
 
 
 def language_help() -> LanguageHelp:
@@ -355,4 +433,17 @@ def language_help() -> LanguageHelp:
                       for alias, (a, param) in SPELLINGS.items() if alias != a.name),
         comparisons=tuple(c.syntax.replace("{}", "x", 1).replace("{}", "y") for c in COMPARATORS),
         attributes=ATTRIBUTES,
+        windows=WINDOWS,
     )
+
+
+#: The windows and constructs besides aggregates, for the form's help (and docs/conditions.md).
+WINDOWS: tuple[tuple[str, str], ...] = (
+    ("OVER 5m", "a time window: each key's events of the last 5 minutes (ms, s, m, h, d)"),
+    ("OVER LAST 100 EVENTS", "a tuple window: each key's 100 newest events by event time, within the horizon "
+                             "(every aggregate but those over time only)"),
+    ("CHANGE(price) OVER 5m > 3%", "a percentage of CHANGE alone is relative to the window's first value "
+                                   "(PCT_CHANGE); elsewhere a percentage is a share of the last value"),
+    ("NO DATA FOR 5m", "fires for a key that sent nothing for 5 minutes: a listed key always, any other until "
+                       "silent for the horizon"),
+)

@@ -64,10 +64,17 @@ DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float 
     "LAST": _last,
     "CHANGE": _change,
     "PCT_CHANGE": _pct_change,
+    "RATE": lambda window, series, q: None,  # per second of the window's length: see WINDOWED
+}
+
+#: Aggregates whose value also depends on the window's length (ms): ``(window, series, param, window_ms)``.
+WINDOWED: dict[str, Callable[[list[Event], list[float], float | None, int], float | None]] = {
+    "RATE": lambda window, series, q, window_ms: (None if (change := _change(window, series, q)) is None
+                                                  else change / (window_ms / 1000)),
 }
 
 
-def term_of(term: Term | Any, window: list[Event]) -> float | None:
+def term_of(term: Term | Any, window: list[Event], window_ms: int = 0) -> float | None:
     """One aggregate of a window of events, given in arrival order, by its definition.
 
     SUM and AVG are ``math.fsum`` of the raw values (correctly rounded), never a difference of
@@ -76,16 +83,18 @@ def term_of(term: Term | Any, window: list[Event]) -> float | None:
     term = expr_from_json(term)
     assert isinstance(term, Term)
     series = [e[2] if term.attribute == "price" else e[3] for e in window]
+    if term.aggregate in WINDOWED:
+        return WINDOWED[term.aggregate](window, series, term.param, window_ms)
     return DEFINITIONS[term.aggregate](window, series, term.param)
 
 
-def expr_of(expr: Expr, window: list[Event]) -> float | None:
+def expr_of(expr: Expr, window: list[Event], window_ms: int = 0) -> float | None:
     if isinstance(expr, Num):
         return expr.value
     if isinstance(expr, Term):
-        return term_of(expr, window)
+        return term_of(expr, window, window_ms)
     assert isinstance(expr, BinOp)
-    left, right = expr_of(expr.left, window), expr_of(expr.right, window)
+    left, right = expr_of(expr.left, window, window_ms), expr_of(expr.right, window, window_ms)
     if left is None or right is None or (expr.op == "/" and right == 0):
         return None
     value = {"+": left + right, "-": left - right, "*": left * right}.get(expr.op) if expr.op != "/" else left / right
@@ -94,8 +103,8 @@ def expr_of(expr: Expr, window: list[Event]) -> float | None:
 
 def value_of(c: Condition, window: list[Event]) -> float | None:
     if c.aggregate is not Aggregate.EXPR:
-        return term_of(c.terms[0], window)
-    value = expr_of(c.expression, window)  # type: ignore[arg-type]  # EXPR conditions have one
+        return term_of(c.terms[0], window, c.window_ms)
+    value = expr_of(c.expression, window, c.window_ms)  # type: ignore[arg-type]  # EXPR conditions have one
     if value is None or c.percent_of is None:
         return value
     last = term_of(Term("LAST", c.percent_of), window)
