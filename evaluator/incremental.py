@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -167,6 +168,7 @@ class Context:
     firing_by_key: dict[str, set[int]]
     restricted: np.ndarray  # per key id: named by some key-restricted member
     costs: PlanCosts
+    owns: Callable[[str], bool]  # the keys this shard evaluates (a listed key is watched by its shard only)
     work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("changed", "candidates", "full", "explicit", "scans"), 0))
 
@@ -322,7 +324,7 @@ class GroupState:
         value = self.empty if k is None else float(self.values[k])
         was = name in ctx.firing.get(sid, ())
         spec = self.restricted[sid]
-        now = name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # a listed key: watched
+        now = name in spec.keys and ctx.owns(name) and spec.condition.holds(value)  # type: ignore[operator]  # listed
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
     def _full(self, ctx: Context, sid: int) -> list[Flip]:
@@ -338,7 +340,11 @@ class GroupState:
         capacity = self.values.size
         holds = members.holds(np.full(capacity, m), self.values)
         was = np.zeros(capacity, dtype=bool)
-        was[[ctx.ids[name] for name in ctx.firing.get(sid, ())]] = True
+        firing = ctx.firing.get(sid, set())
+        was[[k for name in firing if (k := ctx.ids.get(name)) is not None]] = True
         now = holds & ctx.known  # a key every key's member watches while it has data in the horizon
-        return [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
-                for k in np.flatnonzero(now != was).tolist()]
+        flips = [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
+                 for k in np.flatnonzero(now != was).tolist()]
+        # a key it fired for when it listed keys, never seen (NO DATA): it has no id, and is no longer watched
+        return flips + [(self.order, sid, 1, name, _value(self.empty), self.window_ms)
+                        for name in sorted(firing) if name not in ctx.ids]

@@ -65,6 +65,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -252,9 +253,8 @@ class _Columns:
         return tuple_column(condition, last_events_of, ids)
 
 
-def _listed(specs: tuple[SubscriptionSpec, ...]) -> set[str]:
-    """Every key some of ``specs`` lists: each is watched whether or not it has data (NO DATA fires for it)."""
-    return set().union(*(spec.keys for spec in specs if spec.keys is not None))
+def _everything(key: str) -> bool:  # noqa: ARG001  # a lone shard owns every key
+    return True
 
 
 def _key_order(flip: Flip) -> tuple:
@@ -293,6 +293,9 @@ class ShardEvaluator:
         self._maybe_free: list[int] = []  # key ids that resolved: released if no longer known nor firing
         self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
         self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
+        # Which keys this shard evaluates: a listed key is watched without data (NO DATA), by its own shard only.
+        # The Spark operator sets the hash partitioning's; a lone shard owns every key.
+        self.owns: Callable[[str], bool] = _everything
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -446,9 +449,6 @@ class ShardEvaluator:
             if self.evaluated_at is None and (not len(self.pending) or int(self.pending.starts.min()) >= last):
                 self._apply_until(last)  # nothing to evaluate yet: the clock starts at the watermark
                 self.evaluated_at = last
-                # and evaluation with the first pane of data, whatever the batching (a listed key's NO DATA
-                # would otherwise fire at a boundary that depends on when the first watermark came)
-                self.stale = False
             boundary = self._next_boundary()
             while boundary is not None and boundary <= last:
                 self._apply_until(boundary)
@@ -470,7 +470,10 @@ class ShardEvaluator:
         if self.evaluated_at is None:
             return first_pending  # start with the first pane that holds data
         after = self.evaluated_at + pane
-        if self.stale or first_pending == after:
+        if first_pending == after or (self.stale and (self.starts.size or self.firing)):
+            # Stale with no data in the horizon and nothing firing, only a listed key's NO DATA could fire: it
+            # waits for the shard's next pane, so that when it fires does not depend on when the clock started
+            # (the first watermark) or on a restart from a snapshot
             return after
         candidates = [] if first_pending is None else [first_pending]
         if self.starts.size:  # a pane at s leaves a window of length T at s + T + pane
@@ -613,7 +616,7 @@ class ShardEvaluator:
         horizon and those firing for a member.
         """
         index: CollectiveSum | CollectiveExtreme | None = None
-        listed = _listed(group.specs)
+        listed = {key for spec in group.specs for key in spec.keys or () if self.owns(key)}
         if group.loosest is not None and isinstance(group.aggregate, PaneAggregate) and group.template.events is None:
             index = group.aggregate.index(self.indexes, group.template.attribute)
         if index is not None:
@@ -648,9 +651,10 @@ class ShardEvaluator:
             values = self._candidate_values(group, now, known)
         else:
             values = {k: v for k in known if (v := self.value(condition, k, now)) is not None}
+        owned = None if keys is None else {k for k in keys if self.owns(k)}
         matched = {k: v for k, v in values.items() if condition.holds(v)
-                   and (k in known if keys is None else k in keys)}
-        return self.evaluated_at, matched, len(known if keys is None else keys)
+                   and (k in known if owned is None else k in owned)}
+        return self.evaluated_at, matched, len(known if owned is None else owned)
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         plan = self.config.plan if self.config.collective else "naive"
@@ -694,7 +698,7 @@ class ShardEvaluator:
                                                  np.zeros(capacity - self._known_before.size, dtype=bool)])
         ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
                       self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
-                      self._firing_by_key, self._restricted_mask(), self.costs)
+                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns)
         flips: list[Flip] = []
         for state in self._states.values():
             flips += state.evaluate(ctx, running.take_dirty(state.window_ms))
@@ -756,11 +760,11 @@ class ShardEvaluator:
                             sorted_values, r.high, side="right" if r.high_inclusive else "left"))
                         matched.update(keys[lo:hi].tolist())
                     # a listed key is always watched, any other while it has data in the horizon
-                    matched &= known if spec.keys is None else spec.keys
+                    matched &= known if spec.keys is None else {k for k in spec.keys if self.owns(k)}
                 else:
                     matched = set()
                     # a key is watched while it has data in the horizon, a listed key always
-                    for key in known if spec.keys is None else spec.keys:
+                    for key in known if spec.keys is None else [k for k in spec.keys if self.owns(k)]:
                         stats.candidates += 1
                         if c.holds(self.value(c, key, now)):
                             matched.add(key)
@@ -781,7 +785,13 @@ class ShardEvaluator:
     def replay(self, delta: Delta) -> None:
         """Apply a batch another copy of this shard processed, without evaluating again: array appends, and the
         firing sets; the values this copy holds are then checked against the firing sets at its next evaluation."""
-        self.ingest(delta.rows, delta.progress)
+        stats = BatchStats()
+        self.ingest(delta.rows, delta.progress, stats)
+        if stats.late_events:
+            # The copy that evaluated may not have evaluated since this late row (a batch whose watermark did not
+            # move): its values do not hold it yet, so _sync must not count it as seen. Every key it touched is
+            # then decided against the firing sets at the next evaluation.
+            self._trusted = False
         if delta.applied_until is not None and delta.applied_until != self.applied_until:
             self._apply_until(delta.applied_until)
         self.evaluated_at = delta.evaluated_at

@@ -73,7 +73,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
         .mapInPandas(PaneParser(settings, shard_ids), PANES_SCHEMA)
     )
     transitions = panes.groupBy("shard").transformWithStateInPandas(
-        ShardProcessor(settings, partitions), TRANSITIONS_SCHEMA, "append", "None"
+        ShardProcessor(settings, partitions, shard_ids), TRANSITIONS_SCHEMA, "append", "None"
     )
     return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings))
