@@ -252,18 +252,90 @@ def key_churn(seconds: int, band: int, slide: int, per_second: int, subscription
            "changed keys/b", "RSS MB"], rows)
 
 
+def mix_catalog(n: int, shard: ShardEvaluator, seed: int) -> Catalog:
+    """The high-selectivity mix with four in ten subscriptions replaced by issue-16 constructs: CHANGE % over 1
+    minute moving up or down (two in ten), AVG or MAX over the last 50 events, and NO DATA FOR 30s (a tenth of
+    them listing 3 keys); thresholds again around the 92nd (8th) percentile of the current values."""
+    base = catalog_for(n, shard, seed)
+    rng = np.random.default_rng(seed + 1)
+    now = shard.evaluated_at - 1  # type: ignore[operator]  # warmed up
+    keys = sorted(shard._known())
+    picked = rng.choice(keys, min(len(keys), 400), replace=False)
+    samples: dict[Condition, np.ndarray] = {}
+
+    def threshold(c: Condition, q: float) -> float:
+        if c not in samples:
+            values = [shard.value(c, k, now) for k in picked]
+            samples[c] = np.array([v for v in values if v is not None])
+        return float(np.quantile(samples[c], q))
+
+    specs = []
+    for spec in base.subscriptions:
+        kind, up = spec.id % 10, rng.random() < 0.5
+        if kind in (0, 1):
+            probe = Condition(Aggregate.PCT_CHANGE, "price", MINUTE, low=0.0)
+            q = rng.uniform(0.87, 0.97) if up else rng.uniform(0.03, 0.13)
+            level = threshold(probe, q)
+            spec = replace(spec, condition=Condition(Aggregate.PCT_CHANGE, "price", MINUTE, low=level if up else None,
+                                                     high=None if up else level))
+        elif kind == 2:
+            aggregate = (Aggregate.AVG, Aggregate.MAX)[spec.id // 10 % 2]
+            probe = Condition(aggregate, "price", 0, low=0.0, events=50)
+            spec = replace(spec, condition=Condition(aggregate, "price", 0, events=50,
+                                                     low=threshold(probe, rng.uniform(0.87, 0.97))))
+        elif kind == 3:
+            spec = replace(spec, condition=Condition(Aggregate.COUNT, None, 30_000, high=0.0, high_inclusive=True,
+                                                     no_data=True))
+        specs.append(spec)
+    return Catalog(1, tuple(specs))
+
+
+def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
+    """The realistic mix with CHANGE %, tuple windows and NO DATA: incremental against naive at ``n``."""
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1, value_retention_ms=MINUTE, tuple_max_events=100)
+    feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+    shard, t = ShardEvaluator(config), 1_000_000
+    _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm mix {n:,}")
+    catalog = mix_catalog(n, shard, seed=11)
+    _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")
+    warm = shard.snapshot()
+    gc.collect()
+    rows, per_plan = [], {}
+    for plan, plan_config, count in (("incremental", config, measured),
+                                     ("naive", replace(config, collective=False), 1)):
+        copy = shard if plan == "incremental" else ShardEvaluator.from_snapshot(plan_config, warm)
+        gc.collect()
+        ms, stats, _ = run_boundaries(copy, feed, t, count, catalog, f"mix {plan} {n:,}")
+        b = max(stats.boundaries, 1)
+        per_plan[plan] = ms
+        rows.append([f"{n:,}", plan, ms, stats.changed_keys / b if plan == "incremental" else "",
+                     stats.candidates / b, stats.transitions / b, sum(len(v) for v in copy.firing.values()),
+                     rss_mb()])
+    rows.append([f"{n:,}", "naive / incremental", per_plan["naive"] / per_plan["incremental"], "", "", "", "", ""])
+    table(f"Realistic mix with issue-16 constructs: {n:,} subscriptions, 2/10 CHANGE % over 1 min, 1/10 AVG or MAX "
+          "OVER LAST 50 EVENTS, 1/10 NO DATA FOR 30s, the rest as above (ms per boundary)",
+          ["subscriptions", "plan", "ms/boundary", "changed keys/b", "candidates/b", "transitions/b", "firing",
+           "RSS MB"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
     args = parser.parse_args()
+    if args.mix_only:
+        issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
+        return
     if args.quick:
         high_selectivity([100, 1_000], warm_s=30, measured=5, naive_upto=100, per_second=1_000)
         catch_up(100, warm_s=30, batches=5, per_second=1_000)
         key_churn(seconds=50, band=500, slide=100, per_second=1_000, subscriptions=100)
+        issue16_mix(200, warm_s=30, measured=3, per_second=1_000)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
         catch_up(10_000, warm_s=300, batches=10, per_second=5_000)
         key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
+        issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
 
 
 if __name__ == "__main__":

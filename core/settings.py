@@ -281,6 +281,12 @@ class Settings(BaseSettings):
     def checkpoint_path(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
 
+    # windows and no data
+    tuple_max_events: int = Field(
+        100, ge=0, le=100_000,
+        description="longest tuple window (OVER LAST n EVENTS): shards keep each key's newest n events (0: off)",
+    )
+
     def to_env(self) -> dict[str, str]:
         """These settings as ``TOCSIN_*`` variables, to configure a child process identically."""
         env = {}

@@ -13,7 +13,11 @@ Two things can answer an aggregate of one key's window ``[b - T, b)``:
   When ``index`` returns one of them, a range query over every key at once finds the
   candidates with their exact values; otherwise every watched key is computed.
 - :class:`EventAggregate` — each key's retained events (:mod:`evaluator.values`): the
-  window's values in time order, for what no pane summary answers (QUANTILE, LAST).
+  window's values in time order, for what no pane summary answers (QUANTILE, LAST, CHANGE).
+
+Every aggregate also has :meth:`Aggregation.of_events`, its value over a list of values: it
+answers tuple windows (``OVER LAST 100 EVENTS``, :func:`tuple_value`), whose values are each
+key's newest retained events, whatever the aggregate.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from evaluator.expr import Term
 
 if TYPE_CHECKING:
     from evaluator.collective import CollectiveIndexes
+    from evaluator.spec import Condition
     from evaluator.ssf.ci_extreme import CollectiveExtreme
     from evaluator.ssf.ci_sum import CollectiveSum
     from evaluator.values import KeyValues
@@ -47,6 +52,10 @@ class Columns(Protocol):
     def extreme(self, window_ms: int, side: str, attribute: str, ids: np.ndarray) -> np.ndarray: ...
 
     def events(self, window_ms: int, attribute: str, ids: np.ndarray) -> list[np.ndarray | None]: ...
+
+    def tuples(self, condition: Condition, ids: np.ndarray) -> np.ndarray:
+        """A tuple-window condition's values (``OVER LAST n EVENTS``) for the keys ``ids``, NaN: no value."""
+        ...
 
 
 class Sources(Protocol):
@@ -84,6 +93,7 @@ class Aggregation(ABC):
     param: ClassVar[Param | None] = None
     aliases: ClassVar[Mapping[str, float]] = {}  # other names, each fixing the param: MEDIAN is QUANTILE(a, 0.5)
     empty: ClassVar[float | None] = None  # the value of an empty window; None: no value, no condition holds
+    tuple_windows: ClassVar[bool] = True  # False: time windows only (OVER LAST n EVENTS is refused)
 
     def describe(self, term: Term) -> str:
         return self.words.format(attribute=term.attribute)
@@ -95,6 +105,11 @@ class Aggregation(ABC):
     @abstractmethod
     def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
         """The values of the keys ``ids`` at once (NaN: no value), equal to :meth:`value_of` bit for bit."""
+
+    @abstractmethod
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        """The value of a non-empty window's values, oldest first (among equal times, in arrival order); NaN: no
+        value. Event aggregates are answered this way; every aggregate is, over a tuple window."""
 
     @property
     def syntax(self) -> str:
@@ -115,14 +130,13 @@ class EventAggregate(Aggregation):
 
     needs_every_event: ClassVar[bool] = True  # False: the newest event is enough beyond the values' retention
 
-    @abstractmethod
-    def of_events(self, values: np.ndarray, param: float | None) -> float:
-        """The value of a non-empty window's values, oldest first (among equal times, in arrival order)."""
-
     @override
     def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
         values = sources.values.window(key, term.attribute, window_ms, now + 1)  # type: ignore[arg-type]  # takes_attribute
-        return self.empty if values is None else self.of_events(values, term.param)
+        if values is None:
+            return self.empty
+        value = self.of_events(values, term.param)
+        return None if math.isnan(value) else value
 
     @override
     def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
@@ -155,6 +169,10 @@ class Count(PaneAggregate):
     def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
         return columns.count(window_ms, ids)
 
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values.size)
+
 
 class Sum(PaneAggregate):
     name = "SUM"
@@ -173,6 +191,10 @@ class Sum(PaneAggregate):
     @override
     def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
         return columns.sum(window_ms, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return math.fsum(values.tolist())  # correctly rounded, as the panes' exact sums are
 
 
 class Avg(PaneAggregate):
@@ -193,6 +215,10 @@ class Avg(PaneAggregate):
         total = columns.sum(window_ms, term.attribute, ids)  # type: ignore[arg-type]  # takes_attribute
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return math.fsum(values.tolist()) / values.size
 
 
 class _Extreme(PaneAggregate):
@@ -219,12 +245,20 @@ class Max(_Extreme):
     words = "highest {attribute}"
     side = "maxs"
 
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values.max())
+
 
 class Min(_Extreme):
     name = "MIN"
     summary = "the lowest value"
     words = "lowest {attribute}"
     side = "mins"
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values.min())
 
 
 # -- over each key's events ---------------------------------------------------------------------------
@@ -270,7 +304,63 @@ class Last(EventAggregate):
         return float(values[-1])
 
 
-AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last())}
+class Change(EventAggregate):
+    """The window's last value minus its first (PromQL ``delta``, without extrapolation).
+
+    From the retained events, like QUANTILE: the first value of a window is no pane summary's (a pane's
+    first value would need two more columns per attribute in every pane row, for one aggregate)."""
+
+    name = "CHANGE"
+    summary = "the newest value minus the oldest (one event: 0)"
+    words = "change of {attribute}"
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values[-1] - values[0])
+
+
+class PctChange(EventAggregate):
+    """CHANGE as a percentage of the window's first value: what ``CHANGE(price) OVER 5m > 3%`` compares."""
+
+    name = "PCT_CHANGE"
+    summary = ("the newest value minus the oldest, in % of the oldest's magnitude (no value if the oldest is 0); "
+               "CHANGE(attribute) ... > x% is written with it")
+    words = "change of {attribute} in % of its first value"
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        first = float(values[0])
+        if first == 0:
+            return math.nan
+        value = 100.0 * (float(values[-1]) - first) / abs(first)
+        return value if math.isfinite(value) else math.nan
+
+
+class Rate(EventAggregate):
+    """CHANGE per second of the window's length (PromQL ``delta`` / range): over a time window only, as a tuple
+    window has no length."""
+
+    name = "RATE"
+    summary = "the newest value minus the oldest, per second of the window (time windows only)"
+    words = "change of {attribute} per second"
+    tuple_windows = False
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        return float(values[-1] - values[0])  # per window: value_of and column divide by its length
+
+    @override
+    def value_of(self, sources: Sources, term: Term, window_ms: int, key: str, now: int) -> float | None:
+        change = super().value_of(sources, term, window_ms, key, now)
+        return None if change is None else change / (window_ms / 1000)
+
+    @override
+    def column(self, columns: Columns, term: Term, window_ms: int, ids: np.ndarray) -> np.ndarray:
+        return super().column(columns, term, window_ms, ids) / (window_ms / 1000)
+
+
+AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last(),
+                                                          Change(), PctChange(), Rate())}
 
 #: Every name the parser accepts, with the aggregate it means and the param an alias fixes.
 SPELLINGS: dict[str, tuple[Aggregation, float | None]] = {
@@ -300,3 +390,16 @@ def format_term(term: Term) -> str:
     if term.param is not None:
         args.append(number_text(term.param))
     return f"{aggregate.name}({', '.join(a or '' for a in args)})"
+
+
+# -- tuple windows: the last n events of each key ---------------------------------------------------------
+
+
+def tuple_term(last_events: Callable[[str | None], np.ndarray | None], term: Term) -> float | None:
+    """One aggregate over a tuple window, ``last_events(attribute)`` giving its values (None: no event)."""
+    aggregate = AGGREGATES[term.aggregate]
+    values = last_events(term.attribute)
+    if values is None or not values.size:
+        return aggregate.empty
+    value = aggregate.of_events(values, term.param)
+    return None if math.isnan(value) else value

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,8 @@ def _column(columns: Columns, expr: Expr, window_ms: int, ids: np.ndarray) -> np
 
 def values_of(columns: Columns, condition: Condition, ids: np.ndarray) -> np.ndarray:
     """What ``condition`` compares for the keys ``ids`` (NaN: no value), as :meth:`ShardEvaluator.value` does."""
+    if condition.events is not None:  # a tuple window: per changed key, from its newest events
+        return columns.tuples(condition, ids)
     expr = condition.computes
     if isinstance(expr, Term):
         return AGGREGATES[expr.aggregate].column(columns, expr, condition.window_ms, ids)
@@ -165,6 +168,7 @@ class Context:
     firing_by_key: dict[str, set[int]]
     restricted: np.ndarray  # per key id: named by some key-restricted member
     costs: PlanCosts
+    owns: Callable[[str], bool]  # the keys this shard evaluates (a listed key is watched by its shard only)
     work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("changed", "candidates", "full", "explicit", "scans"), 0))
 
@@ -301,7 +305,7 @@ class GroupState:
                 name = ctx.names[k] or ""
                 was = np.zeros(len(members), dtype=bool)
                 was[[members.row[s] for s in ctx.firing_by_key.get(name, ()) if s in members.row]] = True
-                now_mask = members.holding(self.values[k]) & (bool(ctx.known[k]) | was) & ~fresh
+                now_mask = members.holding(self.values[k]) & bool(ctx.known[k]) & ~fresh  # watched: has data
                 for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
                     flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
                                   _value(self.values[k]), self.window_ms))
@@ -318,10 +322,9 @@ class GroupState:
         """One (member, key), decided explicitly."""
         assert self.values is not None
         value = self.empty if k is None else float(self.values[k])
-        known = k is not None and bool(ctx.known[k])
         was = name in ctx.firing.get(sid, ())
         spec = self.restricted[sid]
-        now = (known or was) and name in spec.keys and spec.condition.holds(value)  # type: ignore[operator]  # restricted
+        now = name in spec.keys and ctx.owns(name) and spec.condition.holds(value)  # type: ignore[operator]  # listed
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
     def _full(self, ctx: Context, sid: int) -> list[Flip]:
@@ -337,7 +340,11 @@ class GroupState:
         capacity = self.values.size
         holds = members.holds(np.full(capacity, m), self.values)
         was = np.zeros(capacity, dtype=bool)
-        was[[ctx.ids[name] for name in ctx.firing.get(sid, ())]] = True
-        now = holds & (ctx.known | was)
-        return [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
-                for k in np.flatnonzero(now != was).tolist()]
+        firing = ctx.firing.get(sid, set())
+        was[[k for name in firing if (k := ctx.ids.get(name)) is not None]] = True
+        now = holds & ctx.known  # a key every key's member watches while it has data in the horizon
+        flips = [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
+                 for k in np.flatnonzero(now != was).tolist()]
+        # a key it fired for when it listed keys, never seen (NO DATA): it has no id, and is no longer watched
+        return flips + [(self.order, sid, 1, name, _value(self.empty), self.window_ms)
+                        for name in sorted(firing) if name not in ctx.ids]

@@ -228,6 +228,10 @@ class Window:
         self.maxs = np.concatenate([self.maxs, np.full((self.maxs.shape[0], more), -np.inf)], axis=1)
 
 
+TUPLE = 0  # the "window length" of tuple windows (OVER LAST n EVENTS): changed by events entering or leaving
+#: the horizon, which take_dirty(TUPLE) gives
+
+
 class RunningWindows:
     """Every window's aggregates at the store's boundary ``at``, and the keys touched since the last evaluation."""
 
@@ -349,6 +353,7 @@ class RunningWindows:
             self._recompute(window, redo, boundary)
             if window is horizon:
                 touched.append(left.ids[horizon.count[left.ids] == 0])  # no longer known: every group sees it
+                self._dirty.setdefault(TUPLE, []).append(left.ids)  # a tuple window holds events of the horizon
             if window.values:
                 self._dirty[t].append(left.ids)
         self._dirty_all += touched

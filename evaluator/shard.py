@@ -50,8 +50,13 @@ previews), and ``collective=False`` evaluates every subscription on every key on
 the baseline. Transitions come in one order whatever the plan: groups in ``_order``, then
 subscription id, firing before resolved, then key.
 
-Keys. A key is watched by a subscription while it has a pane in the horizon or is firing
-for it (a no-data alert keeps firing); its id is released once it is neither, so memory
+Keys. A key is watched by a subscription while it has a pane in the horizon; a key the
+subscription lists (``keys``) always. So a no-data alert (``NO DATA FOR 5m``, or any condition
+an empty window satisfies, such as ``COUNT(*) OVER 5m < 1``) fires for a listed key until it
+reports again, and for any other key until it has been silent for the whole horizon
+(``TOCSIN_MAX_WINDOW_MS``): then it resolves, and the key is forgotten. Firing sets are thus
+bounded by the keys active in the horizon plus the keys listed, whatever the key churn. A
+key's id is released once it has no pane in the horizon and fires for nobody, so memory
 follows the active keys, not every key ever seen.
 """
 
@@ -60,6 +65,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -76,6 +82,7 @@ from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
 from evaluator.transition import State, Transition, alert_id
+from evaluator.tuples import LastEvents, tuple_column, tuple_value
 from evaluator.values import KeyValues
 
 
@@ -89,6 +96,7 @@ class ShardConfig:
     p: int = 4  # CI-COUNT / CI-SUM stamps per level: ε = 2 / (p + 2)
     collective: bool = True
     value_retention_ms: int = 0  # how long every event value is kept, for QUANTILE (the longest quantile window)
+    tuple_max_events: int = 0  # each key's newest events kept for tuple windows (the longest: OVER LAST n EVENTS)
     # Collective evaluation: "incremental" updates each group's values for the keys that changed and finds the
     # members that flip; "index" evaluates every group in full by collective index lookups (the former plan).
     plan: str = "incremental"
@@ -108,7 +116,8 @@ class Group:
 
 
 def _value_key(c: Condition) -> tuple:
-    return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of)
+    tuple_window = () if c.events is None else (c.events,)  # appended only when used: the order of others holds
+    return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of, *tuple_window)
 
 
 def _order(key: tuple) -> str:
@@ -253,6 +262,20 @@ class _Columns:
         return [None if (name := names[k]) is None else self.values.window(name, attribute, window_ms, self.boundary)
                 for k in ids.tolist()]
 
+    def tuples(self, condition: Condition, ids: np.ndarray) -> np.ndarray:
+        names, values, n, horizon = self.running.keys.names, self.values, condition.events, self.running.horizon_ms
+        assert n is not None
+
+        def last_events_of(k: int) -> LastEvents:
+            name = names[k]
+            return lambda attribute: None if name is None else values.last(name, attribute, n, self.boundary, horizon)
+
+        return tuple_column(condition, last_events_of, ids)
+
+
+def _everything(key: str) -> bool:  # noqa: ARG001  # a lone shard owns every key
+    return True
+
 
 def _key_order(flip: Flip) -> tuple:
     return flip[:4]
@@ -265,7 +288,7 @@ class ShardEvaluator:
         self._indexes: CollectiveIndexes | None = None  # built from the store when a lookup needs them
         self._backlog: list[tuple[PaneRows | None, bool, int]] = []  # (rows, late, expire before) not applied yet
         self._backlog_rows = 0
-        self.values = KeyValues(config.attributes, config.value_retention_ms)
+        self.values = KeyValues(config.attributes, config.value_retention_ms, config.tuple_max_events)
         self.pending = PaneRows.empty(len(config.attributes))  # panes not complete yet
         self.firing: dict[int, set[str]] = {}
         self._firing_by_key: dict[str, set[int]] = {}  # the same pairs by key
@@ -291,6 +314,9 @@ class ShardEvaluator:
         self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
         self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
         self.lifecycle = Tracker(config.pane_ms)  # pending, keep-firing, damping, crossings (evaluator/lifecycle.py)
+        # Which keys this shard evaluates: a listed key is watched without data (NO DATA), by its own shard only.
+        # The Spark operator sets the hash partitioning's; a lone shard owns every key.
+        self.owns: Callable[[str], bool] = _everything
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -466,7 +492,10 @@ class ShardEvaluator:
         if self.evaluated_at is None:
             return first_pending  # start with the first pane that holds data
         after = self.evaluated_at + pane
-        if self.stale or first_pending == after:
+        if first_pending == after or (self.stale and (self.starts.size or self.firing)):
+            # Stale with no data in the horizon and nothing firing, only a listed key's NO DATA could fire: it
+            # waits for the shard's next pane, so that when it fires does not depend on when the clock started
+            # (the first watermark) or on a restart from a snapshot
             return after
         candidates = [] if first_pending is None else [first_pending]
         due = self.lifecycle.next_due()  # a lifecycle timer (pending period, keep firing, damping) falls due
@@ -520,7 +549,7 @@ class ShardEvaluator:
         for sid in gone:  # deleted or paused: forget silently
             self._forget(sid)
             delta.dropped_subscriptions.append(sid)
-        self.running.use(key[2] for key in self._states)
+        self.running.use(key[2] for key in self._states if key[2])  # a tuple window (0) has no running window
 
     def _upsert(self, spec: SubscriptionSpec) -> None:
         self._remove(spec.id)
@@ -602,7 +631,10 @@ class ShardEvaluator:
         return combine(expr.op, left, right)
 
     def value(self, condition: Condition, key: str, now: int) -> float | None:
-        """The exact value ``condition`` compares for one key's window ``(now - T, now]``."""
+        """The exact value ``condition`` compares for one key's window ``(now - T, now]`` (or its tuple window)."""
+        if condition.events is not None:
+            n, horizon = condition.events, self.config.horizon_ms
+            return tuple_value(condition, lambda attribute: self.values.last(key, attribute, n, now + 1, horizon))
         expr = condition.computes
         if isinstance(expr, Term):
             return AGGREGATES[expr.aggregate].value_of(self, expr, condition.window_ms, key, now)
@@ -621,7 +653,8 @@ class ShardEvaluator:
         horizon and those firing for a member.
         """
         index: CollectiveSum | CollectiveExtreme | None = None
-        if group.loosest is not None and isinstance(group.aggregate, PaneAggregate):
+        listed = {key for spec in group.specs for key in spec.keys or () if self.owns(key)}
+        if group.loosest is not None and isinstance(group.aggregate, PaneAggregate) and group.template.events is None:
             index = group.aggregate.index(self.indexes, group.template.attribute)
         if index is not None:
             assert group.loosest is not None
@@ -630,12 +663,12 @@ class ShardEvaluator:
                 values.update(index.query(loosest, now))
             empty = group.aggregate.empty if group.aggregate is not None else None
             if empty is not None and any(c.holds(empty) for c in group.loosest):
-                # the indexes forget keys with no data in the horizon; one still firing keeps its empty value
-                for key in set().union(*(self.firing.get(spec.id, ()) for spec in group.specs)) - known:
+                # the indexes forget keys with no data in the horizon; a listed one keeps its empty value
+                for key in listed - known:
                     values[key] = empty
             return values
         values = {}
-        watched = known.union(*(self.firing.get(spec.id, ()) for spec in group.specs))
+        watched = known | listed
         for key in watched:
             value = self.value(group.template, key, now)
             if value is not None and (group.loosest is None or any(c.holds(value) for c in group.loosest)):
@@ -655,9 +688,10 @@ class ShardEvaluator:
             values = self._candidate_values(group, now, known)
         else:
             values = {k: v for k in known if (v := self.value(condition, k, now)) is not None}
-        matched = {k: v for k, v in values.items() if k in known and condition.holds(v)
-                   and (keys is None or k in keys)}
-        return self.evaluated_at, matched, len(known if keys is None else known & keys)
+        owned = None if keys is None else {k for k in keys if self.owns(k)}
+        matched = {k: v for k, v in values.items() if condition.holds(v)
+                   and (k in known if owned is None else k in owned)}
+        return self.evaluated_at, matched, len(known if owned is None else owned)
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         plan = self.config.plan if self.config.collective else "naive"
@@ -672,9 +706,9 @@ class ShardEvaluator:
             state: State = "firing" if state_rank == 0 else "resolved"
             if managed is not None and managed(sid):
                 flipped.add((sid, key))
-            else:
+            else:  # a tuple window (window_ms 0) reports the horizon it looks within
                 transitions.append(Transition(alert_id(sid, key, state, boundary), sid, key, state, value,
-                                              boundary - window_ms, boundary, boundary))
+                                              boundary - (window_ms or self.config.horizon_ms), boundary, boundary))
             changes.append((sid, key, state))
             if state_rank == 0:  # _set_state, inlined: this loop is per transition
                 firing.setdefault(sid, set()).add(key)
@@ -696,9 +730,9 @@ class ShardEvaluator:
             spec = self._spec(sid)
             assert spec is not None  # the tracker forgets removed subscriptions
             c = spec.condition
+            start = boundary - (c.window_ms or self.config.horizon_ms)  # a tuple window: the horizon it looks within
             out.append(Transition(alert_id(sid, key, state, boundary), sid, key, state,  # type: ignore[arg-type]
-                                  self._value_now(c, key, boundary), boundary - c.window_ms, boundary, boundary,
-                                  kind))
+                                  self._value_now(c, key, boundary), start, boundary, boundary, kind))
         return out
 
     def _spec(self, sid: int) -> SubscriptionSpec | None:
@@ -742,7 +776,7 @@ class ShardEvaluator:
                                                  np.zeros(capacity - self._known_before.size, dtype=bool)])
         ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
                       self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
-                      self._firing_by_key, self._restricted_mask(), self.costs)
+                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns)
         flips: list[Flip] = []
         for state in self._states.values():
             flips += state.evaluate(ctx, running.take_dirty(state.window_ms))
@@ -785,7 +819,6 @@ class ShardEvaluator:
         values: dict[str, float] | None = None  # the candidates' exact values (collective), reused by transitions
         for group in self._groups:
             order = _order(_value_key(group.template))
-            empty = group.aggregate.empty if group.aggregate is not None else None
             if self.config.collective:
                 values = self._candidate_values(group, now, known)
                 stats.candidates += len(values)
@@ -804,14 +837,12 @@ class ShardEvaluator:
                         hi = len(sorted_values) if r.high is None else int(np.searchsorted(
                             sorted_values, r.high, side="right" if r.high_inclusive else "left"))
                         matched.update(keys[lo:hi].tolist())
-                    if empty is not None and c.holds(empty):  # an empty window matches only keys still watched
-                        matched = {k for k in matched if k in known or k in was}
-                    if spec.keys is not None:
-                        matched &= spec.keys
+                    # a listed key is always watched, any other while it has data in the horizon
+                    matched &= known if spec.keys is None else {k for k in spec.keys if self.owns(k)}
                 else:
                     matched = set()
-                    eligible = known | was  # a key is watched while it has data or is firing
-                    for key in eligible if spec.keys is None else eligible & spec.keys:
+                    # a key is watched while it has data in the horizon, a listed key always
+                    for key in known if spec.keys is None else [k for k in spec.keys if self.owns(k)]:
                         stats.candidates += 1
                         if c.holds(self.value(c, key, now)):
                             matched.add(key)
@@ -832,7 +863,13 @@ class ShardEvaluator:
     def replay(self, delta: Delta) -> None:
         """Apply a batch another copy of this shard processed, without evaluating again: array appends, and the
         firing sets; the values this copy holds are then checked against the firing sets at its next evaluation."""
-        self.ingest(delta.rows, delta.progress)
+        stats = BatchStats()
+        self.ingest(delta.rows, delta.progress, stats)
+        if stats.late_events:
+            # The copy that evaluated may not have evaluated since this late row (a batch whose watermark did not
+            # move): its values do not hold it yet, so _sync must not count it as seen. Every key it touched is
+            # then decided against the firing sets at the next evaluation.
+            self._trusted = False
         if delta.applied_until is not None and delta.applied_until != self.applied_until:
             self._apply_until(delta.applied_until)
         self.evaluated_at = delta.evaluated_at
@@ -887,7 +924,8 @@ class ShardEvaluator:
             offset += size
         shard = cls(config)
         shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3])
-        shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms)
+        shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms,
+                                            config.tuple_max_events)
         shard.pending = PaneRows.from_bytes(parts[-2])
         meta = json.loads(parts[-1])
         shard.progress = {int(p): ts for p, ts in meta["progress"].items()}

@@ -57,6 +57,8 @@ class Condition:
     q: float | None = None
     expression: Expr | None = None
     percent_of: str | None = None
+    events: int | None = None  # a tuple window: the key's last ``events`` events (window_ms is then 0)
+    no_data: bool = False  # written NO DATA FOR window: COUNT(*) OVER window <= 0, formatted as written
     ranges: tuple[Range, ...] = ()  # two or more; empty: the one range (low, high)
     # Pending, keep-firing, hysteresis, damping, crossing (evaluator/lifecycle.py); None: plain edges. Not part of
     # the value asked, so subscriptions differing only in it share one group in the shard.
@@ -65,8 +67,7 @@ class Condition:
 
 
     def __post_init__(self) -> None:
-        if self.window_ms <= 0:
-            raise ValueError("window must be positive")
+        self._check_window()
         if not isinstance(self.aggregate, Aggregate):
             object.__setattr__(self, "aggregate", Aggregate(self.aggregate))
         if self.expression is not None and not isinstance(self.expression, EXPR_TYPES):
@@ -90,6 +91,7 @@ class Condition:
             check_term(term)
         object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else terms[0])
         self._check_lifecycle()
+        self.check_tuple_window()
 
     def _check_lifecycle(self) -> None:
         life = self.lifecycle
@@ -107,6 +109,24 @@ class Condition:
             raise ValueError("a two-way crossing is above its threshold (and, internally, below)")
         if life.resolve is not None and not all(contains(life.resolve, r) for r in self.accepted):
             raise ValueError("the resolve range must contain the firing range")
+
+    def _check_window(self) -> None:
+        """A time window is positive; a tuple window has no duration (window_ms 0) and holds at least one event."""
+        if self.events is None:
+            if self.window_ms <= 0:
+                raise ValueError("window must be positive")
+        elif self.window_ms != 0 or self.events < 1:
+            raise ValueError("a tuple window has window_ms 0 and at least one event")
+
+    def check_tuple_window(self) -> None:
+        """Raise ValueError if a tuple window uses an aggregate that has none, or NO DATA is not COUNT(*) <= 0 over
+        a time window (after the fields are normalised)."""
+        if self.no_data and (self.events is not None or self.aggregate.value != "COUNT" or self.low is not None
+                             or self.high != 0 or not self.high_inclusive or self.ranges):
+            raise ValueError("NO DATA is COUNT(*) <= 0 over a time window")
+        for term in self.terms:
+            if self.events is not None and not AGGREGATES[term.aggregate].tuple_windows:
+                raise ValueError(f"{term.aggregate} is over a time window only, not over LAST n EVENTS")
 
     @property
     def terms(self) -> list[Term]:
@@ -131,6 +151,9 @@ class Condition:
         """JSON-ready; ``ranges`` only when there are several, so one-range conditions read as they always did."""
         data = {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("ranges", "computes", "lifecycle")}
+        for name, default in (("events", None), ("no_data", False)):  # written only when used: older readers
+            if data[name] == default:
+                del data[name]
         data["aggregate"] = self.aggregate.value
         data["expression"] = self.expression.to_json() if self.expression is not None else None
         if self.ranges:

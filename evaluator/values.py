@@ -1,11 +1,14 @@
-"""Each key's recent events, for the aggregates no pane summary can answer (QUANTILE, LAST: evaluator/aggregates.py).
+"""Each key's recent events, for the aggregates no pane summary can answer (QUANTILE, LAST, CHANGE:
+evaluator/aggregates.py) and for tuple windows (evaluator/tuples.py).
 
 A quantile needs the window's values themselves, so a shard keeps every event
 (time and attribute values) of the last ``retention_ms`` per key, in event-time
 order in a growable buffer: appending a pane is amortised O(its events), a late
 event is merged in. Beyond the retention each key keeps only its newest event,
 which is what LAST needs over longer windows, until the key has had no event for
-the whole horizon.
+the whole horizon; with ``keep_last`` it keeps at least its newest ``keep_last`` events
+(``TOCSIN_TUPLE_MAX_EVENTS``: the longest tuple window), so memory is bounded by the
+active keys times that bound.
 
 Windows are the evaluator's: at boundary ``b`` a window of ``T`` holds the events
 with ``b - T <= ts < b`` (panes are aligned and windows whole panes).
@@ -62,10 +65,10 @@ class _Events:
         self.ts[self.end : self.end + n], self.vals[:, self.end : self.end + n] = ts, vals
         self.end += n
 
-    def expire(self, before: int) -> None:
-        """Drop events older than ``before``, but keep the newest."""
+    def expire(self, before: int, keep_last: int = 1) -> None:
+        """Drop events older than ``before``, but keep the newest ``keep_last`` (at least one)."""
         ts, _ = self.live()
-        cut = min(int(np.searchsorted(ts, before, side="left")), len(ts) - 1)
+        cut = min(int(np.searchsorted(ts, before, side="left")), len(ts) - max(keep_last, 1))
         self.head += max(cut, 0)
         if self.head > self.ts.size // 2 and self.head > 64:
             self._reset(*self.live())
@@ -77,10 +80,11 @@ class _Events:
 
 
 class KeyValues:
-    def __init__(self, attributes: tuple[str, ...], retention_ms: int) -> None:
+    def __init__(self, attributes: tuple[str, ...], retention_ms: int, keep_last: int = 0) -> None:
         self.attributes = attributes
         self.index = {a: i for i, a in enumerate(attributes)}
         self.retention_ms = retention_ms
+        self.keep_last = keep_last
         self.keys: dict[str, _Events] = {}
 
     def add(self, rows: PaneRows) -> None:
@@ -111,8 +115,8 @@ class KeyValues:
             ts = events.ts
             if ts[events.end - 1] < gone:
                 dropped.append(key)
-            elif events.end - events.head > 1 and ts[events.head] < cut:
-                events.expire(cut)
+            elif events.end - events.head > max(self.keep_last, 1) and ts[events.head] < cut:
+                events.expire(cut, self.keep_last)
         for key in dropped:
             del self.keys[key]
 
@@ -123,6 +127,16 @@ class KeyValues:
             return None
         lo, hi = events.window(boundary - window_ms, boundary)
         return events.vals[self.index[attribute], lo:hi] if hi > lo else None
+
+    def last(self, key: str, attribute: str | None, n: int, boundary: int, horizon_ms: int) -> np.ndarray | None:
+        """The attribute's values (any, for None) of ``key``'s ``n`` newest events with
+        ``boundary - horizon_ms <= ts < boundary``, oldest first: a tuple window (a view)."""
+        events = self.keys.get(key)
+        if events is None:
+            return None
+        lo, hi = events.window(boundary - horizon_ms, boundary)
+        lo = max(lo, hi - n)
+        return events.vals[self.index[attribute] if attribute else 0, lo:hi] if hi > lo else None
 
     # -- persistence ---------------------------------------------------------------------------------
 
@@ -141,8 +155,8 @@ class KeyValues:
                          lengths.tobytes(), ts.astype(np.int64).tobytes(), vals.astype(np.float64).tobytes()])
 
     @classmethod
-    def from_bytes(cls, blob: bytes, attributes: tuple[str, ...], retention_ms: int) -> KeyValues:
-        store = cls(attributes, retention_ms)
+    def from_bytes(cls, blob: bytes, attributes: tuple[str, ...], retention_ms: int, keep_last: int = 0) -> KeyValues:
+        store = cls(attributes, retention_ms, keep_last)
         n, a, name_bytes = struct.unpack_from("<III", blob)
         offset = 12
         names = blob[offset : offset + name_bytes].decode().split("\x00") if n else []

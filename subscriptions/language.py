@@ -8,10 +8,14 @@
     SUM(volume) OVER 5m > 2e6 FOR 2m KEEP FIRING FOR 5m
     SUM(volume) OVER 5m > 2e6 RESOLVE BELOW 1.5e6 DAMPEN 10m
     LAST(price) OVER 1m CROSSES ABOVE 100
+    CHANGE(price) OVER 5m < -3%
+    AVG(price) OVER LAST 100 EVENTS > 10
+    NO DATA FOR 5m
 
 Grammar (case-insensitive words)::
 
-    condition  := expr OVER duration (comparison | crossing) clause*
+    condition  := expr OVER window (comparison | crossing) clause* | NO DATA FOR duration
+    window     := duration | LAST integer EVENTS
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
     factor     := number | '-' factor | aggregate | '(' expr ')'
@@ -29,7 +33,10 @@ The aggregates (their names, arguments and aliases) are those declared in
 evaluator/aggregates.py, the comparisons those in evaluator/comparators.py.
 
 A percentage compares the expression with that share of the last value of the
-one attribute it uses ("high minus low above 3% of the last price").
+one attribute it uses ("high minus low above 3% of the last price"), except for
+``CHANGE(x)`` alone, where it is the change relative to the window's first value
+(``PCT_CHANGE(x)``, TradingView's "moving up %"); CHANGE inside a larger expression
+with a percentage is refused, so neither reading is ever guessed.
 
 Parsing is a small hand-written tokenizer + recursive descent so every error can
 say what was expected and where (column numbers start at 1).
@@ -48,6 +55,7 @@ from evaluator.lifecycle import Lifecycle, contains
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
 
+_CHANGES = ("CHANGE", "PCT_CHANGE")  # with a %, CHANGE(x) alone means PCT_CHANGE(x); never inside an expression
 UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 # Symbols: the comparators' (longest first, so ">=" is one token) and the expressions'.
@@ -106,6 +114,7 @@ class _Parser:
         self.tokens = _tokenize(text)
         self.i = 0
         self.depth = 0
+        self.term_columns: list[tuple[Term, int]] = []  # each aggregate parsed, with its column
 
     def peek(self) -> _Token | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -172,6 +181,12 @@ class _Parser:
         return self.aggregate()
 
     def aggregate(self) -> Term:
+        column = self.column()
+        term = self._aggregate()
+        self.term_columns.append((term, column))
+        return term
+
+    def _aggregate(self) -> Term:
         names = ", ".join(SPELLINGS)
         token = self.take("word", expected=f"an aggregate ({names})")
         spelling = SPELLINGS.get(token.text.upper())
@@ -216,12 +231,13 @@ class _Parser:
 
     def parse(self) -> Condition:
         start = self.column()
+        if self.at("NO"):
+            return self.no_data()
         expression = self.expr()
         if not expr_terms(expression):
             raise ConditionError("the condition needs an aggregate such as SUM(volume)", start)
-        self.take("word", "OVER", expected="OVER and a window, as in OVER 5m")
-        window_token = self.take("duration", expected="a window such as 30s, 5m or 1h")
-        window_ms = _duration_ms(window_token)
+        self.take("word", "OVER", expected="OVER and a window, as in OVER 5m or OVER LAST 100 EVENTS")
+        window_ms, events = self.window()
         column = self.column()
         crossing = self.crossing()
         if crossing is None:
@@ -238,17 +254,54 @@ class _Parser:
             raise ConditionError(f"empty range: {thresholds[0]:g} is above {thresholds[-1]:g}", column)
         ranges = comparator.ranges(*thresholds) if crossing is None else (crossing.side(thresholds[0]),)
         lifecycle = self.lifecycle(clauses, crossing, ranges, bool(percents and percents[0]))
+        if percents and percents[0] and any(t.aggregate in _CHANGES for t in expr_terms(expression)):
+            if not (isinstance(expression, Term) and expression.aggregate == "CHANGE"):
+                raise ConditionError("a percentage of CHANGE is relative to the window's first value: write "
+                                     "CHANGE(x) alone before the comparison, or use PCT_CHANGE(x) without %", start)
+            return Condition(Aggregate.PCT_CHANGE, expression.attribute, window_ms, ranges=ranges, events=events,
+                             lifecycle=lifecycle)
         if percents and percents[0]:
             attributes = {term.attribute for term in expr_terms(expression) if term.attribute}
             if len(attributes) != 1:
                 raise ConditionError("a percentage compares with the last value of one attribute: use it with an "
                                      "expression over exactly one attribute, like MAX(price) - MIN(price)", start)
             return Condition(Aggregate.EXPR, None, window_ms, expression=expression,
-                             percent_of=attributes.pop(), ranges=ranges, lifecycle=lifecycle)
+                             percent_of=attributes.pop(), ranges=ranges, events=events, lifecycle=lifecycle)
         if isinstance(expression, Term):
             return Condition(Aggregate(expression.aggregate), expression.attribute, window_ms, q=expression.param,
-                             ranges=ranges, lifecycle=lifecycle)
-        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges, lifecycle=lifecycle)
+                             ranges=ranges, events=events, lifecycle=lifecycle)
+        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges, events=events,
+                         lifecycle=lifecycle)
+
+    def window(self) -> tuple[int, int | None]:
+        """After OVER: a duration (``window_ms``, None), or ``LAST n EVENTS`` (0, n) with aggregates that allow it."""
+        if not self.at("LAST"):
+            token = self.take("duration", expected="a window such as 30s, 5m or 1h, or LAST 100 EVENTS")
+            return _duration_ms(token), None
+        self.i += 1
+        token = self.take("number", expected="a number of events, as in LAST 100 EVENTS")
+        digits = token.text.replace("_", "")
+        if not digits.isdigit() or int(digits) < 1:
+            raise ConditionError(f"a tuple window holds a whole number of events, at least 1, not {token.text}",
+                                 token.column)
+        events = int(digits)
+        self.take("word", "EVENTS", expected="EVENTS, as in LAST 100 EVENTS")
+        for term, column in self.term_columns:
+            if not AGGREGATES[term.aggregate].tuple_windows:
+                raise ConditionError(f"{term.aggregate} is over a time window only (OVER 5m), not over LAST n "
+                                     "EVENTS", column)
+        return 0, events
+
+    def no_data(self) -> Condition:
+        """``NO DATA FOR duration``: COUNT(*) OVER duration <= 0, for every key watched (listed, or seen)."""
+        self.i += 1
+        self.take("word", "DATA", expected="DATA, as in NO DATA FOR 5m")
+        self.take("word", "FOR", expected="FOR and a duration, as in NO DATA FOR 5m")
+        token = self.take("duration", expected="a duration such as 30s, 5m or 1h, as in NO DATA FOR 5m")
+        window_ms = _duration_ms(token)
+        if self.peek() is not None:
+            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
+        return Condition(Aggregate.COUNT, None, window_ms, high=0.0, high_inclusive=True, no_data=True)
 
     def comparison(self) -> tuple[Comparator, list[float], list[bool]]:
         """One of the comparators' syntaxes: which, its thresholds, and which of them are percentages."""
@@ -374,8 +427,20 @@ def parse_condition(text: str) -> Condition:
     return _Parser(text).parse()
 
 
-def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int) -> None:
-    """Windows are whole numbers of panes and no longer than the evaluator keeps history (raw values for quantiles)."""
+def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int,
+                 max_events: int | None = None) -> None:
+    """Windows are whole numbers of panes and no longer than the evaluator keeps history (raw values for quantiles);
+    a tuple window holds at most ``max_events`` (TOCSIN_TUPLE_MAX_EVENTS; None: unchecked); NO DATA is shorter
+    than the horizon, after which a silent key is forgotten."""
+    if condition.events is not None:
+        if max_events is not None and condition.events > max_events:
+            if not max_events:
+                raise ConditionError("tuple windows (OVER LAST n EVENTS) are switched off on this deployment")
+            raise ConditionError(f"a tuple window may hold at most {max_events} events")
+        return
+    if condition.no_data and condition.window_ms >= max_window_ms:
+        raise ConditionError(f"NO DATA FOR must be shorter than {format_duration(max_window_ms)}: a key silent "
+                             "that long is forgotten")
     if condition.window_ms % pane_ms:
         raise ConditionError(f"the window must be a multiple of {format_duration(pane_ms)}")
     if condition.window_ms > max_window_ms:
@@ -411,10 +476,19 @@ def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
     return f"({text})" if level < context or (right and level == context) else text
 
 
+def _window_text(condition: Condition) -> str:
+    return f"LAST {condition.events} EVENTS" if condition.events is not None else format_duration(condition.window_ms)
+
+
 def format_condition(condition: Condition) -> str:
     """Canonical text of a condition (parses back to an equal condition)."""
-    head = f"{format_expr(condition.computes)} OVER {format_duration(condition.window_ms)}"
+    if condition.no_data:
+        return f"NO DATA FOR {format_duration(condition.window_ms)}"
+    computes = condition.computes
     pct = "%" if condition.percent_of else ""
+    if isinstance(computes, Term) and computes.aggregate == "PCT_CHANGE":  # written CHANGE(x) ... x%
+        computes, pct = Term("CHANGE", computes.attribute), "%"
+    head = f"{format_expr(computes)} OVER {_window_text(condition)}"
     life = condition.lifecycle
     if life is not None and life.crossing is not None:
         [side] = condition.accepted
@@ -455,8 +529,7 @@ def explain(condition: Condition) -> str:
         test = crossing_of(life.crossing).words.format(f"{number_text(threshold)}{pct}")  # type: ignore[arg-type]
         if condition.percent_of:
             test += f" of its latest {condition.percent_of}"
-        text = (f"notifies each time a key's {what} over the last {format_duration(condition.window_ms)} {test} "
-                f"(an event: nothing resolves)")
+        text = f"notifies each time a key's {what} over the {_window_words(condition)} {test} (an event: nothing resolves)"
         if life.dampen_ms:
             text += f", at most once per key every {format_duration(life.dampen_ms)}"
         return text
@@ -464,8 +537,17 @@ def explain(condition: Condition) -> str:
     test = comparator.words.format(*(f"{number_text(t)}{pct}" for t in thresholds))
     if condition.percent_of:
         test += f" of its latest {condition.percent_of}"
-    text = f"fires for each key whose {what} over the last {format_duration(condition.window_ms)} {test}"
+    if condition.no_data:
+        text = (f"fires for each key that has sent no event for {format_duration(condition.window_ms)} (a listed "
+                "key always; any other until it has been silent for the evaluator's horizon, then it is forgotten)")
+    else:
+        text = f"fires for each key whose {what} over the {_window_words(condition)} {test}"
     return text + explain_lifecycle(life, pct) if life is not None else text
+
+
+def _window_words(condition: Condition) -> str:
+    return (f"last {condition.events} events" if condition.events is not None
+            else f"last {format_duration(condition.window_ms)}")
 
 
 def explain_lifecycle(life: Lifecycle, pct: str = "") -> str:
@@ -494,6 +576,7 @@ class LanguageHelp:
     comparisons: tuple[str, ...]
     attributes: tuple[str, ...]
     lifecycle: tuple[tuple[str, str], ...] = ()  # (clause syntax, plain words)
+    windows: tuple[tuple[str, str], ...] = ()  # (syntax, plain words): time and tuple windows, NO DATA
 
 
 def language_help() -> LanguageHelp:
@@ -504,6 +587,7 @@ def language_help() -> LanguageHelp:
         comparisons=tuple(c.syntax.replace("{}", "x", 1).replace("{}", "y") for c in COMPARATORS),
         attributes=ATTRIBUTES,
         lifecycle=LIFECYCLE_HELP,
+        windows=WINDOWS,
     )
 
 
@@ -514,4 +598,16 @@ LIFECYCLE_HELP: tuple[tuple[str, str], ...] = (
     ("KEEP FIRING FOR d", "resolve only once the condition has been false for d"),
     ("RESOLVE BELOW x / RESOLVE ABOVE x", "hysteresis: once firing, stay firing until the value leaves this range"),
     ("DAMPEN d", "once fired, stay firing at least d: at most one notification per key per d"),
+)
+
+
+#: The windows and constructs besides aggregates, for the form's help (and docs/conditions.md).
+WINDOWS: tuple[tuple[str, str], ...] = (
+    ("OVER 5m", "a time window: each key's events of the last 5 minutes (ms, s, m, h, d)"),
+    ("OVER LAST 100 EVENTS", "a tuple window: each key's 100 newest events by event time, within the horizon "
+                             "(every aggregate but those over time only)"),
+    ("CHANGE(price) OVER 5m > 3%", "a percentage of CHANGE alone is relative to the window's first value "
+                                   "(PCT_CHANGE); elsewhere a percentage is a share of the last value"),
+    ("NO DATA FOR 5m", "fires for a key that sent nothing for 5 minutes: a listed key always, any other until "
+                       "silent for the horizon"),
 )

@@ -195,7 +195,8 @@ def forget_endpoint(client: redis.Redis, keys: RedisKeys, endpoint_id: int) -> N
 def checked_condition(text: str, settings: Settings) -> Condition:
     """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
     condition = parse_condition(text)
-    check_window(condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms)
+    check_window(condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms,
+                 settings.tuple_max_events)
     return condition
 
 

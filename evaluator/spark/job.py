@@ -98,7 +98,7 @@ def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
     )
     with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):
         transitions = panes.groupBy("shard").transformWithStateInPandas(
-            ShardProcessor(settings, partitions), TRANSITIONS_SCHEMA, "append", "None"
+            ShardProcessor(settings, partitions, shard_ids), TRANSITIONS_SCHEMA, "append", "None"
         )
     return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -34,7 +35,7 @@ from evaluator.preview import PreviewAnswer
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.counters import add_totals
-from evaluator.spark.parse import NO_PARTITION, pane_rows
+from evaluator.spark.parse import NO_PARTITION, pane_rows, shard_of
 from evaluator.spark.sink import clock_record
 from ingest.model import ATTRIBUTES
 
@@ -45,11 +46,16 @@ _SHARDS: dict[tuple[str, int], ShardEvaluator] = {}
 _SHARDS_KEPT = 16
 
 
+def _owned(shard: int, shard_ids: tuple[int, ...], key: str) -> bool:
+    return shard_of(key, shard_ids) == shard
+
+
 class ShardProcessor(StatefulProcessor):
     """transformWithStateInPandas keyed by shard: one :class:`ShardEvaluator` per shard."""
 
-    def __init__(self, settings: Settings, partitions: int) -> None:
+    def __init__(self, settings: Settings, partitions: int, shard_ids: tuple[int, ...] = ()) -> None:
         self.settings = settings
+        self.shard_ids = shard_ids  # the parser's hash partitioning: which keys each shard owns (NO DATA)
         self.config = ShardConfig(
             attributes=ATTRIBUTES,
             pane_ms=settings.pane_ms,
@@ -59,6 +65,7 @@ class ShardProcessor(StatefulProcessor):
             p=settings.evaluator_p,
             collective=settings.evaluator_mode == "collective",
             value_retention_ms=settings.quantile_max_window_ms,
+            tuple_max_events=settings.tuple_max_events,
         )
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -92,6 +99,8 @@ class ShardProcessor(StatefulProcessor):
         opened = time.perf_counter()  # the first state access loads the partition's state store version
         epoch, base_epoch = clock if clock else (0, 0)
         evaluator, how = self._restore(shard, epoch, base_epoch)
+        if self.shard_ids:
+            evaluator.owns = partial(_owned, shard, self.shard_ids)
         restored = time.perf_counter()
 
         frame = pd.concat(list(rows), ignore_index=True)

@@ -288,7 +288,7 @@ class PaneParser:
             panes[f"sum_{a}"] = sums[a].to_numpy()
             panes[f"min_{a}"] = np.minimum.reduceat(values[a], first)
             panes[f"max_{a}"] = np.maximum.reduceat(values[a], first)
-        if self.settings.quantile_max_window_ms:  # every event, for quantiles
+        if self.settings.quantile_max_window_ms or self.settings.tuple_max_events:  # every event: quantiles, tuples
             offsets = pa.array(np.r_[first, len(ts)].astype(np.int32))
         else:  # only the newest event of each pane, for LAST
             ts, values = ts[ends - 1], {a: v[ends - 1] for a, v in values.items()}

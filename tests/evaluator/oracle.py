@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from evaluator.comparators import Range
@@ -28,6 +29,31 @@ def _last(window: list[Event], series: list[float], q: float | None) -> float | 
     return series[newest]
 
 
+def _ordered(window: list[Event]) -> list[int]:
+    """Indexes of the window's events by time, among equal times in arrival order."""
+    return sorted(range(len(window)), key=lambda i: (window[i][1], i))
+
+
+def _change(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """Newest value minus oldest."""
+    if not window:
+        return None
+    order = _ordered(window)
+    return series[order[-1]] - series[order[0]]
+
+
+def _pct_change(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """Newest minus oldest, in percent of the oldest's magnitude; none when the oldest is 0."""
+    if not window:
+        return None
+    order = _ordered(window)
+    first, last = series[order[0]], series[order[-1]]
+    if first == 0:
+        return None
+    value = 100.0 * (last - first) / abs(first)
+    return value if math.isfinite(value) else None
+
+
 #: Each aggregate by its definition, independently of evaluator/aggregates.py (a test checks both name the same
 #: aggregates): ``(window events in arrival order, the attribute's values, param) -> value``; None: no value.
 DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float | None]] = {
@@ -38,10 +64,19 @@ DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float 
     "MAX": lambda window, series, q: max(series) if series else None,
     "QUANTILE": _quantile,
     "LAST": _last,
+    "CHANGE": _change,
+    "PCT_CHANGE": _pct_change,
+    "RATE": lambda window, series, q: None,  # per second of the window's length: see WINDOWED
+}
+
+#: Aggregates whose value also depends on the window's length (ms): ``(window, series, param, window_ms)``.
+WINDOWED: dict[str, Callable[[list[Event], list[float], float | None, int], float | None]] = {
+    "RATE": lambda window, series, q, window_ms: (None if (change := _change(window, series, q)) is None
+                                                  else change / (window_ms / 1000)),
 }
 
 
-def term_of(term: Term | Any, window: list[Event]) -> float | None:
+def term_of(term: Term | Any, window: list[Event], window_ms: int = 0) -> float | None:
     """One aggregate of a window of events, given in arrival order, by its definition.
 
     SUM and AVG are ``math.fsum`` of the raw values (correctly rounded), never a difference of
@@ -50,16 +85,18 @@ def term_of(term: Term | Any, window: list[Event]) -> float | None:
     term = expr_from_json(term)
     assert isinstance(term, Term)
     series = [e[2] if term.attribute == "price" else e[3] for e in window]
+    if term.aggregate in WINDOWED:
+        return WINDOWED[term.aggregate](window, series, term.param, window_ms)
     return DEFINITIONS[term.aggregate](window, series, term.param)
 
 
-def expr_of(expr: Expr, window: list[Event]) -> float | None:
+def expr_of(expr: Expr, window: list[Event], window_ms: int = 0) -> float | None:
     if isinstance(expr, Num):
         return expr.value
     if isinstance(expr, Term):
-        return term_of(expr, window)
+        return term_of(expr, window, window_ms)
     assert isinstance(expr, BinOp)
-    left, right = expr_of(expr.left, window), expr_of(expr.right, window)
+    left, right = expr_of(expr.left, window, window_ms), expr_of(expr.right, window, window_ms)
     if left is None or right is None or (expr.op == "/" and right == 0):
         return None
     value = {"+": left + right, "-": left - right, "*": left * right}.get(expr.op) if expr.op != "/" else left / right
@@ -68,18 +105,28 @@ def expr_of(expr: Expr, window: list[Event]) -> float | None:
 
 def value_of(c: Condition, window: list[Event]) -> float | None:
     if c.aggregate is not Aggregate.EXPR:
-        return term_of(c.terms[0], window)
-    value = expr_of(c.expression, window)  # type: ignore[arg-type]  # EXPR conditions have one
+        return term_of(c.terms[0], window, c.window_ms)
+    value = expr_of(c.expression, window, c.window_ms)  # type: ignore[arg-type]  # EXPR conditions have one
     if value is None or c.percent_of is None:
         return value
     last = term_of(Term("LAST", c.percent_of), window)
     return 100.0 * value / last if last else None
 
 
+def window_of(c: Condition, key_events: list[Event], b: int, pane_ms: int, horizon_ms: int) -> list[Event]:
+    """A key's window at boundary ``b``, from its events in arrival order: those whose pane lies in
+    ``[b - T, b)``; for a tuple window, the ``n`` newest (by time, then arrival) of those in ``[b - horizon, b)``."""
+    if c.events is None:
+        return [e for e in key_events if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]
+    recent = [e for e in key_events if b - horizon_ms <= e[1] // pane_ms * pane_ms < b]
+    return [recent[i] for i in _ordered(recent)][-c.events:]
+
+
 def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
            horizon_ms: int) -> set[tuple[int, str, str, int]]:
     """(subscription, key, state, boundary) of every transition, evaluating every pane boundary from the
-    first pane with data: a key is watched while it has an event in the horizon or is firing."""
+    first pane with data: a key is watched while it has an event in the horizon; a key the subscription
+    lists, always."""
     first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
     all_keys = {e[0] for e in events}
     by_key: dict[str, list[Event]] = defaultdict(list)
@@ -92,8 +139,8 @@ def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: in
         for spec in specs:
             c = spec.condition
             matched = set()
-            for key in (known | firing[spec.id]) & (spec.keys or all_keys):
-                window = [e for e in by_key[key] if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]
+            for key in known & all_keys if spec.keys is None else spec.keys:
+                window = window_of(c, by_key[key], b, pane_ms, horizon_ms)
                 if c.holds(value_of(c, window)):
                     matched.add(key)
             out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
@@ -114,8 +161,8 @@ def _members(specs: list[SubscriptionSpec]) -> list[SubscriptionSpec]:
         c, life = spec.condition, spec.condition.lifecycle
         hold = None if life is None else Range(high=c.low) if life.crossing == "either" else life.resolve
         if hold is not None:
-            members.append(SubscriptionSpec(-spec.id, Condition(c.aggregate, c.attribute, c.window_ms, hold.low,
-                hold.high, hold.low_inclusive, hold.high_inclusive, c.q, c.expression, c.percent_of), spec.keys))
+            members.append(SubscriptionSpec(-spec.id, replace(c, low=hold.low, high=hold.high, ranges=(),
+                low_inclusive=hold.low_inclusive, high_inclusive=hold.high_inclusive, lifecycle=None), spec.keys))
     return members
 
 
@@ -128,8 +175,8 @@ def lifecycle_oracle(events: list[Event], specs: list[SubscriptionSpec] | list[t
     """(subscription, key, state, boundary, kind) of every transition users see, by the lifecycle rules applied
     to the brute-force raw truth, every pair at every boundary (docs/conditions.md):
 
-    * plain: an edge of the raw truth (a key is watched while it has an event in the horizon or satisfied its
-      condition at the previous boundary);
+    * plain: an edge of the raw truth (a key is watched while it has an event in the horizon; a listed key,
+      always: as in :func:`oracle`);
     * FOR d: pending from the boundary it became true, firing at the first boundary at least d later if true at
       every boundary in between;
     * while firing, "false" means out of the RESOLVE hold range (or the condition false without one); it resolves
@@ -166,9 +213,9 @@ def lifecycle_oracle(events: list[Event], specs: list[SubscriptionSpec] | list[t
             before = {i: set(keys) for i, keys in held.items()}
             for m in members:
                 c = m.condition
-                held[m.id] = {key for key in (known | held[m.id]) & (m.keys or all_keys)
-                              if c.holds(value_of(c, [e for e in by_key[key]
-                                                      if b - c.window_ms <= e[1] // pane_ms * pane_ms < b]))}
+                watched = known & all_keys if m.keys is None else m.keys  # as in oracle()
+                held[m.id] = {key for key in watched
+                              if c.holds(value_of(c, window_of(c, by_key[key], b, pane_ms, horizon_ms)))}
             for spec in catalog:
                 out |= _lifecycle_step(spec, b, held, before, state, applied, pane_ms)  # type: ignore[arg-type]
             b += pane_ms

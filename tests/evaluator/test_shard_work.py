@@ -64,7 +64,7 @@ def test_key_churn_keeps_key_ids_bounded_by_the_active_keys() -> None:
         capacities.append(shard.running.keys.capacity)
     assert max(capacities) <= 2 * 12 + 2, "ids are reused once a key is neither known nor firing"
     assert max(capacities[100:]) == max(capacities[:100])
-    # k7 fires COUNT <= 1 for subscription 2 forever after its data left (a no-data alert keeps firing)
+    # k7 fires COUNT < 1 for subscription 2 forever after its data left: it is listed, so always watched
     assert shard.firing.get(2) == {"k7"} and shard.running.keys.get("k7") is not None
     assert len(shard.running.keys) <= 2 * 12 + 1
     assert set(shard._firing_by_key) == {"k7"}
