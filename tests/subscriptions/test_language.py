@@ -185,3 +185,21 @@ def test_lifecycle_errors_say_what_and_where(text: str, message: str, column: in
         parse_condition(text)
     assert message in str(info.value)
     assert info.value.column == column
+
+
+@pytest.mark.parametrize("text", [
+    "AVG(price) OVER LAST 100 EVENTS > 10 FOR 1m",
+    "CHANGE(price) OVER 5m > 3% KEEP FIRING FOR 5m",
+    "CHANGE(price) OVER 5m > 3% RESOLVE BELOW 2%",
+    "MAX(price) OVER LAST 20 EVENTS CROSSES ABOVE 100 DAMPEN 5m",
+])
+def test_lifecycle_clauses_combine_with_tuple_windows_and_changes(text: str) -> None:
+    condition = parse_condition(text)
+    assert condition.lifecycle is not None and format_condition(condition) == text
+    assert Condition.from_dict(condition.to_dict()) == condition
+
+
+def test_no_data_takes_no_clause() -> None:
+    with pytest.raises(ConditionError) as error:
+        parse_condition("NO DATA FOR 5m FOR 1m")
+    assert error.value.column == 16
