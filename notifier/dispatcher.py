@@ -199,7 +199,7 @@ class Dispatcher:
             state = KeyState.from_dict(json.loads(raw) if raw else None)
             reason: str | None
             silence = silenced(alert["key"], now)
-            if silence is not None:
+            if silence is not None and not (alert["state"] == "resolved" and state.open):  # see notifier.silences
                 reason, state = silenced_decision(silence, state, alert["state"])
                 silenced_with[alert["alert_id"]] = silence
             else:

@@ -21,8 +21,10 @@ What a silenced transition does to the key's policy state (:func:`silenced_decis
 a silenced *firing* is not notified, so, as for a muted one, its resolution is not sent
 either, and a subscription that re-notifies (``renotify_s``) reminds the key once the
 silence has ended if it is still firing - that reminder is the notification
-Alertmanager sends when a silence ends. A *resolution* while silenced is not sent and
-closes the episode. Reminders of silenced keys are held back (not logged, as a
+Alertmanager sends when a silence ends. A *resolution* while silenced of a firing that was
+notified before the silence is sent all the same (the dispatcher does not hold it back): a
+silence stops new noise, while closing what subscribers were told keeps their receivers
+right - a PagerDuty incident it opened would otherwise stay open for good. Reminders of silenced keys are held back (not logged, as a
 reminder is no transition).
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import re2
@@ -123,8 +125,10 @@ def silenced_by(silences: tuple[ActiveSilence, ...], labels: Mapping[str, str], 
 
 
 def silenced_decision(silence_id: int, state: KeyState, transition: str) -> tuple[str, KeyState]:
-    """The policy decision of a silenced transition: (reason, new key state); see the module's docstring."""
-    return silence_reason(silence_id), state if transition == "firing" else KeyState(state.notified_at, False)
+    """The policy decision of a silenced transition: (reason, new key state); see the module's docstring.
+
+    A resolution reaches here only for an episode that was not notified: it stays closed."""
+    return silence_reason(silence_id), state if transition == "firing" else replace(state, open=False)
 
 
 @dataclass

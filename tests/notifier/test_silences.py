@@ -222,20 +222,24 @@ def test_a_key_still_firing_when_its_silence_ends_is_reminded_then_its_resolutio
     assert _suppressions(redis_client, settings, sid) == [("AAPL", "firing", f"silenced by #{silence}", silence)]
 
 
-def test_a_resolution_while_silenced_is_held_back_and_closes_the_episode(settings: Settings, redis_client: redis.Redis,
-                                                                        owner) -> None:
+def test_a_resolution_while_silenced_of_a_notified_firing_is_sent_to_close_it(settings: Settings,
+                                                                              redis_client: redis.Redis,
+                                                                              owner) -> None:
     settings = settings.model_copy(update={"silence_cache_s": 0.01})
     sid = _subscription(settings, redis_client, owner)
     dispatcher = Dispatcher(settings, make_celery(settings))
     t = 1_700_000_060_000
-    _dispatch(settings, dispatcher, _transition(sid, "AAPL", "firing", t))  # notified
+    _dispatch(settings, dispatcher, _transition(sid, "AAPL", "firing", t))  # notified (e.g. a PagerDuty incident)
     silence = _silence(settings, owner, ("subscription_name", "=", "vol"))
     time.sleep(0.02)
-    _dispatch(settings, dispatcher, _transition(sid, "AAPL", "resolved", t + 60_000))
-    assert _suppressions(redis_client, settings, sid) == [("AAPL", "resolved", f"silenced by #{silence}", silence)]
+    _dispatch(settings, dispatcher, _transition(sid, "MSFT", "firing", t + 60_000))  # new noise: held back
+    _dispatch(settings, dispatcher, _transition(sid, "AAPL", "resolved", t + 60_000))  # closes what was told
+    _dispatch(settings, dispatcher, _transition(sid, "MSFT", "resolved", t + 120_000))  # never told: held back
+    assert _suppressions(redis_client, settings, sid) == [("MSFT", "firing", f"silenced by #{silence}", silence),
+                                                          ("MSFT", "resolved", f"silenced by #{silence}", silence)]
+    assert _queued(settings, redis_client) == [(sid, "firing", ("AAPL",), False), (sid, "resolved", ("AAPL",), False)]
     state = json.loads(redis_client.hget(RedisKeys(settings).key_states(sid), "AAPL"))
     assert state["open"] is False  # the next firing is a new episode
-    assert _queued(settings, redis_client) == [(sid, "firing", ("AAPL",), False)]
 
 
 @pytest.mark.parametrize("op", ["=~", "!~"])
