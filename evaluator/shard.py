@@ -172,7 +172,7 @@ def group_subscriptions(catalog: Catalog) -> list[Group]:
         loosest = None
         if ranges != [Range(None, None, True, True)]:
             loosest = tuple(replace(template, low=r.low, high=r.high, low_inclusive=True, high_inclusive=True,
-                                    ranges=(), lifecycle=None) for r in ranges)
+                                    ranges=(), lifecycle=None, no_data=False) for r in ranges)  # plain ranges
         groups.append(Group(template, tuple(specs), loosest, AGGREGATES.get(template.aggregate.value), accepted))
     return groups
 
