@@ -33,7 +33,9 @@ def test_quick_run_prints_every_table() -> None:
 
     throughput = table_rows(stdout, "Sustained throughput")
     assert [cells[0] for cells in throughput] == ["collective 300", "naive 300", "high selectivity 300",
-                                                  "key churn 300"]
+                                                  "issue-16 mix 300", "issue-16 mix 300 naive", "key churn 300"]
+    vs_naive = {cells[0]: cells[-1] for cells in throughput}
+    assert number(vs_naive["issue-16 mix 300"]) > 0 and number(vs_naive["collective 300"]) > 0  # each against its mix
     assert all(number(cells[3]) > 0 for cells in throughput), throughput  # events/s from rows processed
     assert all(number(cells[13]) > 0 for cells in throughput), throughput  # peak RSS of the process tree
 
