@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from core.settings import Settings
-from notifier.attempt import Attempt
-from notifier.channels import EndpointView, register
-from notifier.channels.webhook import WebhookLimits, check_url, json_body, post_json
-from notifier.notification import Notification
-from notifier.rendering import cut, message, noted
+from notifier.channels import register
+from notifier.channels.chat import ChatChannel
+from notifier.channels.webhook import check_url
+from notifier.rendering import cut, message
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.templating import ESCAPES, ms_time, number
 
@@ -50,7 +49,7 @@ def slack_payload(notification: dict[str, Any], template: str | None, settings: 
     return {"text": text.text, "blocks": blocks}, text.error
 
 
-class SlackChannel:
+class SlackChannel(ChatChannel):
     """A Slack (or Slack-compatible) incoming webhook."""
 
     kind: ClassVar[EndpointKind] = EndpointKind(
@@ -61,22 +60,7 @@ class SlackChannel:
         template_use="the message text (mrkdwn; values are escaped)", template_escape="slack",
     )
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.limits = WebhookLimits.from_settings(settings)
-
-    @classmethod
-    def payload_preview(cls, notification: dict[str, Any], template: str | None, settings: Settings) -> dict:
-        """What the receiver gets for ``notification`` (the endpoints page's preview)."""
-        return slack_payload(notification, template, settings)[0]
-
-    @classmethod
-    def longest_attempt_s(cls, settings: Settings) -> float:
-        return settings.webhook_total_timeout_s
-
-    def send(self, notification: Notification, endpoint: EndpointView) -> Attempt:
-        payload, failure = slack_payload(notification.to_json(), endpoint.template, self.settings)
-        return noted(post_json(endpoint.target, json_body(payload), {"User-Agent": "Tocsin/1"}, self.limits), failure)
+    build = staticmethod(slack_payload)
 
 
 register(SlackChannel)
