@@ -18,7 +18,7 @@ from evaluator.catalog import Catalog, CatalogChange
 from evaluator.comparators import Range
 from evaluator.lifecycle import Lifecycle
 from evaluator.panerows import PaneRows
-from evaluator.shard import Delta, ShardEvaluator
+from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.transition import Transition
 from tests.evaluator.oracle import lifecycle_oracle
@@ -34,7 +34,7 @@ from tests.evaluator.test_shard import (
     progress_of,
     streams,
 )
-from tests.evaluator.test_shard_plans import PLANS, _batches, _step
+from tests.evaluator.test_shard_plans import PLANS, _batches, _step, continue_copies
 from tests.evaluator.test_shard_time import disordered
 
 DURATIONS = st.sampled_from([0, 0, 500, 1_000, 2_000, 3_000])
@@ -188,24 +188,8 @@ def test_snapshots_and_replayed_deltas_continue_lifecycles_exactly(batches, cata
     """Pending periods, keep-firing, damping and crossings continue exactly in a copy restored from a snapshot
     and in a stale copy that replays the deltas it missed, through catalog edits."""
     batches, end = _batches(batches)
-    seen = _catalogs(catalog[0], catalog[1], len(batches))
-    split = min(split, len(batches) - 1)
-    stale_at = max(split - behind, 0)
-    original = ShardEvaluator(PLANS["incremental"])
-    cached = ShardEvaluator(PLANS["incremental"])
-    deltas: list[Delta] = []
-    for i in range(split):
-        _, delta = _step(original, batches[i], end, seen[i])
-        deltas.append(Delta.from_bytes(delta.to_bytes()))
-        if i < stale_at:
-            _step(cached, batches[i], end, seen[i])
-    restored = ShardEvaluator.from_snapshot(PLANS["incremental"], original.snapshot())
-    for delta in deltas[stale_at:split]:
-        cached.replay(delta)
-    for i in range(split, len(batches)):
-        expected, _ = _step(original, batches[i], end, seen[i])
-        assert _step(restored, batches[i], end, seen[i])[0] == expected
-        assert _step(cached, batches[i], end, seen[i])[0] == expected
+    original, restored, cached = continue_copies(batches, end, _catalogs(catalog[0], catalog[1], len(batches)),
+                                                 split, behind)
     assert restored.lifecycle.records == cached.lifecycle.records == original.lifecycle.records
 
 

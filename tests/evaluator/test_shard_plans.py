@@ -135,7 +135,16 @@ def test_snapshots_and_replayed_deltas_continue_exactly(batches, catalog, split:
     """A copy restored from a snapshot, and a stale cached copy that replays the deltas it missed, evaluate the
     rest of the stream exactly as the original."""
     batches, end = _batches(batches)
-    seen = _catalogs(catalog[0], catalog[1], len(batches))
+    original, restored, cached = continue_copies(batches, end, _catalogs(catalog[0], catalog[1], len(batches)),
+                                                 split, behind)
+    assert restored.firing == cached.firing == original.firing
+
+
+def continue_copies(batches: list, end: int, seen: list[Catalog], split: int,
+                    behind: int) -> tuple[ShardEvaluator, ShardEvaluator, ShardEvaluator]:
+    """Run ``batches`` (each with its catalog in ``seen``) through an original shard; at ``split`` restore a copy
+    from its snapshot, and bring a copy ``behind`` batches stale up to date by replaying the deltas it missed.
+    Every later batch must give all three the same transitions; returns (original, restored, cached)."""
     split = min(split, len(batches) - 1)
     stale_at = max(split - behind, 0)
     original = ShardEvaluator(PLANS["incremental"])
@@ -153,4 +162,4 @@ def test_snapshots_and_replayed_deltas_continue_exactly(batches, catalog, split:
         expected, _ = _step(original, batches[i], end, seen[i])
         assert _step(restored, batches[i], end, seen[i])[0] == expected
         assert _step(cached, batches[i], end, seen[i])[0] == expected
-    assert restored.firing == cached.firing == original.firing
+    return original, restored, cached
