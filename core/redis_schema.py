@@ -6,7 +6,8 @@
   version the change log reaches back to, for new or lagging readers (see ``core.catalog_log``;
   written by the subscriptions service, read by the evaluator);
 - ``alerts``: a Stream of transitions (written by the evaluator sink, consumed by
-  the notifier's dispatcher in the ``notifier`` group);
+  the notifier's dispatcher in the ``notifier`` group), one per slot partition
+  (:meth:`RedisKeys.partition`; see :class:`RedisKeys` for the hash tags and docs/redis.md);
 - ``alerts:dead``: stream entries the dispatcher could not read as a transition, with the reason;
 - ``alert:<id>``: de-duplication marks, so a replayed micro-batch adds nothing;
 - ``firing:<subscription>``: a hash key -> latest firing transition;
@@ -29,6 +30,8 @@
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from core.settings import Settings
 
@@ -68,15 +71,38 @@ def shard_clocks(stats: dict[str, str]) -> list[int]:
     return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
 
 
+def partition_tag(settings: Settings, name: str) -> str:
+    """A hash tag: every key carrying it is in one Redis Cluster slot (namespaced, so deployments spread)."""
+    return "{" + settings.redis_key(name) + "}"
+
+
 class RedisKeys:
+    """Every key name. Keys that one atomic script or transaction touches together share a hash tag.
+
+    Without a cluster and with one partition (the default) no key carries a tag: the names are
+    those of a single Redis. Otherwise (``redis_cluster`` or ``redis_partitions`` > 1):
+
+    - the catalog's four keys carry ``{<ns>:catalog}`` (its scripts read and write them together);
+    - a subscription's keys (firing, history, counters, policy, delivery log), its alerts' dedupe
+      and decision marks, and the alert stream they go to carry ``{<ns>:p<n>}``, ``n`` the
+      subscription's :meth:`partition`: the sink's script and the dispatcher's decision
+      transaction each touch one partition, so one slot;
+    - a delivery's ``delivered`` and ``sending`` marks carry ``{<notification id>}`` (claimed together),
+      and an owner's in-flight sets (its own and its endpoints') ``{<ns>:owner:<id>}``.
+
+    Everything else is one key per command (streams, hashes, lists, counters), in any slot.
+    """
+
     def __init__(self, settings: Settings) -> None:
         k = settings.redis_key
-        self.catalog_version = k("subscriptions", "version")
-        self.catalog_snapshot = k("subscriptions", "snapshot")
-        self.catalog_snapshot_version = k("subscriptions", "snapshot-version")
-        self.catalog_changes = k("subscriptions", "changes")
-        self.alerts_stream = k("alerts")
-        self.alerts_dead = k("alerts", "dead")  # stream entries the dispatcher could not read, with the reason
+        self.partitions = settings.redis_partitions
+        self.tagged = settings.redis_cluster or settings.redis_partitions > 1
+        catalog = partition_tag(settings, "catalog")
+        c = (lambda *parts: k(catalog, *parts)) if self.tagged else k
+        self.catalog_version = c("subscriptions", "version")
+        self.catalog_snapshot = c("subscriptions", "snapshot")
+        self.catalog_snapshot_version = c("subscriptions", "snapshot-version")
+        self.catalog_changes = c("subscriptions", "changes")
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")
@@ -87,43 +113,107 @@ class RedisKeys:
         self.evaluator_starts = k("evaluator", "starts")
         self.watchdog_state = k("ops", "watchdog")
         self._k = k
-        # What the sink's script prepends to a subscription id (the keys below, named inside the script).
-        self.firing_prefix = k("firing", "")
-        self.history_prefix = k("history", "")
-        self.counters_prefix = k("counters", "")
+        self._tags = [partition_tag(settings, f"p{n}") for n in range(self.partitions)]
+        self.layout = k("layout")  # the key layout alerts are written in (see :func:`claim_layout`)
 
-    def alert_mark(self, alert_id: str) -> str:
-        return self._k("alert", alert_id)
+    # -- slot partitions ---------------------------------------------------------------------------
+
+    def partition(self, subscription_id: int) -> int:
+        """The slot partition of a subscription's keys and of the alert stream its transitions go to."""
+        return subscription_id % self.partitions
+
+    def _p(self, partition: int, *parts: str | int) -> str:
+        return self._k(self._tags[partition], *parts) if self.tagged else self._k(*parts)
+
+    def _s(self, subscription_id: int, *parts: str | int) -> str:
+        return self._p(self.partition(subscription_id), *parts)
+
+    def alerts_stream_of(self, partition: int) -> str:
+        """The alert stream of one partition (the dispatcher reads them all, in the ``notifier`` group)."""
+        return self._p(partition, "alerts")
+
+    @property
+    def alerts_streams(self) -> list[str]:
+        return [self.alerts_stream_of(n) for n in range(self.partitions)]
+
+    @property
+    def alerts_stream(self) -> str:
+        """The alert stream, when there is one partition (the default)."""
+        if self.partitions != 1:
+            raise ValueError("the alert stream is partitioned: use alerts_stream_of(partition) or alerts_streams")
+        return self.alerts_stream_of(0)
+
+    def alerts_dead_of(self, partition: int) -> str:
+        """Entries of a partition's stream the dispatcher could not read, with the reason (dead-lettered
+        and acknowledged in one transaction, so in the stream's slot)."""
+        return self._p(partition, "alerts", "dead")
+
+    @property
+    def alerts_dead(self) -> str:
+        if self.partitions != 1:
+            raise ValueError("the alert stream is partitioned: use alerts_dead_of(partition)")
+        return self.alerts_dead_of(0)
+
+    # What the sink's script prepends to an alert or subscription id (the keys below, named inside the script).
+    def mark_prefix(self, partition: int) -> str:
+        return self._p(partition, "alert", "")
+
+    def firing_prefix(self, partition: int) -> str:
+        return self._p(partition, "firing", "")
+
+    def history_prefix(self, partition: int) -> str:
+        return self._p(partition, "history", "")
+
+    def counters_prefix(self, partition: int) -> str:
+        return self._p(partition, "counters", "")
+
+    # -- per subscription --------------------------------------------------------------------------
+
+    def alert_mark(self, subscription_id: int, alert_id: str) -> str:
+        return self._s(subscription_id, "alert", alert_id)
 
     def firing(self, subscription_id: int) -> str:
-        return self._k("firing", subscription_id)
+        return self._s(subscription_id, "firing", subscription_id)
 
     def history(self, subscription_id: int) -> str:
-        return self._k("history", subscription_id)
+        return self._s(subscription_id, "history", subscription_id)
 
     def counters(self, subscription_id: int) -> str:
-        return self._k("counters", subscription_id)
+        return self._s(subscription_id, "counters", subscription_id)
 
     def delivery_log(self, subscription_id: int) -> str:
-        return self._k("deliveries", subscription_id)
+        return self._s(subscription_id, "deliveries", subscription_id)
+
+    def key_states(self, subscription_id: int) -> str:
+        return self._s(subscription_id, "policy", subscription_id)
+
+    def decision(self, subscription_id: int, alert_id: str) -> str:
+        return self._s(subscription_id, "decision", alert_id)
+
+    # -- per delivery, endpoint, owner ---------------------------------------------------------------
+
+    def _n(self, notification_id: str) -> str:
+        return "{" + notification_id + "}" if self.tagged else notification_id
+
+    def delivered(self, notification_id: str, endpoint_id: int) -> str:
+        return self._k("delivered", self._n(notification_id), endpoint_id)
+
+    def sending(self, notification_id: str, endpoint_id: int) -> str:
+        return self._k("sending", self._n(notification_id), endpoint_id)
 
     def endpoint_log(self, endpoint_id: int) -> str:
         return self._k("deliveries", "endpoint", endpoint_id)
 
-    def delivered(self, notification_id: str, endpoint_id: int) -> str:
-        return self._k("delivered", notification_id, endpoint_id)
+    def _o(self, owner_id: int) -> str:
+        return "{" + self._k("owner", owner_id) + "}" if self.tagged else str(owner_id)
 
-    def sending(self, notification_id: str, endpoint_id: int) -> str:
-        return self._k("sending", notification_id, endpoint_id)
-
-    def inflight_endpoint(self, endpoint_id: int) -> str:
-        return self._k("inflight", "endpoint", endpoint_id)
+    def inflight_endpoint(self, owner_id: int, endpoint_id: int) -> str:
+        """In the owner's slot: one script takes a slot of the endpoint and of its owner together."""
+        return self._k("inflight", "endpoint", self._o(owner_id), endpoint_id) if self.tagged else \
+            self._k("inflight", "endpoint", endpoint_id)
 
     def inflight_owner(self, owner_id: int) -> str:
-        return self._k("inflight", "owner", owner_id)
-
-    def key_states(self, subscription_id: int) -> str:
-        return self._k("policy", subscription_id)
+        return self._k("inflight", "owner", self._o(owner_id))
 
     def preview_answers(self, request_id: str) -> str:
         return self._k("preview", request_id)
@@ -131,5 +221,30 @@ class RedisKeys:
     def flash(self, web_session_id: str) -> str:
         return self._k("flash", web_session_id)
 
-    def decision(self, alert_id: str) -> str:
-        return self._k("decision", alert_id)
+
+class LayoutMismatch(RuntimeError):
+    """This process's key layout is not the one the deployment's alerts are written in."""
+
+
+def layout_of(keys: RedisKeys) -> str:
+    return f"partitions={keys.partitions};tagged={int(keys.tagged)}"
+
+
+def claim_layout(client: Any, keys: RedisKeys) -> None:
+    """Record the key layout on first use, and refuse to start in another one.
+
+    The sink writes a subscription's alerts to its partition's stream and the dispatcher reads the
+    streams its own ``TOCSIN_REDIS_PARTITIONS`` names: a sink and a dispatcher configured apart (or a
+    setting changed on a running deployment) would leave streams nobody reads, so alerts would be
+    silently lost. Both call this at start-up; the first records the layout, a different one stops.
+    """
+    mine = layout_of(keys)
+    client.set(keys.layout, mine, nx=True)
+    recorded = client.get(keys.layout)
+    recorded = recorded.decode() if isinstance(recorded, bytes) else recorded
+    if recorded is not None and recorded != mine:
+        raise LayoutMismatch(
+            f"Redis holds this deployment's alerts in the layout {recorded!r} ({keys.layout}), but this process "
+            f"is configured for {mine!r} (TOCSIN_REDIS_PARTITIONS / TOCSIN_REDIS_CLUSTER): alerts written in one "
+            f"would never be read in the other. Set them back, or drain the alert streams and delete {keys.layout} "
+            f"to change the layout (docs/redis.md)")

@@ -8,11 +8,12 @@ the tests and docker-compose configure the same code in the same way.
 from __future__ import annotations
 
 import json
+import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -32,7 +33,15 @@ class Settings(BaseSettings):
     deployment_id: str | None = Field(
         None, description="namespaces every Redis key; default: the id created with the database (read at start)"
     )
-    celery_broker_url: str | None = None  # defaults to redis_url
+    celery_broker_url: str | None = None  # defaults to redis_url; a single Redis (kombu has no Redis Cluster transport)
+    redis_cluster: bool = Field(
+        False, description="redis_url names a node of a Redis Cluster (see docs/redis.md); the Celery broker then "
+                           "needs TOCSIN_CELERY_BROKER_URL, a single Redis"
+    )
+    redis_partitions: int = Field(
+        1, ge=1, le=1024, description="slot partitions of the per-subscription keys and the alert stream: each is "
+                                      "one hash tag, so one Redis Cluster slot (see core.redis_schema)"
+    )
 
     # --- Subscriptions store ---------------------------------------------------
     database_url: str = "sqlite:///var/tocsin.db"
@@ -44,8 +53,17 @@ class Settings(BaseSettings):
     )
 
     # --- Spark job ---------------------------------------------------------------
-    spark_master: str = "local[2]"
+    spark_master: str = Field("local[2]", description="local[n], or a standalone master spark://host:port")
     spark_shuffle_partitions: int = Field(4, ge=1)
+    spark_driver_host: str = Field(
+        "127.0.0.1", description="the address executors reach the driver at (on a cluster: the evaluator's host name)"
+    )
+    spark_driver_bind_address: str = Field(
+        "127.0.0.1", description="the address the driver listens on (0.0.0.0 in a container that executors reach)"
+    )
+    spark_executor_memory: str = Field(
+        "1g", description="heap of each executor JVM on a cluster; must fit a worker's --memory"
+    )
     trigger_interval: str = Field(
         "1 second", description="micro-batch trigger: a batch takes what arrived since the last (README: batching)"
     )
@@ -103,6 +121,8 @@ class Settings(BaseSettings):
     feed_symbols: int = Field(500, ge=1)
     feed_seed: int = 7
     feed_max_disorder_ms: int = Field(500, ge=0)
+    hosts_feed_hosts: int = Field(12, ge=1, le=10_000, description="hosts of the synthetic host-metrics feed")
+    hosts_feed_interval_ms: int = Field(1_000, ge=10, description="how often each demo host reports its metrics")
 
     # --- web -------------------------------------------------------------------
     web_host: str = "127.0.0.1"
@@ -202,7 +222,17 @@ class Settings(BaseSettings):
                                       "put back on its queue, never dropped"
     )
     dispatcher_block_ms: int = 1_000
-    dispatcher_consumer: str = "dispatcher-1"
+    dispatcher_consumer: str = Field(
+        # The host's name: replicas (containers, machines) differ without configuration, and a restarted
+        # dispatcher takes its own unacknowledged alerts back at once instead of after the claim idle time.
+        default_factory=lambda: f"dispatcher-{socket.gethostname()}",
+        description="this dispatcher's consumer name in the group: unique per running dispatcher",
+    )
+    dispatcher_claim_idle_ms: int = Field(
+        60_000, ge=1, description="a pending alert another dispatcher read and left unacknowledged this long is "
+                                  "claimed (its reader is taken for dead); far above a group's wait and dispatch"
+    )
+    dispatcher_claim_interval_s: float = Field(5.0, gt=0, description="how often dead dispatchers' entries are claimed")
     dispatcher_group_wait_ms: int = Field(
         500, ge=0, description="how long transitions of one evaluation are collected into one notification"
     )
@@ -213,6 +243,7 @@ class Settings(BaseSettings):
     metrics_port_evaluator: int = 9464
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
+    metrics_port_hosts_feed: int = 9467
 
     # silences (subscriptions.silences, notifier.silences) ----------------------------
     user_max_silences: int = Field(100, ge=0, description="silences one user may have pending or active at once")
@@ -265,6 +296,13 @@ class Settings(BaseSettings):
                                  "print(Fernet.generate_key().decode())'") from None
         return key
 
+    @model_validator(mode="after")
+    def _broker_beside_a_cluster(self) -> Settings:
+        if self.redis_cluster and not self.celery_broker_url:
+            raise ValueError("TOCSIN_REDIS_CLUSTER needs TOCSIN_CELERY_BROKER_URL: Celery's Redis transport (kombu) "
+                             "speaks to a single Redis, not to a Redis Cluster")
+        return self
+
     @property
     def broker_url(self) -> str:
         return self.celery_broker_url or self.redis_url
@@ -286,6 +324,27 @@ class Settings(BaseSettings):
         100, ge=0, le=100_000,
         description="longest tuple window (OVER LAST n EVENTS): shards keep each key's newest n events (0: off)",
     )
+
+    # streams and publishing (core.streams, subscriptions.streams, web.api.streams; docs/publishing.md)
+    stream_topic_prefix: str = Field("tocsin.stream.", description="a stream's topic is this plus its name "
+                                     "(the built-in 'trades' stream keeps events_topic)")
+    stream_default_retention_ms: int = Field(7 * 86_400_000, ge=60_000, description="a new stream's retention")
+    max_streams: int = Field(100, ge=1, description="streams a deployment may declare")
+    publisher_max_tokens: int = Field(100, ge=0, description="publisher tokens a deployment may hold")
+    publish_max_records: int = Field(
+        10_000, ge=1, description="records one POST /api/streams/{name}/events may carry (more: 413); the body "
+                                  "is also bounded by request_max_bytes")
+    publish_queue_max_messages: int = Field(
+        500_000, ge=1, description="records the web process's Kafka producer holds undelivered; a batch that "
+                                   "does not fit gets a 429 with Retry-After")
+    publish_max_inflight_bytes: int = Field(
+        64 * 1_048_576, ge=1, description="bytes of records a web process holds undelivered before a 429 (one batch "
+                                          "is always admitted when none is in flight)")
+    publish_retry_after_s: int = Field(1, ge=1, description="the Retry-After of a 429 under backpressure")
+    publish_linger_ms: int = Field(5, ge=0, description="how long the producer waits to fill a batch to Kafka")
+    publish_delivery_timeout_ms: int = Field(
+        30_000, ge=1_000, description="how long a record may wait for Kafka's acknowledgement before the request "
+                                      "that carried it answers 503 (the publisher retries: at least once)")
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``TOCSIN_*`` variables, to configure a child process identically."""

@@ -13,6 +13,11 @@
   attempts in flight (scored by when their hold expires), the per-endpoint and
   per-owner caps that keep one slow receiver from taking every worker thread.
 
+On a Redis Cluster a delivery's ``delivered`` and ``sending`` marks share a slot (claimed in one
+transaction), and an owner's in-flight sets share one (taken by one script); the final mark and the
+log lines and counters written with it span slots, so there they are one pipelined round trip rather
+than one transaction: the mark, not the log, decides that a delivery never runs twice (docs/redis.md).
+
 A delivery task is bound to its endpoint as it was when the delivery was queued:
 its id, its owner and its *generation* (a fingerprint of its channel, address and
 stored secret). The worker drops a delivery whose endpoint is gone, belongs to
@@ -113,7 +118,7 @@ class DeliveryRecords:
     # -- writing (worker, dispatcher) ------------------------------------------------------
 
     def _log(self, pipe: redis.client.Pipeline, subscription_id: int | None, entry: dict,
-             endpoint_log: bool = True) -> None:
+             endpoint_log: bool = True, stats: redis.client.Pipeline | None = None) -> None:
         line = _json({**entry, "at": time.time()})
         logs = [self.keys.delivery_log(subscription_id)] if subscription_id is not None else []
         if endpoint_log and entry.get("endpoint_id") is not None:
@@ -121,7 +126,7 @@ class DeliveryRecords:
         for log_key in logs:
             pipe.lpush(log_key, line)
             pipe.ltrim(log_key, 0, ATTEMPT_LOG_LENGTH - 1)
-        pipe.hincrby(self.keys.delivery_stats, entry["outcome"], 1)
+        (pipe if stats is None else stats).hincrby(self.keys.delivery_stats, entry["outcome"], 1)
 
     @staticmethod
     def _entry(notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int,
@@ -201,11 +206,16 @@ class DeliveryRecords:
         pipe.execute()
 
     def suppressed(self, subscription_id: int, alert: dict, reason: str, pipe: redis.client.Pipeline,
-                   silence_id: int | None = None) -> None:
-        """Log, in the caller's transaction, that the alert policy or a silence (``silence_id``) held a transition back."""
+                   stats: redis.client.Pipeline, silence_id: int | None = None) -> None:
+        """Log, in the caller's transaction, that the alert policy or a silence (``silence_id``) held a transition back.
+
+        The log is in the subscription's slot (``core.redis_schema``), the count in ``stats``: the
+        deployment-wide counters are in a slot of their own on a Redis Cluster.
+        """
         entry = {"alert_id": alert["alert_id"], "keys": [alert["key"]], "state": alert["state"],
                  "outcome": "suppressed", "reason": reason}
-        self._log(pipe, subscription_id, entry if silence_id is None else {**entry, "silence_id": silence_id})
+        self._log(pipe, subscription_id, entry if silence_id is None else {**entry, "silence_id": silence_id},
+                  stats=stats)
 
     def claim(self, notification_id: str, endpoint_id: int, ttl_s: float) -> tuple[bool, bool]:
         """(claimed, already finished: delivered, dead-lettered or dropped), in one round trip.
@@ -231,12 +241,12 @@ class DeliveryRecords:
         A holder that dies frees its slot when its hold expires (``ttl_s``, longer
         than any attempt); expiry uses the Redis server's clock, shared by all workers.
         """
-        keys = [self.keys.inflight_endpoint(endpoint_id), self.keys.inflight_owner(owner_id)]
+        keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id)]
         return bool(self.redis.eval(_TAKE_SLOT, 2, *keys, token, endpoint_cap, owner_cap, int(ttl_s * 1000)))
 
     def free_slot(self, endpoint_id: int, owner_id: int, token: str) -> None:
         pipe = self.redis.pipeline()
-        pipe.zrem(self.keys.inflight_endpoint(endpoint_id), token)
+        pipe.zrem(self.keys.inflight_endpoint(owner_id, endpoint_id), token)
         pipe.zrem(self.keys.inflight_owner(owner_id), token)
         pipe.execute()
 

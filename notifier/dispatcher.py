@@ -12,6 +12,17 @@ notification it joins, is stored before any task is enqueued, and entries are
 acknowledged only after. A restarted dispatcher re-handles its pending entries,
 finds their decisions, and rebuilds the same notifications; the worker drops any
 it already delivered.
+
+Several dispatchers (each with its own ``dispatcher_consumer`` name) share the
+group: each entry is handed to one of them. A dispatcher that dies leaves its
+entries pending; every ``dispatcher_claim_interval_s`` the others claim entries
+idle for ``dispatcher_claim_idle_ms`` (XAUTOCLAIM) and handle them as above, so the
+stored decisions and the worker's delivered marks keep each alert delivered once.
+
+The stream is one per slot partition (``core.redis_schema``); a dispatcher reads
+them all. On a single Redis one XREADGROUP covers every partition; on a Redis
+Cluster a command touches one slot, so partitions are read one by one and the
+blocking read waits on one partition at a time, in turn (docs/redis.md).
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import json
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -33,8 +44,9 @@ from sqlalchemy.orm import Session
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
+from core.redis_client import is_cluster, make_redis
 from core.redis_replies import text_hash
-from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys
+from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys, claim_layout
 from core.settings import Settings, get_settings
 from evaluator.transition import Transition
 from notifier.app import make_celery
@@ -50,12 +62,16 @@ log = structlog.get_logger("dispatcher")
 
 TRANSITIONS = Counter("tocsin_dispatcher_transitions_total", "Transitions handled", ["outcome"])
 NOTIFICATIONS = Counter("tocsin_dispatcher_notifications_total", "Notifications enqueued", ["kind"])
+CLAIMED = Counter("tocsin_dispatcher_claimed_total", "Pending entries claimed from dispatchers taken for dead")
 BUFFERED = Gauge("tocsin_dispatcher_buffered_transitions", "Transitions waiting to be grouped")
+FAILED = Counter("tocsin_dispatcher_failed_rounds_total", "Rounds that failed and are retried (entries stay pending)")
 
 DECISION_TTL_S = 7 * 24 * 3600
+MAX_ID = 2**63  # database ids are positive signed 64-bit integers
 
 
 _StreamReply = list[tuple[str, list[tuple[str, dict[str, str]]]]] | None  # XREADGROUP, decoded
+_Entries = Sequence[tuple[str, dict[str, str] | None]]  # (entry id, fields), as XAUTOCLAIM and XREADGROUP give them
 
 
 @dataclass
@@ -72,59 +88,110 @@ class Dispatcher:
     def __init__(self, settings: Settings, celery: Celery | None = None) -> None:
         self.settings = settings
         self.keys = RedisKeys(settings)
-        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.redis = make_redis(settings, decode_responses=True)
+        self.one_command = not is_cluster(self.redis)  # one XREADGROUP may name every partition's stream
         self.records = DeliveryRecords(self.redis, self.keys)
         self.celery = celery or make_celery(settings)
         self.sessions = session_factory(settings.database_url)
         self.buffer: dict[tuple, _Group] = {}
+        self.buffered: set[tuple[int, str]] = set()  # (partition, entry id) in the buffer: a claim adds none twice
         self.silences = SilenceCache(settings.silence_cache_s)
         self.next_reminder = 0.0
+        self.next_claim = 0.0
+        self.turn = 0  # the partition the next blocking read waits on, on a cluster
         self.running = True
-        try:
-            self.redis.xgroup_create(self.keys.alerts_stream, NOTIFIER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        claim_layout(self.redis, self.keys)  # a sink writing partitions this dispatcher does not read: refuse
+        self.create_groups()
+
+    def create_groups(self) -> None:
+        """The consumer group on every partition's stream (from its first entry), unless it is there."""
+        for stream in self.keys.alerts_streams:
+            try:
+                self.redis.xgroup_create(stream, NOTIFIER_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     # -- reading and grouping ------------------------------------------------------------------
 
-    def read(self, block_ms: int | None, pending: bool = False) -> int:
-        """Buffer one read's worth of entries; ``pending`` re-reads this consumer's unacknowledged ones."""
+    def _xreadgroup(self, partitions: list[int], pending: bool, block_ms: int | None) -> int:
         response: _StreamReply = self.redis.xreadgroup(  # type: ignore[assignment]  # redis-py types every reply shape at once
             NOTIFIER_GROUP,
             self.settings.dispatcher_consumer,
-            {self.keys.alerts_stream: "0" if pending else ">"},
+            {self.keys.alerts_stream_of(p): "0" if pending else ">" for p in partitions},
             count=500,
             block=None if pending else block_ms,
         )
-        read = 0
-        now = time.monotonic()
-        for _stream, entries in response or []:
-            for entry_id, fields in entries:
-                alert = self._parse(entry_id, fields)
-                if alert is None:
-                    continue
-                key = (alert["subscription_id"], alert["evaluated_at"], alert["state"])
-                self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
-                read += 1
+        partition_of = {self.keys.alerts_stream_of(p): p for p in partitions}
+        return sum([self._buffer(partition_of[stream], entries) for stream, entries in response or []])
+
+    def read(self, block_ms: int | None, pending: bool = False) -> int:
+        """Buffer one read's worth of entries; ``pending`` re-reads this consumer's unacknowledged ones."""
+        partitions = list(range(self.keys.partitions))
+        if self.one_command:
+            read = self._xreadgroup(partitions, pending, block_ms)
+        else:
+            read = sum(self._xreadgroup([p], pending, None) for p in partitions)
+            if not read and not pending and block_ms is not None:  # wait on one partition, each in turn
+                self.turn = (self.turn + 1) % len(partitions)
+                read = self._xreadgroup([self.turn], False, max(1, block_ms // len(partitions)))
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return read
 
-    def _parse(self, entry_id: str, fields: dict[str, str]) -> dict | None:
+    def claim(self) -> int:
+        """Buffer the entries other (dead) dispatchers read and left pending past ``dispatcher_claim_idle_ms``."""
+        claimed = 0
+        for partition, stream in enumerate(self.keys.alerts_streams):
+            start = "0-0"
+            while True:
+                reply = self.redis.xautoclaim(stream, NOTIFIER_GROUP, self.settings.dispatcher_consumer,
+                                              self.settings.dispatcher_claim_idle_ms, start, count=500)
+                start, entries = reply[0], reply[1]
+                taken = self._buffer(partition, entries)
+                if taken:
+                    CLAIMED.inc(taken)
+                    log.warning("pending_entries_claimed", stream=stream, entries=taken)
+                claimed += taken
+                if start == "0-0":
+                    break
+        BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
+        return claimed
+
+    def _buffer(self, partition: int, entries: _Entries) -> int:
+        """Add read or claimed entries to their groups; returns how many were new to the buffer."""
+        now = time.monotonic()
+        added = 0
+        for entry_id, fields in entries:
+            if (partition, entry_id) in self.buffered or fields is None:  # None: trimmed from the stream
+                continue
+            alert = self._parse(partition, entry_id, fields)
+            if alert is None:
+                continue
+            # By the stream read, too: acknowledged where it was read (were the partitions ever renumbered).
+            key = (alert["subscription_id"], alert["evaluated_at"], alert["state"], partition)
+            self.buffer.setdefault(key, _Group(now)).entries.append((entry_id, alert))
+            self.buffered.add((partition, entry_id))
+            added += 1
+        return added
+
+    def _parse(self, partition: int, entry_id: str, fields: dict[str, str]) -> dict | None:
         """The entry's transition, or None once a malformed entry is dead-lettered with its reason and acknowledged.
 
         Only the evaluator's sink writes the stream, but one bad entry must not stop every alert behind it:
         a dispatcher that raised here would re-read the same pending entry after each restart, forever.
         """
         try:
-            return Transition.from_json(fields["alert"]).to_dict()
-        except (KeyError, ValueError, TypeError) as exc:
+            alert = Transition.from_json(fields["alert"]).to_dict()
+            if not 0 < alert["subscription_id"] < MAX_ID:  # no database row has it: every dispatch would fail
+                raise ValueError(f"subscription_id {alert['subscription_id']} is not a positive 64-bit id")
+            return alert
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
             raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
-            pipe = self.redis.pipeline()
-            pipe.xadd(self.keys.alerts_dead, {"entry_id": entry_id, "reason": reason, "entry": raw},
+            pipe = self.redis.pipeline(transaction=True)  # both keys in the partition's slot
+            pipe.xadd(self.keys.alerts_dead_of(partition), {"entry_id": entry_id, "reason": reason, "entry": raw},
                       maxlen=HISTORY_LENGTH, approximate=True)
-            pipe.xack(self.keys.alerts_stream, NOTIFIER_GROUP, entry_id)
+            pipe.xack(self.keys.alerts_stream_of(partition), NOTIFIER_GROUP, entry_id)
             pipe.execute()
             TRANSITIONS.labels("malformed").inc()
             log.error("malformed_transition_dead_lettered", entry_id=entry_id, reason=reason)
@@ -137,10 +204,13 @@ class Dispatcher:
         due = [k for k, g in self.buffer.items() if force or now - g.first_seen >= wait_s]
         if due:
             with self.sessions() as session:
-                known = routes(session, {subscription_id for subscription_id, _, _ in due})
+                known = routes(session, {key[0] for key in due})
                 self.silences.refresh(session, {route.owner_id for route in known.values()})
             for key in due:
-                self.dispatch(known.get(key[0]), self.buffer.pop(key).entries)
+                entries = self.buffer.pop(key).entries
+                # Out of the buffer for good: if dispatching fails, they stay pending and a claim brings them back.
+                self.buffered.difference_update((key[3], entry_id) for entry_id, _ in entries)
+                self.dispatch(known.get(key[0]), entries, key[3])
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return len(due)
 
@@ -155,8 +225,9 @@ class Dispatcher:
 
     # -- policy and enqueueing -----------------------------------------------------------------
 
-    def dispatch(self, route: Route | None, entries: list[tuple[str, dict]]) -> None:
-        """Decide and enqueue one group of transitions of one subscription (``None``: it was deleted)."""
+    def dispatch(self, route: Route | None, entries: list[tuple[str, dict]], partition: int) -> None:
+        """Decide and enqueue one group of transitions of one subscription (``None``: it was deleted), read from
+        ``partition``'s stream."""
         alerts = [alert for _, alert in entries]
         if route is None:
             TRANSITIONS.labels("no_subscription").inc(len(alerts))
@@ -172,7 +243,7 @@ class Dispatcher:
                     by_notification[nid].append(alert)
             for nid, members in by_notification.items():
                 self.enqueue(make_notification(_info(route), members, nid), route)
-        self.redis.xack(self.keys.alerts_stream, NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
+        self.redis.xack(self.keys.alerts_stream_of(partition), NOTIFIER_GROUP, *[entry_id for entry_id, _ in entries])
 
     def decide(self, subscription_id: int, policy: AlertPolicy, alerts: list[dict],
                silenced: Callable[[str, float], int | None] = lambda _key, _now: None) -> dict[str, str | None]:
@@ -180,7 +251,7 @@ class Dispatcher:
 
         ``silenced(key, now)``: the silence holding the key's alerts back, if any (``notifier.silences``).
         """
-        known = self.redis.mget([self.keys.decision(a["alert_id"]) for a in alerts])
+        known = self.redis.mget([self.keys.decision(subscription_id, a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
         for alert, raw in zip(alerts, known, strict=True):  # the episode a decided transition belongs to
             episode = json.loads(raw).get("episode") if raw else None
@@ -194,7 +265,8 @@ class Dispatcher:
         now = time.time()
         reasons: dict[str, str | None] = {}
         silenced_with: dict[str, int] = {}
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.redis.pipeline(transaction=True)  # the subscription's slot: its states, decisions and log
+        counts = self.redis.pipeline(transaction=False)  # the deployment's counters, in a slot of their own
         for alert, raw in zip(fresh, stored, strict=True):
             state = KeyState.from_dict(json.loads(raw) if raw else None)
             reason: str | None
@@ -214,13 +286,15 @@ class Dispatcher:
             reason = reasons[alert["alert_id"]]
             nid = None if reason is not None else shared or notification_id([alert["alert_id"]])
             assigned[alert["alert_id"]] = nid
-            pipe.set(self.keys.decision(alert["alert_id"]),
+            pipe.set(self.keys.decision(subscription_id, alert["alert_id"]),
                      json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id")}),
                      ex=DECISION_TTL_S)
             if reason is not None:
-                self.records.suppressed(subscription_id, alert, reason, pipe, silenced_with.get(alert["alert_id"]))
+                self.records.suppressed(subscription_id, alert, reason, pipe, counts,
+                                        silenced_with.get(alert["alert_id"]))
             TRANSITIONS.labels("notified" if reason is None else "suppressed").inc()
         pipe.execute()
+        counts.execute()
         return assigned
 
     def enqueue(self, notification: Notification, route: Route) -> None:
@@ -243,7 +317,7 @@ class Dispatcher:
             states_key = self.keys.key_states(route.subscription_id)
             stored = self.redis.hmget(states_key, keys)
             # Only transitions the dispatcher has already decided on; the others are still on their way.
-            handled = self.redis.mget([self.keys.decision(firing[k]["alert_id"]) for k in keys])
+            handled = self.redis.mget([self.keys.decision(route.subscription_id, firing[k]["alert_id"]) for k in keys])
             due = [
                 firing[k]
                 for k, raw, decided in zip(keys, stored, handled, strict=True)
@@ -284,6 +358,9 @@ class Dispatcher:
             self.flush(force=True)
 
     def run_once(self) -> None:
+        if time.monotonic() >= self.next_claim:
+            self.claim()
+            self.next_claim = time.monotonic() + self.settings.dispatcher_claim_interval_s
         self.read(self._wait_ms())
         self.flush()
         if time.monotonic() >= self.next_reminder:
@@ -293,16 +370,37 @@ class Dispatcher:
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
-        self.drain_pending()
-        log.info("dispatcher_started", stream=self.keys.alerts_stream)
+        try:
+            self.drain_pending()
+        except Exception:  # as in the loop below: what failed stays pending and is claimed back
+            FAILED.inc()
+            log.exception("dispatch_failed")
+        log.info("dispatcher_started", streams=self.keys.alerts_streams, consumer=self.settings.dispatcher_consumer)
         while self.running:
             try:
                 self.run_once()
-            except redis.ConnectionError as exc:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a timeout too: e.g. resumed after a stall
                 log.warning("redis_unavailable", error=str(exc))
                 time.sleep(1)
             except (OperationalError, InterfaceError) as exc:  # routes and silences are read at each decision
                 log.warning("database_unavailable", error=str(exc)[:500])  # buffered and pending entries wait
+                time.sleep(1)
+            except redis.ResponseError as exc:
+                FAILED.inc()
+                if "NOGROUP" not in str(exc):
+                    log.exception("dispatch_failed")
+                    time.sleep(1)
+                    continue
+                # The stream went with its group (a Redis restarted without its data, a key deleted): the sink
+                # writes a new stream, which nobody would ever read without the group again.
+                log.error("consumer_group_missing", error=str(exc))
+                with contextlib.suppress(redis.RedisError):  # if Redis is away, the next round says so
+                    self.create_groups()
+            except Exception:  # e.g. the Celery broker unreachable (kombu's OperationalError)
+                # Never stop: a group whose dispatch failed left the buffer but stays pending; claim() takes it
+                # back once idle for dispatcher_claim_idle_ms (its own entries too) and dispatches it again.
+                FAILED.inc()
+                log.exception("dispatch_failed")
                 time.sleep(1)
         self.flush(force=True)
 

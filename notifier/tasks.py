@@ -49,6 +49,7 @@ from kombu.exceptions import OperationalError
 from prometheus_client import Counter, Histogram
 
 from core.metrics import serve_metrics
+from core.redis_client import connect
 from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
@@ -75,9 +76,9 @@ def _serve_metrics(**_: object) -> None:
 
 
 @lru_cache(maxsize=4)
-def _redis(url: str) -> redis.Redis:
+def _redis(url: str, cluster: bool) -> redis.Redis:
     """One client (and connection pool) per worker process, not one per task."""
-    return redis.Redis.from_url(url, decode_responses=True)
+    return connect(url, cluster, decode_responses=True)
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
@@ -168,7 +169,7 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
 
 def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint_id: int | None, extra: tuple,
              owner_id: int | None, generation: str | None, attempt: int, deferrals: int, unknown: dict) -> str:
-    records = DeliveryRecords(_redis(settings.redis_url), RedisKeys(settings))
+    records = DeliveryRecords(_redis(settings.redis_url, settings.redis_cluster), RedisKeys(settings))
     try:
         typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown)
     except MalformedNotificationError as exc:  # never silence: a task that is not a delivery is a dead letter, with why

@@ -22,6 +22,11 @@ from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()
 
+# Child processes log at WARNING for the whole run, set before any test so that a test sees the same level
+# alone as in the full suite (once set by the Spark fixture only, it changed under tests that came later).
+# A test that waits for an info line asks for it: ``monkeypatch.setenv("TOCSIN_LOG_LEVEL", "INFO")``.
+os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
+
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -47,6 +52,11 @@ def redis_url(workdir: Path) -> Iterator[str]:
 @pytest.fixture
 def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
     """Settings isolated per test: fresh topics, key prefix, database and state directory."""
+    return isolated_settings(kafka_bootstrap, redis_url, tmp_path)
+
+
+def isolated_settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
+    """Fresh topics, key prefix, database and state directory (for fixtures of a wider scope than a test too)."""
     n = next(_topic_ids)
     tag = uuid.uuid4().hex[:8]
     return Settings(
@@ -85,7 +95,6 @@ def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):
     """The one SparkSession of the test run."""
     from evaluator.spark.session import spark_session
 
-    os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
     session = spark_session(
         Settings(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, spark_shuffle_partitions=2), "tocsin-tests"
     )

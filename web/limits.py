@@ -18,10 +18,11 @@ import redis
 from fastapi import Depends, HTTPException, Request, status
 from limits import RateLimitItem, RateLimitItemPerSecond, parse
 from limits.errors import StorageError
-from limits.storage import RedisStorage
+from limits.storage import storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.redis_client import limits_storage_uri
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
@@ -39,11 +40,12 @@ def unavailable() -> HTTPException:
 
 
 class RateLimiter:
-    """Named rate limits over one Redis, under this deployment's key prefix."""
+    """Named rate limits over the deployment's Redis (single or cluster), under its key prefix."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        storage = RedisStorage(settings.redis_url, key_prefix=RedisKeys(settings).rate_limits, wrap_exceptions=True)
+        storage = storage_from_string(limits_storage_uri(settings), key_prefix=RedisKeys(settings).rate_limits,
+                                      wrap_exceptions=True)
         self.limiter = FixedWindowRateLimiter(storage)
 
     def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:

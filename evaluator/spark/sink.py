@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,8 @@ import redis
 from pyspark.sql import DataFrame
 from redis.typing import EncodableT, FieldT
 
-from core.redis_schema import HISTORY_LENGTH, RedisKeys, shard_clock_field, shard_clocks
+from core.redis_client import make_redis, run_script
+from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks
 from core.settings import Settings
 from evaluator.transition import KINDS, STATES, Transition
 
@@ -43,7 +45,7 @@ def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
 
 
 _RECORD_TRANSITIONS = """
--- KEYS[1]: the alert stream
+-- KEYS[1]: the alert stream of the partition every key below is in (one hash tag: one slot)
 -- ARGV: dedupe TTL, stream max length, history length, the prefixes of the dedupe marks, firing hashes,
 --       counters hashes and history streams, then per transition: alert id, subscription id, key, state (firing,
 --       resolved, or crossing: an event, counted but never kept in the firing hash), payload
@@ -142,8 +144,8 @@ class RedisAlertSink:
     the alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its
     firing hash at each key's last state, and one HINCRBY per state. It takes transitions in chunks
     (a script call blocks Redis while it runs), all chunks in one pipelined round trip, then the
-    batch's stats in another. (Its keys span hash slots and are named inside the script: this needs a single
-    Redis, not Redis Cluster.)
+    batch's stats in another. The script runs once per slot partition (``core.redis_schema``): its keys
+    share the partition's hash tag, so it works on a Redis Cluster too.
     """
 
     DEDUPE_TTL_S = 7 * 24 * 3600
@@ -152,10 +154,9 @@ class RedisAlertSink:
 
     def __init__(self, settings: Settings) -> None:
         self.keys = RedisKeys(settings)
-        self.redis = redis.Redis.from_url(settings.redis_url)
+        self.redis = make_redis(settings)
+        claim_layout(self.redis, self.keys)  # alerts in partitions the dispatchers do not read: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
-        self.prefixes = [self.keys.alert_mark(""), self.keys.firing_prefix, self.keys.counters_prefix,
-                         self.keys.history_prefix]
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
@@ -167,14 +168,21 @@ class RedisAlertSink:
         return sum(int(n) for n in pipe.execute())
 
     def _queue(self, pipe: redis.client.Pipeline, records: Sequence[Record]) -> int:
-        """Queue the script calls that record ``records`` on ``pipe``; returns how many calls."""
+        """Queue the script calls that record ``records`` on ``pipe``, per partition; returns how many calls."""
+        by_partition: dict[int, list[Record]] = defaultdict(list)
+        for record in records:  # in order within each partition, so per subscription
+            by_partition[self.keys.partition(record[1])].append(record)
         calls = 0
-        for first in range(0, len(records), self.CHUNK):
-            args: list[EncodableT] = [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH, *self.prefixes]
-            for record in records[first : first + self.CHUNK]:
-                args.extend(record)
-            self.script(keys=[self.keys.alerts_stream], args=args, client=pipe)
-            calls += 1
+        for partition, own in sorted(by_partition.items()):
+            k = self.keys
+            prefixes = [k.mark_prefix(partition), k.firing_prefix(partition), k.counters_prefix(partition),
+                        k.history_prefix(partition)]
+            for first in range(0, len(own), self.CHUNK):
+                args: list[EncodableT] = [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH, *prefixes]
+                for record in own[first : first + self.CHUNK]:
+                    args.extend(record)
+                run_script(self.script, pipe, [k.alerts_stream_of(partition)], args)
+                calls += 1
         return calls
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:

@@ -29,7 +29,7 @@ def test_a_redis_error_no_wait_cures_is_retried_then_dead_lettered_not_requeued_
     sound = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     broken_sub, sound_sub = _subscription(service, [broken.id], "broken"), _subscription(service, [sound.id], "ok")
     keys = RedisKeys(settings)
-    redis_client.set(keys.inflight_endpoint(broken.id), "not a sorted set")  # WRONGTYPE in the slot script
+    redis_client.set(keys.inflight_endpoint(service.owner.id, broken.id), "not a sorted set")  # WRONGTYPE in the slot script
     records = DeliveryRecords(redis_client, keys)
     celery = make_celery(settings)
     try:

@@ -1,0 +1,72 @@
+"""The one place Redis clients are made: a single Redis (the default) or a Redis Cluster.
+
+``TOCSIN_REDIS_CLUSTER=true`` makes ``TOCSIN_REDIS_URL`` name any node of a cluster; the client
+then finds the others and routes each command by its key's slot. Code takes the client as a
+``redis.Redis``: :class:`redis.cluster.RedisCluster` offers the same commands for keys of one
+slot, which is what every atomic script and transaction here touches (``core.redis_schema``
+tags their keys so). The Celery broker is never the cluster (``notifier.app``): kombu's Redis
+transport speaks to one Redis only, so it has its own URL (:func:`broker_client`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, cast
+from urllib.parse import urlparse
+
+import redis
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline, RedisCluster
+from redis.commands.core import Script
+from redis.typing import EncodableT, KeyT
+
+from core.settings import Settings
+
+
+def make_redis(settings: Settings, decode_responses: bool = False, **options: Any) -> redis.Redis:
+    """A client of the deployment's Redis, single or cluster as configured."""
+    return connect(settings.redis_url, settings.redis_cluster, decode_responses, **options)
+
+
+def connect(url: str, cluster: bool, decode_responses: bool = False, **options: Any) -> redis.Redis:
+    """A client of the Redis (``cluster``: of the Redis Cluster one of whose nodes) at ``url``."""
+    if cluster:
+        # The same commands as redis.Redis for one slot's keys (see the module's docstring).
+        return cast("redis.Redis", RedisCluster.from_url(url, decode_responses=decode_responses, **options))
+    return redis.Redis.from_url(url, decode_responses=decode_responses, **options)
+
+
+def is_cluster(client: redis.Redis | Pipeline) -> bool:
+    return isinstance(client, RedisCluster)  # a ClusterPipeline is a RedisCluster too
+
+
+@lru_cache(maxsize=8)
+def _broker(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def broker_client(settings: Settings) -> redis.Redis:
+    """A (shared, decoding) client of the Celery broker's Redis, for reading its queues."""
+    return _broker(settings.broker_url)
+
+
+def limits_storage_uri(settings: Settings) -> str:
+    """The ``limits`` library's storage URI for the deployment's Redis (its cluster scheme names nodes)."""
+    if not settings.redis_cluster:
+        return settings.redis_url
+    url = urlparse(settings.redis_url)
+    auth = f"{url.username or ''}:{url.password}@" if url.password else ""
+    return f"redis+cluster://{auth}{url.hostname}:{url.port or 6379}"
+
+
+def run_script(script: Script, pipe: Pipeline, keys: list[KeyT], args: list[EncodableT]) -> None:
+    """Queue a script call on a pipeline.
+
+    A cluster pipeline cannot load a missing script at execute time (redis-py's script
+    object only does that for single-Redis pipelines), so there the source travels with
+    the call: EVAL, routed by the first key's slot.
+    """
+    if isinstance(pipe, ClusterPipeline):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        script(keys=keys, args=args, client=pipe)
