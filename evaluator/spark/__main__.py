@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from core.logs import configure_logging
 from core.metrics import serve_metrics
+from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
 from evaluator.spark.job import build_query
@@ -108,7 +109,7 @@ def main() -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    stats = redis.Redis.from_url(settings.redis_url)
+    stats = make_redis(settings)
     keys = RedisKeys(settings)
     stopping = stop_file(settings)
     stopping.unlink(missing_ok=True)  # left by a run that was killed

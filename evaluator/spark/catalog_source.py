@@ -15,11 +15,11 @@ import json
 import time
 from dataclasses import dataclass
 
-import redis
 import structlog
 
 from core.catalog_log import CatalogLog
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
+from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import UNREADABLE, Catalog
@@ -82,7 +82,7 @@ class CatalogSource:
         self.refresh_s = refresh_s
         self.reassert_s = reassert_s
         self.preview_max_age_s = settings.preview_timeout_s
-        self.redis = redis.Redis.from_url(settings.redis_url)
+        self.redis = make_redis(settings)
         self.catalog_log = CatalogLog(self.redis, self.keys)
         self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()

@@ -76,6 +76,7 @@ def source_options(settings: Settings) -> dict[str, str]:
         "stopFile": str(stop_file(settings).resolve()),
         "statsUrl": settings.redis_url,
         "statsKey": RedisKeys(settings).evaluator_stats,
+        "statsCluster": str(settings.redis_cluster).lower(),
     }
     if settings.source_max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(settings.source_max_records_per_trigger)

@@ -112,7 +112,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_record_bytes = int(options["maxrecordbytes"]) if options.get("maxrecordbytes") else None
         self.keep_bytes = int(options.get("keepbytes", "4096"))
         self.stop_file = options.get("stopfile")
-        self.stats = (options["statsurl"], options["statskey"]) if options.get("statsurl") else None
+        self.stats = ((options["statsurl"], options["statskey"], options.get("statscluster") == "true")
+                      if options.get("statsurl") else None)
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
 
@@ -265,12 +266,12 @@ class _RawColumns:
         return batch
 
 
-def _add_read_stats(url: str, key: str, seconds: float, records: int) -> None:
+def _add_read_stats(url: str, key: str, cluster: bool, seconds: float, records: int) -> None:
     """Add one slice's reading time to the stats hash; the profile never fails a read."""
     import redis
 
     try:
-        pipe = _stats_client(url).pipeline(transaction=False)
+        pipe = _stats_client(url, cluster).pipeline(transaction=False)
         pipe.hincrbyfloat(key, "read_ms_total", round(seconds * 1000, 3))
         pipe.hincrby(key, "read_rows", records)
         pipe.execute()
@@ -279,10 +280,10 @@ def _add_read_stats(url: str, key: str, seconds: float, records: int) -> None:
 
 
 @functools.cache
-def _stats_client(url: str) -> Any:  # one client per worker process
-    import redis
+def _stats_client(url: str, cluster: bool) -> Any:  # one client per worker process
+    from core.redis_client import connect
 
-    return redis.Redis.from_url(url, socket_timeout=2)
+    return connect(url, cluster, socket_timeout=2)
 
 
 class _ConsumerPool:
