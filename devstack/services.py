@@ -100,7 +100,7 @@ class ManagedProcess:
 
 
 def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None,
-          graceful: bool = False, stop_timeout_s: float = 10.0) -> ManagedProcess:
+          graceful: bool = False, stop_timeout_s: float = 10.0, cwd: Path | None = None) -> ManagedProcess:
     stdout = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     process = subprocess.Popen(
         args,
@@ -109,6 +109,7 @@ def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[st
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     return ManagedProcess(name, process, graceful, stop_timeout_s)
 

@@ -1,28 +1,51 @@
-"""Building the SparkSession the evaluator job and the tests use."""
+"""Building the SparkSession the evaluator job and the tests use, in local mode or on a standalone cluster.
+
+On a cluster (``TOCSIN_SPARK_MASTER=spark://host:port``, see docs/cluster.md) executors are JVMs
+the workers start, with Python workers of their own that do not inherit the driver's
+environment. What they need is passed here: the driver's interpreter (``spark.pyspark.python``,
+so the same virtualenv with the same libraries), the project's code on their ``PYTHONPATH``
+(``spark.executorEnv.PYTHONPATH``; the functions Spark ships refer to it by module), and the
+address they reach the driver at. The settings themselves travel inside the functions (every
+stage holds its :class:`~core.settings.Settings`), so executors read no ``TOCSIN_*`` variable.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from core.settings import Settings
 from evaluator.spark.source import KafkaDataSource
 
+#: Where this project's packages are imported from: executors' Python workers import them from there too.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def executor_pythonpath() -> str:
+    """The project root, then the driver's own ``PYTHONPATH``: executors import what the driver imports."""
+    entries = [str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(dict.fromkeys(entries))
+
 
 def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> SparkSession:
     """A session with our Kafka source registered; the same Python runs driver and workers."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_driver_bind_address)
     spark = (
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.host", settings.spark_driver_host)
+        .config("spark.driver.bindAddress", settings.spark_driver_bind_address)
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        .config("spark.executorEnv.PYTHONPATH", executor_pythonpath())
+        .config("spark.executor.memory", settings.spark_executor_memory)
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

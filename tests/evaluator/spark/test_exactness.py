@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import time
 from pathlib import Path
 
 import pytest
@@ -11,96 +9,24 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from devstack.services import python_module, spawn
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
-from evaluator.spark.sink import evaluated_through
-from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
-from ingest.model import Event
-from ingest.publisher import EventPublisher
-from subscriptions.language import parse_condition
-from tests.evaluator.oracle import oracle, value_of
-from tests.evaluator.spark.test_job import publish_catalog, recent_base, transitions
+from tests.evaluator.spark.test_job import publish_catalog
+from tests.evaluator.streams import (
+    SPECS,
+    assert_matches_oracle,
+    assert_recovered,
+    batch_id,
+    evaluated_everything,
+    evaluator_process,
+    for_run,
+    generated_stream,
+    publish,
+    wait_until,
+)
 
 pytestmark = pytest.mark.spark
-
-KEYS = [f"K{i:02d}" for i in range(20)]
-BASE = recent_base()
-HORIZON = 20_000
-SPECS = [
-    SubscriptionSpec(1, parse_condition("COUNT(*) OVER 5s > 8")),
-    SubscriptionSpec(2, parse_condition("SUM(volume) OVER 10s > 600")),
-    SubscriptionSpec(3, parse_condition("AVG(price) OVER 5s > 101")),
-    SubscriptionSpec(4, parse_condition("MAX(price) OVER 10s >= 108")),
-    SubscriptionSpec(5, parse_condition("MIN(price) OVER 5s < 92")),
-    SubscriptionSpec(6, parse_condition("SUM(volume) OVER 20s BETWEEN 300 AND 900"), frozenset(KEYS[:7])),
-    SubscriptionSpec(7, parse_condition("COUNT(*) OVER 20s < 25")),
-    SubscriptionSpec(8, parse_condition("SUM(volume) OVER 10s > 400")),
-    SubscriptionSpec(9, parse_condition("QUANTILE(price, 0.9) OVER 5s > 104")),
-    SubscriptionSpec(10, parse_condition("MAX(price) - MIN(price) OVER 10s > 8%")),
-    SubscriptionSpec(11, parse_condition("LAST(price) - AVG(price) OVER 5s > 2")),
-    SubscriptionSpec(12, parse_condition("MEDIAN(volume) OVER 10s < 20"), frozenset(KEYS[5:])),
-]
-
-
-def generated_stream(seed: int = 3, n: int = 2_400) -> list[tuple[str, int, float, float]]:
-    """Skewed keys, prices drifting around 100, disorder up to a second (within the allowed delay).
-
-    Prices move in quarter ticks, which binary floating point represents exactly, so every
-    sum is exact whatever the order of addition and the oracle can be compared for equality.
-    """
-    rng = random.Random(seed)
-    weights = [1 / (i + 1) for i in range(len(KEYS))]
-    prices = dict.fromkeys(KEYS, 100.0)
-    events, clock = [], BASE
-    for _ in range(n):
-        clock += rng.randint(0, 40)
-        key = rng.choices(KEYS, weights)[0]
-        prices[key] = min(max(prices[key] + rng.uniform(-1.5, 1.5), 85.0), 115.0)
-        events.append((key, clock - rng.randint(0, 1_000), round(prices[key] * 4) / 4, float(rng.randint(1, 60))))
-    return events
-
-
-def publish(settings: Settings, events: list[tuple[str, int, float, float]]) -> int:
-    """The events with a heartbeat on every partition each second; returns the last boundary evaluated."""
-    with EventPublisher(settings) as publisher:
-        next_beat = BASE + 1_000
-        for key, ts, price, volume in events:
-            publisher.publish(Event(key=key, ts=ts, price=price, volume=volume))
-            if ts >= next_beat + 1_000:
-                publisher.heartbeat(next_beat)
-                next_beat += 1_000
-        end = max(ts for _, ts, *_ in events) + 12_000
-        publisher.heartbeat(end)
-    return (end - settings.watermark_delay_ms) // settings.pane_ms * settings.pane_ms
-
-
-def evaluated_everything(settings: Settings, last: int, shards: int) -> bool:
-    stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
-    done = evaluated_through(stats, shards)
-    return done is not None and done >= last
-
-
-def wait_until(predicate, timeout_s: float = 180, query=None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "the evaluator did not get there in time"
-        if query is not None and query.exception():
-            raise query.exception()
-        time.sleep(0.3)
-
-
-def for_run(settings: Settings, tag: str, tmp_path: Path) -> Settings:
-    """Same topic, its own Redis prefix and checkpoint."""
-    return settings.model_copy(update={
-        "redis_prefix": f"{settings.redis_prefix}-{tag}", "checkpoint_dir": tmp_path / f"checkpoint-{tag}",
-        "max_window_ms": HORIZON, "source_max_records_per_trigger": 400,
-    })
-
-
-def alert_set(settings: Settings) -> list[tuple]:
-    return [(t["subscription_id"], t["key"], t["state"], t["evaluated_at"]) for t in transitions(settings)]
 
 
 def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path: Path) -> None:
@@ -114,19 +40,7 @@ def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path
         wait_until(lambda: evaluated_everything(run, last, run.spark_shuffle_partitions), query=query)
     finally:
         query.stop()
-    got = transitions(run)
-    expected = oracle(events, SPECS, last, run.pane_ms, HORIZON)
-    assert len(expected) > 100, "the stream should exercise every condition"
-    assert {spec_id for spec_id, *_ in expected} == {s.id for s in SPECS}
-    assert set(alert_set(run)) == expected
-    assert len(got) == len(expected)  # no duplicates
-    by_id = {s.id: s for s in SPECS}
-    for t in got:  # values and window extents are exact
-        c = by_id[t["subscription_id"]].condition
-        assert t["window_end"] == t["evaluated_at"] and t["window_start"] == t["evaluated_at"] - c.window_ms
-        window = [e for e in events if e[0] == t["key"] and t["window_start"] <= e[1] // 1000 * 1000 < t["window_end"]]
-        expected_value = value_of(c, window)
-        assert (t["value"] is None and expected_value is None) or t["value"] == pytest.approx(expected_value)
+    assert_matches_oracle(run, events, last)
 
 
 @pytest.mark.slow  # fault injection: run in CI
@@ -147,27 +61,19 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
 
     crashing = for_run(settings, "crashing", tmp_path)
     publish_catalog(crashing, *SPECS)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    stats_key = RedisKeys(crashing).evaluator_stats
     logs = tmp_path / "logs"
     logs.mkdir()
-    job = spawn("evaluator", python_module("evaluator.spark"), logs / "evaluator-1.log", env=crashing.to_env())
+    job = evaluator_process(crashing, logs / "evaluator-1.log")
     try:
-        wait_until(lambda: int(client.hget(stats_key, "last_batch_id") or -1) >= 3)
+        wait_until(lambda: batch_id(crashing) >= 3, job=job)
         job.kill()  # SIGKILL: no chance to commit, flush or clean up
         assert not evaluated_everything(crashing, last, shards), "killed too late to test anything"
-        killed_at = int(client.hget(stats_key, "last_batch_id"))
-        job = spawn("evaluator", python_module("evaluator.spark"), logs / "evaluator-2.log", env=crashing.to_env())
-        wait_until(lambda: evaluated_everything(crashing, last, shards))
+        killed_at = batch_id(crashing)
+        job = evaluator_process(crashing, logs / "evaluator-2.log")
+        wait_until(lambda: evaluated_everything(crashing, last, shards), job=job)
     finally:
         job.stop()
-    assert int(client.hget(stats_key, "last_batch_id")) > killed_at
-
-    expected = alert_set(reference)
-    got = alert_set(crashing)
-    assert len(got) == len(set(got)), "a transition was written twice"
-    assert set(got) == set(expected), "alerts were lost or invented across the crash"
-    assert len(expected) > 100 and set(expected) == oracle(events, SPECS, last, settings.pane_ms, HORIZON)
-    assert {t["alert_id"] for t in transitions(crashing)} == {t["alert_id"] for t in transitions(reference)}
+    assert batch_id(crashing) > killed_at
+    assert_recovered(crashing, reference, events, last)
     raw = redis.Redis.from_url(settings.redis_url)  # the snapshot is compressed bytes
     assert Catalog.decode(raw.get(RedisKeys(crashing).catalog_snapshot)).version == 1

@@ -16,7 +16,8 @@ from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import lifecycle_oracle
-from tests.evaluator.spark.test_exactness import (
+from tests.evaluator.spark.test_job import publish_catalog, transitions
+from tests.evaluator.streams import (
     HORIZON,
     evaluated_everything,
     for_run,
@@ -24,7 +25,6 @@ from tests.evaluator.spark.test_exactness import (
     publish,
     wait_until,
 )
-from tests.evaluator.spark.test_job import publish_catalog, transitions
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

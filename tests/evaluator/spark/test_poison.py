@@ -21,7 +21,8 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher
 from tests.evaluator.oracle import oracle
-from tests.evaluator.spark.test_exactness import (
+from tests.evaluator.spark.test_job import publish_catalog, transitions
+from tests.evaluator.streams import (
     BASE,
     HORIZON,
     SPECS,
@@ -31,7 +32,6 @@ from tests.evaluator.spark.test_exactness import (
     generated_stream,
     wait_until,
 )
-from tests.evaluator.spark.test_job import publish_catalog, transitions
 from tests.ingest.test_publisher import read_topic
 from web.ops import sample_once
 from web.watchdog import open_incidents

@@ -16,7 +16,8 @@ from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle
-from tests.evaluator.spark.test_exactness import (
+from tests.evaluator.spark.test_job import publish_catalog
+from tests.evaluator.streams import (
     HORIZON,
     KEYS,
     alert_set,
@@ -26,7 +27,6 @@ from tests.evaluator.spark.test_exactness import (
     publish,
     wait_until,
 )
-from tests.evaluator.spark.test_job import publish_catalog
 
 pytestmark = pytest.mark.spark
 
@@ -48,6 +48,7 @@ def _expected(events: list, last: int, pane_ms: int) -> set[tuple]:
     return expected
 
 
+@pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 def test_change_tuple_windows_and_no_data_equal_the_oracle(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     events = generated_stream(seed=5, n=1_200)
