@@ -26,6 +26,8 @@ def number(cell: str) -> float:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # ~3 minutes idle (every row, the peers, the live rows): CI runs it, a developer's default run not
+@pytest.mark.timeout(900)  # the subprocess's own deadline below, not the suite's 300 s
 def test_quick_run_prints_every_table() -> None:
     stdout = run_quick("pipeline.py", timeout_s=900)
     for title in ("Sustained throughput", "Where the time goes", "Peers:", "Alert latency", "records/s"):

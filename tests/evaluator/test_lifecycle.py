@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,6 +170,7 @@ def test_every_plan_equals_the_lifecycle_oracle_through_edits(stream, catalog) -
         assert got == lifecycle_oracle(events, steps, last, PANE, HORIZON), plan
 
 
+@pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs())
 def test_plans_agree_through_lifecycle_edits(batches, catalog) -> None:
@@ -182,6 +184,7 @@ def test_plans_agree_through_lifecycle_edits(batches, catalog) -> None:
     assert all(s.lifecycle.records == shards["naive"].lifecycle.records for s in shards.values())
 
 
+@pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs(), split=st.integers(0, 8), behind=st.integers(0, 4))
 def test_snapshots_and_replayed_deltas_continue_lifecycles_exactly(batches, catalog, split: int, behind: int) -> None:

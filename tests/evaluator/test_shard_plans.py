@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +94,7 @@ def _step(shard: ShardEvaluator, batch, end: int, catalog: Catalog, stats: Batch
     return shard.step(pane_rows(batch) if batch else PaneRows.empty(len(ATTRS)), progress, catalog, stats)
 
 
+@pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs())
 def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog) -> None:

@@ -138,6 +138,7 @@ def assert_same(raw: pd.DataFrame) -> ParsedRecords:
 @example(pd.DataFrame({"topic": "t", "partition": [0, 0], "offset": [0, 1], "value": [
     b'{"key":"A","ts":1,"price":-0.0,"volume":0}', b'{"key":"A","ts":1,"price":1e15,"volume":1000000000000001}'],
     "value_bytes": [40, 60], "value_sha256": [None, None], "now": NOW}))
+@pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 def test_vectorised_parse_equals_the_per_record_reference(raw: pd.DataFrame) -> None:
     assert_same(raw)
 
