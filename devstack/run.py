@@ -2,8 +2,9 @@
 
 Starts, in order: the Tansu broker (unless something already listens at the
 configured bootstrap address) with its topics, Redis (unless one answers), the
-web app, the Celery worker, the dispatcher, the Spark evaluator and the
-synthetic market feed. Every child runs in its own process group and is stopped
+web app, the Celery worker, the dispatcher, the Spark evaluator and the two
+demo publishers: the synthetic market feed (stream ``trades``) and host metrics
+(stream ``hosts``, declared here at start-up). Every child runs in its own process group and is stopped
 with it; if any child dies, everything is stopped and the log to read is named.
 
 "Tocsin is running" is printed once the evaluator has evaluated its first batch
@@ -15,6 +16,7 @@ query and SparkContext, and its JVM exits by itself; only after
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -26,12 +28,17 @@ import structlog
 
 from core.evaluator_status import evaluator_status
 from core.logs import configure_logging, third_party_level
+from core.redis_client import make_redis
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from devstack.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
+from ingest.hosts import HOSTS, hosts_schema
 from ingest.kafka import ensure_topics
 from subscriptions.admin import LOCAL_OPERATOR, first_operator
+from subscriptions.db import session_factory
+from subscriptions.errors import Conflict
+from subscriptions.streams import StreamService
 
 log = structlog.get_logger("runner")
 
@@ -58,7 +65,22 @@ def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
         ("dispatcher", python_module("notifier.dispatcher")),
         ("evaluator", python_module("evaluator.spark")),
         ("feed", python_module("ingest", "feed")),
+        ("hosts", python_module("ingest", "hosts")),
     ]
+
+
+def declare_demo_streams(settings: Settings) -> None:
+    """The two demo streams: ``trades`` (built in) and ``hosts`` (host metrics), with their topics, unless declared.
+
+    A ``hosts`` stream an operator changed (or declared differently) is kept as it is.
+    """
+    with session_factory(settings.database_url)() as session:
+        service = StreamService(session, settings)
+        service.ensure_builtin()
+        if HOSTS not in {stream.name for stream in service.streams()}:
+            with contextlib.suppress(Conflict):  # another process declared it meanwhile
+                service.create(hosts_schema(settings))
+            log.info("stream_declared", stream=HOSTS)
 
 
 #: Children that stop themselves on SIGTERM (the runner waits for them rather than killing their group).
@@ -85,6 +107,7 @@ class Runner:
                 log.info("checkpoint_reset", reason="fresh in-memory broker", path=str(self.settings.checkpoint_path))
             log.info("broker_started", bootstrap=self.settings.kafka_bootstrap, log=str(self.logs / "broker.log"))
         ensure_topics(self.settings)
+        declare_demo_streams(self.settings)
         redis_server = ensure_redis(self.settings.redis_url, self.settings.data_dir / "redis", self.logs / "redis.log")
         if redis_server:
             self.children.append(redis_server)
@@ -128,7 +151,7 @@ class Runner:
         if password is not None:  # a new database: someone must be able to see the operator dashboard
             print(f"  Operator account: {LOCAL_OPERATOR} / {password}  (shown once; anyone may sign up as a user)\n",
                   flush=True)
-        client = redis.Redis.from_url(self.settings.redis_url, decode_responses=True, socket_timeout=2)
+        client = make_redis(self.settings, decode_responses=True, socket_timeout=2)
         ready = False
         while not self.stopping:
             for child in self.children:

@@ -186,3 +186,46 @@ class Deployment(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     deployment_id: Mapped[str] = mapped_column(String(32), unique=True)
+
+
+class Stream(Base):
+    """A declared stream (``core.streams.StreamSchema``, kept whole as JSON in ``schema``) and its Kafka topic.
+
+    ``version`` grows with every accepted change, so readers (the evaluator, publishers' caches) can tell a
+    schema they hold from the current one.
+    """
+
+    __tablename__ = "streams"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    topic: Mapped[str] = mapped_column(String(255))
+    schema: Mapped[dict] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+publisher_token_streams = Table(
+    "publisher_token_streams",
+    Base.metadata,
+    Column("token_id", ForeignKey("publisher_tokens.id", ondelete="CASCADE"), primary_key=True),
+    Column("stream_id", ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True),
+)
+
+
+class PublisherToken(Base):
+    """A bearer token that may publish to its streams and do nothing else; only its SHA-256 is stored."""
+
+    __tablename__ = "publisher_tokens"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    streams: Mapped[list[Stream]] = relationship(secondary=publisher_token_streams, lazy="selectin")

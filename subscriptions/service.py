@@ -151,8 +151,8 @@ def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.
         pipe.hdel(keys.dead_letters, *letters)
         marks = [keys.delivered(letter["notification"]["notification_id"], letter["endpoint_id"])
                  for letter in letters.values() if letter.get("notification", {}).get("notification_id")]
-        if marks:
-            pipe.delete(*marks)
+        for mark in marks:  # one key per DEL: a Redis Cluster's pipelines take no other
+            pipe.delete(mark)
 
 
 def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
@@ -168,12 +168,11 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
     entries = cast("list[tuple[object, dict[Any, Any]]]", client.xrange(history))  # a sync client: a list, never None
     for _, fields in entries:
         alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
-        marks += [keys.alert_mark(alert_id), keys.decision(alert_id)]
+        marks += [keys.alert_mark(subscription_id, alert_id), keys.decision(subscription_id, alert_id)]
     pipe = client.pipeline(transaction=False)
-    pipe.delete(keys.firing(subscription_id), keys.key_states(subscription_id), history,
-                keys.counters(subscription_id), keys.delivery_log(subscription_id))
-    for first in range(0, len(marks), 1_000):
-        pipe.delete(*marks[first:first + 1_000])
+    for key in (keys.firing(subscription_id), keys.key_states(subscription_id), history,
+                keys.counters(subscription_id), keys.delivery_log(subscription_id), *marks):
+        pipe.delete(key)  # one key per DEL: a Redis Cluster's pipelines take no other
     _drop_dead_letters(client, keys, pipe,
                        lambda letter: letter["notification"].get("subscription_id") == subscription_id)
     pipe.execute()

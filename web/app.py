@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
 from starlette.middleware.base import RequestResponseEndpoint
 
+from core.redis_client import make_redis
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
 from subscriptions.db import session_factory
@@ -22,7 +23,7 @@ from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import pages
-from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, subscriptions
+from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
 from web.pages.common import http_error as page_or_json_error
@@ -43,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.redis = make_redis(settings, decode_responses=True)
         # Redis down: readiness reports it, and the catalog is published again on the next change.
         with session_factory(settings.database_url)() as session, suppress(redis.RedisError):
             CatalogPublisher(session, settings, app.state.redis).republish()
@@ -63,7 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
-                   ops.router, health.router, pages.router, silences.router):
+                   ops.router, health.router, pages.router, silences.router, streams.router, streams.tokens_router,
+                   streams.publish_router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -27,6 +27,7 @@ from subscriptions.db import session_factory
 from subscriptions.models import User, WebSession
 from subscriptions.schemas import MAX_ID
 from subscriptions.service import SubscriptionService
+from subscriptions.streams import PUBLISHER_PREFIX
 
 SESSION_COOKIE = "tocsin_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -82,6 +83,8 @@ def _identify(request: Request, accounts: AccountService) -> Principal | None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise _unauthorized("use 'Authorization: Bearer <API token>'")
+        if token.strip().startswith(PUBLISHER_PREFIX):
+            raise _unauthorized("a publisher token may only publish events (POST /api/streams/{name}/events)")
         user = accounts.user_for_token(token.strip())
         if user is None:
             raise _unauthorized("the API token is not valid (revoked, or mistyped)")

@@ -26,6 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
+from core.redis_client import broker_client
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys, celery_queue_keys, shard_clocks
 from core.settings import Settings
@@ -95,6 +96,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     evaluator = text_hash(client.hgetall(keys.evaluator_stats))
     deliveries = text_hash(client.hgetall(keys.delivery_stats))
     queue, unacked = celery_queue_keys(settings)
+    broker = broker_client(settings) if settings.broker_url != settings.redis_url else client  # Celery's own Redis
     sample: dict[str, Any] = {
         "t": round(now, 3),
         "batch_ms": round(_number(evaluator, "batch_seconds") * 1000, 1),
@@ -103,8 +105,8 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "candidates": _number(evaluator, "candidates"),
         "matches": _number(evaluator, "matches"),
         "transitions": _number(evaluator, "transitions"),
-        "queued": client.llen(queue),
-        "unacked": client.hlen(unacked),
+        "queued": broker.llen(queue),
+        "unacked": broker.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),
         # for the dead man's switch (web.watchdog): the slowest shard's clock, the driver's heartbeat, refusals
         "clock": min(shard_clocks(evaluator), default=None),

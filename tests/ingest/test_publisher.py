@@ -38,13 +38,19 @@ def test_replay_routes_bad_rows_to_dead_letter(settings: Settings, tmp_path: Pat
         "NVDA,1700000003000,120,7\n"
     )
     monkeypatch.setattr("ingest.__main__.get_settings", lambda: settings)
+    monkeypatch.setattr("ingest.__main__.REPLAY_BATCH", 2)  # rows judged in several batches, indices per batch
     run_replay(csv)
     events = [json.loads(v) for v in read_topic(settings, settings.events_topic)]
     dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
-    assert sorted(e["key"] for e in events) == ["AAPL", "MSFT", "NVDA"]
-    assert sorted(d["source"] for d in dead) == ["trades.csv:4", "trades.csv:5"]
+    assert sorted(e["key"] for e in events) == ["AAPL", "NVDA"]
+    assert {"key": "NVDA", "ts": 1700000003000, "price": 120, "volume": 7} in events  # the wire form
+    # The trades stream's time is epoch ms: an ISO time is refused as the HTTP path refuses it.
     reasons = {d["source"]: d["reason"] for d in dead}
-    assert "price" in reasons["trades.csv:4"] and "key" in reasons["trades.csv:5"]
+    assert sorted(reasons) == ["stream trades: trades.csv:3", "stream trades: trades.csv:4",
+                               "stream trades: trades.csv:5"]
+    assert reasons["stream trades: trades.csv:3"].startswith("ts: ")
+    assert reasons["stream trades: trades.csv:4"] == "price: Input should be greater than or equal to 0"
+    assert reasons["stream trades: trades.csv:5"].startswith("key: String should match pattern")
 
 
 def test_jsonl_replay_and_heartbeats(settings: Settings, tmp_path: Path, monkeypatch) -> None:
@@ -61,4 +67,4 @@ def test_jsonl_replay_and_heartbeats(settings: Settings, tmp_path: Path, monkeyp
     assert sum(1 for v in values if v.get("kind") == "heartbeat") == settings.event_partitions
     assert {v["partition"] for v in values if v.get("kind") == "heartbeat"} == set(range(settings.event_partitions))
     dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
-    assert [d["source"] for d in dead] == ["events.jsonl:3"] and dead[0]["reason"].startswith("not JSON")
+    assert [d["source"] for d in dead] == ["stream trades: events.jsonl:3"] and dead[0]["reason"].startswith("not JSON")

@@ -65,7 +65,7 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
         assert {keys.firing(sid), keys.history(sid), keys.counters(sid), keys.key_states(sid),
                 keys.delivery_log(sid), keys.endpoint_log(endpoint.id)} <= set(_keys_naming(redis_client, settings,
                                                                                          sid, endpoint.id))
-        assert redis_client.exists(keys.decision(alert["alert_id"]), keys.alert_mark(alert["alert_id"])) == 2
+        assert redis_client.exists(keys.decision(sid, alert["alert_id"]), keys.alert_mark(sid, alert["alert_id"])) == 2
 
         service.delete(sid)
         service.delete_endpoint(endpoint.id)
@@ -73,7 +73,7 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
     # The evaluator, not yet reading the new catalog, writes one more transition: the dispatcher cleans up.
     _fire(settings, sid, 1_700_000_120_000)
     assert _keys_naming(redis_client, settings, sid, endpoint.id) == []
-    assert redis_client.exists(keys.decision(alert["alert_id"]), keys.alert_mark(alert["alert_id"])) == 0
+    assert redis_client.exists(keys.decision(sid, alert["alert_id"]), keys.alert_mark(sid, alert["alert_id"])) == 0
     assert records.dead_letters() == []
 
 
@@ -96,7 +96,7 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
     _fire(a, sid_a, 1_700_000_060_000)
     records_a = DeliveryRecords(redis_client, RedisKeys(a))
     assert [e["outcome"] for e in records_a.log(sid_a)] == []  # queued, not yet attempted: log it by hand
-    records_a.suppressed(sid_a, _transition(sid_a, "AAPL", 1), "cool-down", pipe := redis_client.pipeline())
+    records_a.suppressed(sid_a, _transition(sid_a, "AAPL", 1), "cool-down", pipe := redis_client.pipeline(), pipe)
     pipe.execute()
 
     token_b, sid_b = subscribe(b)
@@ -110,7 +110,7 @@ def test_a_fresh_database_on_an_old_redis_sees_none_of_the_old_state(settings: S
     _fire(b, sid_b, 1_700_000_120_000)
     [entry] = list(DeliveryRecords(redis_client, RedisKeys(b)).log(sid_b)) or [None]
     assert entry is None, f"B's first alert was suppressed: {entry}"
-    decision = redis_client.get(RedisKeys(b).decision(_transition(sid_b, "AAPL", 1_700_000_120_000)["alert_id"]))
+    decision = redis_client.get(RedisKeys(b).decision(sid_b, _transition(sid_b, "AAPL", 1_700_000_120_000)["alert_id"]))
     assert '"reason": null' in decision
     # The catalogs are apart too: each evaluator reads its own deployment's.
     assert redis_client.exists(RedisKeys(a).catalog_changes, RedisKeys(b).catalog_changes) == 2

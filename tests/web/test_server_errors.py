@@ -23,7 +23,7 @@ def test_the_delivery_log_shows_suppressions(settings: Settings) -> None:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     pipe = client.pipeline()
     DeliveryRecords(client, RedisKeys(settings)).suppressed(
-        sid, {"alert_id": "a1", "key": "AAPL", "state": "firing"}, "muted", pipe)
+        sid, {"alert_id": "a1", "key": "AAPL", "state": "firing"}, "muted", pipe, pipe)
     pipe.execute()
     with api_client(settings) as browser:
         sign_in(browser, user.email)

@@ -1,0 +1,258 @@
+"""Declared streams in the database, their Kafka topics, and the publisher tokens scoped to them.
+
+Operators declare streams (API, admin CLI); each maps onto a Kafka topic created
+with the stream's partitions and retention (``core.streams.topic_name``). The
+built-in ``trades`` stream is declared on first use of a new database and keeps
+``settings.events_topic``, so everything reading that topic today is unchanged.
+
+A change to a declared stream goes through ``core.streams.check_compatible`` with
+the fields each subscription on the stream uses; until subscriptions name a
+stream, every subscription is on ``trades`` (:func:`stream_of`).
+
+Publisher tokens are made by operators only: a token publishes to the streams it
+names and is refused by every other API (``web.deps``). Like API tokens, only the
+SHA-256 is stored and the token is shown once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from core.settings import Settings
+from core.streams import (
+    TRADES,
+    Attribute,
+    IncompatibleChange,
+    StreamSchema,
+    check_compatible,
+    topic_name,
+    trades_schema,
+)
+from evaluator.spec import Condition
+from subscriptions.accounts import _digest as token_digest
+from subscriptions.errors import Conflict, Forbidden, NotFound
+from subscriptions.models import PublisherToken, Stream, Subscription, User
+
+log = structlog.get_logger(__name__)
+
+PUBLISHER_PREFIX = "tcp_"  # publisher tokens are recognisable, and told from API tokens (``tcs_``)
+
+
+class TopicError(RuntimeError):
+    """Kafka did not create or delete a stream's topic; nothing was changed in the database."""
+
+
+def stream_of(subscription: Subscription) -> str:
+    """The stream a subscription evaluates (``trades`` until conditions name one)."""
+    return str(subscription.condition_spec.get("stream", TRADES))
+
+
+def fields_used(subscription: Subscription) -> set[str]:
+    """The stream fields a subscription's condition names (attributes it aggregates or compares with)."""
+    condition = Condition.from_dict(subscription.condition_spec)
+    used = {term.attribute for term in condition.terms if term.attribute}
+    if condition.percent_of:
+        used.add(condition.percent_of)
+    return used
+
+
+def _admin(settings: Settings) -> KafkaAdminClient:
+    """An admin client that gives up within the request timeout when Kafka is down (an operator is waiting)."""
+    try:
+        return KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                                request_timeout_ms=settings.kafka_request_timeout_ms,
+                                bootstrap_timeout_ms=settings.kafka_request_timeout_ms)
+    except KafkaError as exc:
+        raise TopicError(f"Kafka is not reachable at {settings.kafka_bootstrap}: {exc}") from exc
+
+
+def create_topic(settings: Settings, schema: StreamSchema) -> None:
+    """The stream's topic with its partitions and retention (an existing topic is kept as it is), and the
+    dead-letter topic its rejects go to."""
+    admin = _admin(settings)
+    try:
+        topic = topic_name(schema.name, settings)
+        existing = set(admin.list_topics())
+        if topic in existing:
+            log.info("stream_topic_exists", stream=schema.name, topic=topic)
+        wanted = [NewTopic(topic, schema.partitions, 1, topic_configs={"retention.ms": str(schema.retention_ms)})
+                  if name == topic else NewTopic(name, 1, 1)
+                  for name in (topic, settings.dead_letter_topic) if name not in existing]
+        if wanted:
+            with contextlib.suppress(TopicAlreadyExistsError):  # made by another process meanwhile
+                admin.create_topics(wanted)
+    except KafkaError as exc:
+        raise TopicError(f"Kafka refused to create the topic of {schema.name!r}: {exc}") from exc
+    finally:
+        admin.close()
+
+
+def delete_topic(settings: Settings, name: str) -> None:
+    admin = _admin(settings)
+    try:
+        admin.delete_topics([topic_name(name, settings)])
+    except UnknownTopicOrPartitionError:
+        pass
+    except KafkaError as exc:
+        raise TopicError(f"Kafka refused to delete the topic of {name!r}: {exc}") from exc
+    finally:
+        admin.close()
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class StreamService:
+    """Streams and publisher tokens; every method commits its own change."""
+
+    def __init__(self, session: Session, settings: Settings) -> None:
+        self.session = session
+        self.settings = settings
+
+    # -- streams -----------------------------------------------------------------------------------------------
+
+    def ensure_builtin(self) -> None:
+        """Declare ``trades`` on a database that has no such stream yet (its topic is the events topic)."""
+        if self.session.scalar(select(Stream.id).where(Stream.name == TRADES)) is not None:
+            return
+        schema = trades_schema(self.settings)
+        self.session.add(Stream(name=TRADES, topic=topic_name(TRADES, self.settings),
+                                schema=schema.model_dump(mode="json")))
+        try:
+            self.session.commit()
+        except IntegrityError:  # another process declared it meanwhile
+            self.session.rollback()
+
+    def streams(self) -> list[Stream]:
+        self.ensure_builtin()
+        return list(self.session.scalars(select(Stream).order_by(Stream.name)))
+
+    def get(self, name: str) -> Stream:
+        self.ensure_builtin()
+        stream = self.session.scalar(select(Stream).where(Stream.name == name))
+        if stream is None:
+            raise NotFound(f"no stream named {name!r}")
+        return stream
+
+    @staticmethod
+    def schema_of(stream: Stream) -> StreamSchema:
+        return StreamSchema.model_validate(stream.schema)
+
+    def create(self, schema: StreamSchema) -> Stream:
+        """Declare a stream and create its topic (the row is kept only if Kafka made the topic)."""
+        self.ensure_builtin()
+        if (self.session.scalar(select(func.count()).select_from(Stream)) or 0) >= self.settings.max_streams:
+            raise Forbidden(f"limit reached: at most {self.settings.max_streams} streams")
+        if self.session.scalar(select(Stream.id).where(Stream.name == schema.name)) is not None:
+            raise Conflict(f"a stream named {schema.name!r} exists already")
+        stream = Stream(name=schema.name, topic=topic_name(schema.name, self.settings),
+                        schema=schema.model_dump(mode="json"))
+        self.session.add(stream)
+        try:
+            self.session.flush()
+        except IntegrityError:
+            self.session.rollback()
+            raise Conflict(f"a stream named {schema.name!r} exists already") from None
+        try:
+            create_topic(self.settings, schema)
+        except TopicError:
+            self.session.rollback()
+            raise
+        self.session.commit()
+        log.info("stream_created", stream=schema.name, topic=stream.topic)
+        return stream
+
+    def used_by(self, name: str) -> dict[str, set[str]]:
+        """``{"#id name": fields used}`` of every subscription on stream ``name``."""
+        subscriptions = self.session.scalars(select(Subscription).order_by(Subscription.id))
+        return {f"#{s.id} {s.name}": fields_used(s) for s in subscriptions if stream_of(s) == name}
+
+    def update(self, name: str, schema: StreamSchema) -> Stream:
+        """Replace a stream's schema with a compatible one (``IncompatibleChange`` otherwise)."""
+        stream = self.get(name)
+        check_compatible(self.schema_of(stream), schema, self.used_by(name))
+        stream.schema = schema.model_dump(mode="json")
+        stream.version += 1
+        self.session.commit()
+        log.info("stream_changed", stream=name, version=stream.version)
+        return stream
+
+    def add_attribute(self, name: str, attribute: Attribute) -> Stream:
+        """Add one attribute (it must be optional: producers that do not send it yet stay accepted)."""
+        schema = self.schema_of(self.get(name))
+        return self.update(name, StreamSchema.model_validate(
+            {**schema.model_dump(), "attributes": (*schema.attributes, attribute)}))
+
+    def remove_attribute(self, name: str, attribute: str) -> Stream:
+        """Remove one attribute (refused, listing them, while subscriptions use it)."""
+        schema = self.schema_of(self.get(name))
+        kept = tuple(a for a in schema.attributes if a.name != attribute)
+        if len(kept) == len(schema.attributes):
+            raise NotFound(f"stream {name!r} has no attribute {attribute!r}")
+        return self.update(name, StreamSchema.model_validate({**schema.model_dump(), "attributes": kept}))
+
+    def delete(self, name: str) -> None:
+        """Remove a stream no subscription uses, and its topic (records on it are gone)."""
+        stream = self.get(name)
+        if name == TRADES:
+            raise IncompatibleChange("the built-in 'trades' stream cannot be deleted")
+        users = sorted(self.used_by(name))
+        if users:
+            raise IncompatibleChange(f"stream {name!r} is used by subscriptions: {', '.join(users)}", users)
+        delete_topic(self.settings, name)
+        self.session.delete(stream)
+        self.session.commit()
+        log.info("stream_deleted", stream=name)
+
+    # -- publisher tokens --------------------------------------------------------------------------------------
+
+    def create_token(self, name: str, streams: Sequence[str], creator: User | None) -> tuple[str, PublisherToken]:
+        """A token that may publish to ``streams`` (shown once) and its row."""
+        if not streams:
+            raise ValueError("a publisher token needs at least one stream")
+        count = self.session.scalar(select(func.count()).select_from(PublisherToken)) or 0
+        if count >= self.settings.publisher_max_tokens:
+            raise Forbidden(f"limit reached: at most {self.settings.publisher_max_tokens} publisher tokens")
+        rows = [self.get(stream) for stream in dict.fromkeys(streams)]
+        token = PUBLISHER_PREFIX + secrets.token_urlsafe(32)
+        row = PublisherToken(name=name, token_hash=token_digest(token), prefix=token[:10],
+                             created_by=creator.id if creator else None, streams=rows)
+        self.session.add(row)
+        self.session.commit()
+        return token, row
+
+    def tokens(self) -> list[PublisherToken]:
+        return list(self.session.scalars(select(PublisherToken).order_by(PublisherToken.id)))
+
+    def revoke_token(self, token_id: int) -> None:
+        if not self.session.execute(delete(PublisherToken).where(PublisherToken.id == token_id)).rowcount:  # type: ignore[attr-defined]
+            raise NotFound(f"publisher token {token_id} not found")
+        self.session.commit()
+
+    def publisher(self, token: str) -> PublisherToken | None:
+        """The publisher token ``token`` is, if any (its use is noted at most once a minute)."""
+        row = self.session.scalar(select(PublisherToken).where(PublisherToken.token_hash == token_digest(token)))
+        if row is None:
+            return None
+        now = datetime.now(UTC)
+        if row.last_used_at is None or now - _aware(row.last_used_at) > timedelta(minutes=1):
+            row.last_used_at = now
+            self.session.commit()
+        return row
+
+
+def parse_schema(data: dict, settings: Settings) -> StreamSchema:
+    """A schema from operator input, with the deployment's defaults for retention and partitions."""
+    defaults = {"retention_ms": settings.stream_default_retention_ms, "partitions": settings.event_partitions}
+    return StreamSchema.model_validate({**defaults, **{k: v for k, v in data.items() if v is not None}})

@@ -1,0 +1,103 @@
+"""Streams from the admin CLI and the service: topics made on Tansu, clear errors, refusals naming subscriptions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.settings import Settings
+from core.streams import TRADES
+from ingest.kafka import topic_end_offsets
+from subscriptions import admin
+from subscriptions.db import session_factory
+from subscriptions.streams import PUBLISHER_PREFIX, StreamService
+from tests.users import api_client, new_user
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """Stream topics of this test's own (the broker is shared by the test session)."""
+    return settings.model_copy(update={"stream_topic_prefix": f"{settings.events_topic}.stream."})
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setattr(admin, "get_settings", lambda: settings)
+    return settings
+
+
+def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = admin.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_create_list_show_evolve_and_delete_streams(cli: Settings, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = _run(capsys, "create-stream", "sensors", "--key", "sensor", "--time", "at", "--time-format",
+                          "iso8601", "--attribute", "temperature:C:-40:85", "--attribute", "humidity:%:0:100",
+                          "--optional-attribute", "battery:V", "--dimension", "site", "--partitions", "3",
+                          "--retention-ms", "3600000")
+    assert code == 0, err
+    assert f"on topic {cli.stream_topic_prefix}sensors" in out
+    assert sorted(topic_end_offsets(cli, f"{cli.stream_topic_prefix}sensors")) == [0, 1, 2]
+
+    code, out, _ = _run(capsys, "list-streams")
+    lines = out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["sensors", TRADES]
+    assert "temperature [C], humidity [%], battery [V]?" in lines[0] and "dimensions: site" in lines[0]
+    shown = json.loads(_run(capsys, "show-stream", "sensors")[1])
+    assert shown["time_format"] == "iso8601" and shown["retention_ms"] == 3_600_000 and shown["version"] == 1
+    assert shown["attributes"][0] == {"name": "temperature", "unit": "C", "min": -40.0, "max": 85.0,
+                                      "required": True}
+
+    assert _run(capsys, "add-attribute", "sensors", "pressure:hPa")[0] == 0
+    assert _run(capsys, "remove-attribute", "sensors", "battery")[0] == 0
+    shown = json.loads(_run(capsys, "show-stream", "sensors")[1])
+    assert [a["name"] for a in shown["attributes"]] == ["temperature", "humidity", "pressure"]
+    assert shown["attributes"][2]["required"] is False and shown["version"] == 3
+
+    code, out, _ = _run(capsys, "create-publisher-token", "probe", "--stream", "sensors")
+    assert code == 0 and out.strip().rsplit(": ", 1)[1].startswith(PUBLISHER_PREFIX)
+
+    assert _run(capsys, "delete-stream", "sensors")[0] == 0
+    assert _run(capsys, "list-streams")[1].split("\t")[0] == TRADES
+
+
+def test_clear_errors(cli: Settings, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = _run(capsys, "create-stream", "Bad", "--attribute", "x")
+    assert code == 2 and "error: name: String should match pattern" in err
+    code, _, err = _run(capsys, "create-stream", "s", "--attribute", "x::5:1")
+    assert code == 2 and "min 5 is above max 1" in err
+    code, _, err = _run(capsys, "create-stream", "s", "--attribute", "x::low")
+    assert code == 2 and "could not convert string to float" in err
+    code, _, err = _run(capsys, "create-stream", "s")
+    assert code == 2 and "attributes: Tuple should have at least 1 item" in err
+    assert _run(capsys, "create-stream", "s", "--attribute", "x")[0] == 0
+    code, _, err = _run(capsys, "create-stream", "s", "--attribute", "x")
+    assert code == 2 and "a stream named 's' exists already" in err
+    code, _, err = _run(capsys, "show-stream", "nope")
+    assert code == 2 and "no stream named 'nope'" in err
+    code, _, err = _run(capsys, "remove-attribute", "s", "y")
+    assert code == 2 and "has no attribute 'y'" in err
+    code, _, err = _run(capsys, "create-publisher-token", "p", "--stream", "nope")
+    assert code == 2 and "no stream named 'nope'" in err
+    code, _, err = _run(capsys, "delete-stream", TRADES)
+    assert code == 3 and "cannot be deleted" in err
+
+
+def test_removing_a_used_attribute_is_refused_with_the_subscriptions(cli: Settings,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    _, token = new_user(cli)
+    with api_client(cli, token) as client:
+        ids = [client.post("/api/subscriptions", json={"name": name, "condition": condition}).json()["id"]
+               for name, condition in (("swing", "MAX(price) - MIN(price) OVER 30m > 3%"),
+                                       ("flow", "SUM(volume) OVER 5m > 2e6"), ("busy", "COUNT(*) OVER 1m > 10"))]
+    code, _, err = _run(capsys, "remove-attribute", TRADES, "price")
+    assert code == 3 and f"used by subscriptions: #{ids[0]} swing" in err and "flow" not in err
+    with session_factory(cli.database_url)() as session:
+        service = StreamService(session, cli)
+        assert service.used_by(TRADES) == {f"#{ids[0]} swing": {"price"}, f"#{ids[1]} flow": {"volume"},
+                                           f"#{ids[2]} busy": set()}
+        assert service.used_by("other") == {}
+        assert service.get(TRADES).topic == cli.events_topic

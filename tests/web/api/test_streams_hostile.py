@@ -1,0 +1,117 @@
+"""Hostile publishing (real web app, Tansu, the database): what a 202 promises must hold for the evaluator too."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core.settings import Settings
+from ingest.kafka import ensure_topics
+from tests.ingest.test_publisher import read_topic
+from tests.users import api_client, new_user
+from tests.web.api.test_streams import _publish, _token, limited, own_broker  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def publisher(settings: Settings, request: pytest.FixtureRequest) -> Iterator[TestClient]:
+    """A publisher token's client on ``trades`` (SQLite only: the database plays no part here)."""
+    if request.node.callspec.params.get("settings") == "postgresql":
+        pytest.skip("the database plays no part in judging records")
+    ensure_topics(settings)
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as operator, api_client(settings, _token(operator, "trades")) as client:
+        yield client
+
+
+def test_a_record_ahead_of_the_clock_is_refused_not_accepted_then_dropped(publisher: TestClient,
+                                                                         settings: Settings) -> None:
+    """The evaluator dead-letters events more than max_future_skew_ms ahead: a 202 must not count them accepted."""
+    now = int(time.time() * 1000)
+    ok = {"key": "A", "ts": now, "price": 1, "volume": 1}
+    ahead = {**ok, "key": "B", "ts": now + settings.max_future_skew_ms + 3_600_000}
+    far = {**ok, "key": "C", "ts": 253_402_300_799_999}
+    escaped = '{"key": "\\u0044", "ts": ' + str(far["ts"]) + ', "price": 1, "volume": 1}'  # the per-record path
+    answer = _publish(publisher, "trades", [ok, ahead, far, escaped], ndjson=True)
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["accepted"] == 1, body
+    assert [r["index"] for r in body["rejected"]] == [1, 2, 3]
+    assert all(r["reason"].startswith("ts: ") and "ahead of the server's clock" in r["reason"]
+               for r in body["rejected"]), body
+    assert [json.loads(v)["key"] for v in read_topic(settings, settings.events_topic)] == ["A"]
+
+
+def test_a_full_producer_refuses_before_judging_the_batch(own_broker: tuple[Settings, object],  # noqa: F811
+                                                          request: pytest.FixtureRequest) -> None:
+    """Backpressure must relieve the process: a request it will refuse costs no parsing or validation.
+
+    (Judging 10,000 records takes a CPU core 0.2-0.5 s; while Kafka is away every retry paid it for its 429.)
+    A broken body tells the order: refused (429) before it is parsed (422).
+    """
+    import threading
+
+    import httpx
+
+    from tests.servers import serving
+    from web.app import create_app
+
+    settings, broker = own_broker
+    if request.node.callspec.params.get("settings") == "postgresql":
+        pytest.skip("the database plays no part in backpressure")
+    ensure_topics(settings)
+    _, token = new_user(settings, role="operator")
+    app = create_app(settings)
+    record = {"key": "A", "ts": 1, "price": 1, "volume": 1}
+    with serving(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        created = client.post("/api/publisher-tokens", json={"name": "p", "streams": ["trades"]})
+        publisher = {"Authorization": f"Bearer {created.json()['token']}"}
+        broker.stop()  # type: ignore[attr-defined]  # nothing is acknowledged from now on
+        first: list[httpx.Response] = []
+        waiting = threading.Thread(target=lambda: first.append(
+            client.post("/api/streams/trades/events", json=[record, record], headers=publisher)))
+        waiting.start()
+        producer = None
+        while producer is None or producer.in_flight[0] == 0:  # the first batch fills the producer
+            producer = app.state.stream_producer
+            waiting.join(0.01)
+            assert waiting.is_alive(), first[0].text
+        broken = client.post("/api/streams/trades/events", content=b"[" + b"1," * 1_000 + b"nope]",
+                             headers={**publisher, "Content-Type": "application/json"})
+        assert broken.status_code == 429, broken.text
+        assert broken.headers["Retry-After"] == "1"
+        waiting.join()
+        assert first[0].status_code == 503
+
+
+def test_an_array_over_the_record_limit_is_refused_without_parsing_it_all(
+        limited: tuple[TestClient, TestClient]) -> None:  # noqa: F811
+    """A 1 MiB array of 500,000 tiny elements took half a core-second to split before its 413: stop at the limit.
+
+    A broken element past the limit tells the order: 413 at the limit, before the parser reaches it (422).
+    """
+    _, publisher = limited
+    answer = publisher.post("/api/streams/trades/events", content=b"[" + b"1," * 5 + b"nope]",
+                            headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413, answer.text
+    assert "at most 3 per request" in answer.json()["detail"]
+
+
+def test_a_lone_surrogate_in_a_repeated_field_name_costs_that_record_only(publisher: TestClient,
+                                                                         settings: Settings) -> None:
+    """The reason names the field; a field name that is a lone surrogate (``"\\udc00"``) made the reason
+    unencodable, so building its dead letter raised and the whole batch got a 500."""
+    ok = {"key": "A", "ts": 1, "price": 1, "volume": 1}
+    answer = _publish(publisher, "trades", [ok, '{"\\udc00": 1, "\\udc00": 2}'], ndjson=True)
+    assert answer.status_code == 202, answer.text
+    assert answer.json() == {"accepted": 1, "rejected": [{"index": 1,
+                                                          "reason": "\\udc00: field given more than once"}]}
+    [letter] = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
+    assert letter["reason"] == "\\udc00: field given more than once"
+    long = "f" * 5_000  # the reason quotes the name: cut like every other reason
+    [refused] = _publish(publisher, "trades", [f'{{"{long}": 1, "{long}": 2}}'], ndjson=True).json()["rejected"]
+    assert refused["reason"].startswith("fff") and len(refused["reason"]) <= 1_000

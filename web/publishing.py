@@ -1,0 +1,190 @@
+"""The web process's Kafka producer for published records, with admission control (backpressure).
+
+librdkafka (``confluent_kafka``) rather than kafka-python: it batches and sends in
+C threads, so producing is a C call per record (see benchmarks/publish.py for the
+measured difference). Records are partitioned with ``murmur2_random``, the Java
+client's and kafka-python's partitioner, so a key lands on the same partition
+whoever publishes it (the evaluator relies on one partition per key).
+
+A batch is admitted only if the records and bytes the process holds undelivered
+stay within the settings; otherwise the request gets a 429 with ``Retry-After``
+and nothing of it is produced. One batch is always admitted when none is in
+flight, so any request within the size limits can eventually pass. A request
+answers once Kafka acknowledged (``acks=all``) every record of its batch, or
+after ``publish_delivery_timeout_ms`` with the number not acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from prometheus_client import Counter, Gauge
+
+from core.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+PUBLISHED = Counter("tocsin_publish_records_total", "Records published over HTTP, by stream and outcome",
+                    ["stream", "outcome"])
+REFUSED_BATCHES = Counter("tocsin_publish_backpressure_total", "Publish requests refused with 429 (backpressure)")
+IN_FLIGHT = Gauge("tocsin_publish_inflight_records", "Records this process holds that Kafka has not acknowledged")
+
+
+class Backpressure(Exception):
+    """The producer holds too much undelivered: try again after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"the publisher is busy: retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Delivery:
+    """One batch's acknowledgements; ``done`` resolves when every record is acknowledged or failed."""
+
+    pending: int
+    size: int
+    byte_size: int
+    owner: StreamProducer
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+    failed: int = 0
+    error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acknowledged(self, err: KafkaError | None, _msg: Message | None, count: int = 1) -> None:
+        """Called per record by whichever thread polls the producer (``count`` > 1: records never produced)."""
+        with self.lock:
+            if err is not None:
+                self.failed += count
+                self.error = str(err)
+            self.pending -= count
+            finished = self.pending == 0
+        if finished:
+            self.owner.release(self)
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class StreamProducer:
+    """One per web process: produces batches, counts what is in flight, serves acknowledgements."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.producer = Producer({
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "acks": "all",
+            "linger.ms": settings.publish_linger_ms,
+            "partitioner": "murmur2_random",
+            "message.timeout.ms": settings.publish_delivery_timeout_ms,
+            # Admission (below) is the limit; librdkafka's own queue has room for one more batch beyond it.
+            "queue.buffering.max.messages": settings.publish_queue_max_messages + settings.publish_max_records + 1,
+            "queue.buffering.max.kbytes": 2 * (settings.publish_max_inflight_bytes + settings.request_max_bytes) // 1024 + 1,
+            "batch.num.messages": 10_000,
+            "log_level": 3,
+        })
+        self._lock = threading.Lock()
+        self._records = 0
+        self._bytes = 0
+        self._closed = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="publish-acks", daemon=True)
+        self._poller.start()
+
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """(records, bytes) produced and not yet acknowledged."""
+        return self._records, self._bytes
+
+    def _poll(self) -> None:
+        while not self._closed.is_set():
+            self.producer.poll(0.05)
+
+    def _busy(self, records: int, size: int) -> bool:
+        return self._records > 0 and (self._records + records > self.settings.publish_queue_max_messages
+                                      or self._bytes + size > self.settings.publish_max_inflight_bytes)
+
+    def refuse_if_full(self) -> None:
+        """Raise :class:`Backpressure` if no batch (one record or more) would be admitted now.
+
+        Called before a request's body is judged: judging costs a core up to half a second per batch,
+        which a request refused anyway should not cost while the process is overloaded.
+        """
+        if self._busy(1, 1):
+            REFUSED_BATCHES.inc()
+            raise Backpressure(self.settings.publish_retry_after_s)
+
+    def _admit(self, records: int, size: int) -> None:
+        with self._lock:
+            if self._busy(records, size):
+                REFUSED_BATCHES.inc()
+                raise Backpressure(self.settings.publish_retry_after_s)
+            self._records += records
+            self._bytes += size
+            IN_FLIGHT.set(self._records)
+
+    def release(self, delivery: _Delivery) -> None:
+        with self._lock:
+            self._records -= delivery.size
+            self._bytes -= delivery.byte_size
+            IN_FLIGHT.set(self._records)
+
+    def send(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future, topic: str, keys: Sequence[str],
+             values: Sequence[str], dead_topic: str, dead_letters: Sequence[bytes]) -> _Delivery | None:
+        """Produce a batch (records keyed by their key, then dead letters); None if it was empty.
+
+        ``done`` (a future of ``loop``) resolves once every record is acknowledged or failed.
+
+        Raises :class:`Backpressure` before producing anything when the batch is not admitted.
+        """
+        size = len(values) + len(dead_letters)
+        if size == 0:
+            return None
+        encoded = [value.encode() for value in values]  # what Kafka holds is bytes (a character is up to 4)
+        byte_size = sum(map(len, encoded)) + sum(map(len, dead_letters))
+        self._admit(size, byte_size)
+        delivery = _Delivery(size, size, byte_size, self, loop, done)
+        produce = self.producer.produce
+        ack = delivery.acknowledged
+        produced = 0
+        try:
+            for key, value in zip(keys, encoded, strict=True):
+                try:
+                    produce(topic, value, key, on_delivery=ack)
+                except BufferError:
+                    self._produce_when_room(topic, value, key, delivery)
+                produced += 1
+            for letter in dead_letters:
+                try:
+                    produce(dead_topic, letter, on_delivery=ack)
+                except BufferError:
+                    self._produce_when_room(dead_topic, letter, None, delivery)
+                produced += 1
+        except KafkaException as exc:  # e.g. a topic librdkafka knows is gone: the rest fail, nothing hangs
+            log.error("publish_failed", topic=topic, error=str(exc))
+            delivery.acknowledged(exc.args[0], None, size - produced)
+        return delivery
+
+    def _produce_when_room(self, topic: str, value: bytes, key: str | None, delivery: _Delivery) -> None:
+        """librdkafka's queue is full despite admission (another batch got in first): wait for acknowledgements."""
+        while True:
+            self.producer.poll(0.01)
+            try:
+                self.producer.produce(topic, value, key, on_delivery=delivery.acknowledged)
+                return
+            except BufferError:
+                continue
+
+    def close(self) -> None:
+        self._closed.set()
+        self._poller.join(timeout=5)
+        remaining = self.producer.flush(self.settings.publish_delivery_timeout_ms / 1000)
+        if remaining:
+            log.warning("publish_unflushed", records=remaining)
