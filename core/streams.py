@@ -36,9 +36,8 @@ import pyarrow.compute as pc
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from core.settings import Settings
+from core.stream_names import TRADES
 
-#: The stream every deployment has: today's market events, on ``settings.events_topic``.
-TRADES = "trades"
 #: Field names of the wire form; ``kind`` marks heartbeat records on the same topics.
 WIRE_KEY, WIRE_TIME, RESERVED = "key", "ts", "kind"
 #: Latest event time: 9999-12-31T23:59:59.999Z (as ``ingest.model.MAX_TS``).

@@ -10,11 +10,13 @@ boundaries (Spark workers, Redis snapshots) as JSON.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from enum import EnumMeta, StrEnum
 from typing import TYPE_CHECKING, Any
 
+from core.stream_names import TRADES
 from evaluator.aggregates import AGGREGATES, check_term
 from evaluator.comparators import Range
 from evaluator.expr import EXPR_TYPES, OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
@@ -63,11 +65,18 @@ class Condition:
     # Pending, keep-firing, hysteresis, damping, crossing (evaluator/lifecycle.py); None: plain edges. Not part of
     # the value asked, so subscriptions differing only in it share one group in the shard.
     lifecycle: Lifecycle | None = None
+    # Which substream the value is over (issue 15): the stream's name, dimension filters ``((dimension, values),
+    # …)`` (each dimension IN its values, all of them ANDed; sorted, so equal filters compare equal) and a key
+    # prefix. Part of the value asked: subscriptions on different streams or filters never share a group.
+    stream: str = TRADES
+    where: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    key_prefix: str | None = None
     computes: Expr = field(init=False, compare=False, repr=False)  # the expression, or the one term: built once
 
 
     def __post_init__(self) -> None:
         self._check_window()
+        self._check_substream()
         if not isinstance(self.aggregate, Aggregate):
             object.__setattr__(self, "aggregate", Aggregate(self.aggregate))
         if self.expression is not None and not isinstance(self.expression, EXPR_TYPES):
@@ -110,6 +119,24 @@ class Condition:
         if life.resolve is not None and not all(contains(life.resolve, r) for r in self.accepted):
             raise ValueError("the resolve range must contain the firing range")
 
+    def _check_substream(self) -> None:
+        """Normalise ``where`` (sorted, values sorted and distinct; also from its JSON lists) and check it."""
+        where = tuple(sorted((str(dimension), tuple(sorted({str(v) for v in values})))
+                             for dimension, values in self.where))
+        dimensions = [dimension for dimension, _ in where]
+        if len(set(dimensions)) != len(dimensions):
+            raise ValueError("a dimension is filtered at most once (list its values: dim IN ('a', 'b'))")
+        if any(not values for _, values in where):
+            raise ValueError("a dimension filter needs at least one value")
+        object.__setattr__(self, "where", where)
+        if self.key_prefix is not None and not self.key_prefix:
+            raise ValueError("a key prefix is not empty")
+
+    @property
+    def view(self) -> str:
+        """The substream's filters as one canonical string ("" for the whole stream): equal filters, equal views."""
+        return json.dumps(self.where, separators=(",", ":")) if self.where else ""
+
     def _check_window(self) -> None:
         """A time window is positive; a tuple window has no duration (window_ms 0) and holds at least one event."""
         if self.events is None:
@@ -151,7 +178,8 @@ class Condition:
         """JSON-ready; ``ranges`` only when there are several, so one-range conditions read as they always did."""
         data = {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("ranges", "computes", "lifecycle")}
-        for name, default in (("events", None), ("no_data", False)):  # written only when used: older readers
+        for name, default in (("events", None), ("no_data", False), ("stream", TRADES), ("where", ()),
+                              ("key_prefix", None)):  # written only when used: older readers, and ids, unchanged
             if data[name] == default:
                 del data[name]
         data["aggregate"] = self.aggregate.value
@@ -167,6 +195,8 @@ class Condition:
         kwargs = {**data, "aggregate": Aggregate(data["aggregate"])}
         if data.get("expression"):
             kwargs["expression"] = expr_from_json(data["expression"])
+        if data.get("where"):
+            kwargs["where"] = tuple((d, tuple(values)) for d, values in data["where"])
         if data.get("ranges"):
             kwargs["ranges"] = tuple(Range(*r) for r in data["ranges"])
         if data.get("lifecycle"):
@@ -184,7 +214,8 @@ class SubscriptionSpec:
     text: str = field(default="", compare=False)
 
     def applies_to(self, key: str) -> bool:
-        return self.keys is None or key in self.keys
+        prefix = self.condition.key_prefix
+        return (self.keys is None or key in self.keys) and (prefix is None or key.startswith(prefix))
 
     def to_dict(self) -> dict[str, Any]:
         return {
