@@ -288,22 +288,23 @@ class ValidatedBatch:
         return len(self.records)
 
 
-class _DuplicateField(ValueError):
-    pass
+class DuplicateField(ValueError):
+    """A JSON object that names a field twice (json.loads would keep the last silently)."""
 
 
-def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
+def unique_fields(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' object hook that refuses a field given twice (:class:`DuplicateField`)."""
     fields = dict(pairs)
     if len(fields) != len(pairs):
         seen: set[str] = set()
         for name, _ in pairs:
             if name in seen:
-                raise _DuplicateField(name)
+                raise DuplicateField(name)
             seen.add(name)
     return fields
 
 
-def _too_deep(text: str, limit: int) -> int | None:
+def too_deep(text: str, limit: int) -> int | None:
     """The nesting depth of ``text`` if above ``limit`` (strings skipped), else None."""
     if text.count("[") + text.count("{") <= limit:
         return None
@@ -448,12 +449,12 @@ class StreamValidator:
                 return f"not UTF-8: byte 0x{raw[exc.start]:02x} at position {exc.start}"
         else:
             text = raw
-        depth = _too_deep(text, self.limits.max_json_depth)
+        depth = too_deep(text, self.limits.max_json_depth)
         if depth is not None:
             return f"record: JSON nested {depth} deep, more than the {self.limits.max_json_depth} allowed"
         try:
-            payload = json.loads(text, object_pairs_hook=_unique_fields)
-        except _DuplicateField as exc:
+            payload = json.loads(text, object_pairs_hook=unique_fields)
+        except DuplicateField as exc:
             return f"{exc}: field given more than once"
         except json.JSONDecodeError as exc:
             return f"not JSON: {exc.msg} at position {exc.pos}"

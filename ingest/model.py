@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.settings import Settings, get_settings
+from core.streams import DuplicateField, too_deep, unique_fields
 
 #: The numeric attributes an event carries; conditions may aggregate over any of them.
 ATTRIBUTES: tuple[str, ...] = ("price", "volume")
@@ -164,44 +165,6 @@ def describe_errors(error: ValidationError) -> str:
     )
 
 
-class _DuplicateField(ValueError):
-    pass
-
-
-def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
-    """json ``object_pairs_hook``: a field given twice is an error, not "the last one wins"."""
-    fields = dict(pairs)
-    if len(fields) != len(pairs):
-        seen: set[str] = set()
-        for name, _ in pairs:
-            if name in seen:
-                raise _DuplicateField(name)
-            seen.add(name)
-    return fields
-
-
-def _nesting_depth(text: str) -> int:
-    """The deepest ``[``/``{`` nesting outside strings (only called for records with many brackets)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def _in_range(event: Event, limits: RecordLimits) -> str | None:
     """Why an event's values are out of range, or None."""
     for attribute in ATTRIBUTES:
@@ -255,14 +218,13 @@ def _parse_carefully(data: bytes, source: str, limits: RecordLimits) -> Event | 
     except UnicodeDecodeError as exc:
         return DeadLetter.of(f"not UTF-8: byte 0x{data[exc.start]:02x} at position {exc.start}", data, source,
                              limits)
-    if text.count("[") + text.count("{") > limits.max_json_depth:
-        depth = _nesting_depth(text)
-        if depth > limits.max_json_depth:
-            return DeadLetter.of(f"record: JSON nested {depth} deep, more than the {limits.max_json_depth} allowed",
-                                 data, source, limits)
+    depth = too_deep(text, limits.max_json_depth)
+    if depth is not None:
+        return DeadLetter.of(f"record: JSON nested {depth} deep, more than the {limits.max_json_depth} allowed",
+                             data, source, limits)
     try:
-        payload = json.loads(text, object_pairs_hook=_unique_fields)
-    except _DuplicateField as exc:
+        payload = json.loads(text, object_pairs_hook=unique_fields)
+    except DuplicateField as exc:
         return DeadLetter.of(f"{exc}: field given more than once", data, source, limits)
     except json.JSONDecodeError as exc:
         return DeadLetter.of(f"not JSON: {exc.msg} at position {exc.pos}", data, source, limits)
