@@ -51,7 +51,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ingest import panes_per_second, produce, raw_frame, read_all, records
-from benchmarks.report import markdown_table, table
+from benchmarks.report import print_tables
 from benchmarks.shard import ATTRS, MINUTE, PANE, SHARDS, Feed, catalog_for, run_boundaries
 from benchmarks.sink import Frame, batch_frame
 from core.redis_schema import RedisKeys
@@ -380,13 +380,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown")
     args = parser.parse_args()
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results = tables(measure(args.quick))
-    for title, head, body in results:
-        table(title, head, body)
-    if args.markdown:
-        print(f"\n<!-- benchmarks/capacity.py --markdown, {begun} -->")
-        for title, head, body in results:
-            markdown_table(title, head, body)
+    print_tables(tables(measure(args.quick)), markdown=args.markdown, source=f"benchmarks/capacity.py --markdown, {begun}")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
 from benchmarks.progress import batch_end_s, drain
-from benchmarks.report import markdown_table, percentiles, table
+from benchmarks.report import percentiles, print_tables
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -858,12 +858,7 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
           f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
     load = f"load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end"
     print(f"Run of {begun}, {psutil.cpu_count()} cores, {load}")
-    for title, header, rows in tables:
-        table(title, header, rows)
-    if args.markdown:
-        print(f"\n<!-- benchmarks/pipeline.py --markdown, {begun}, {load} -->")
-        for title, header, rows in tables:
-            markdown_table(title, header, rows)
+    print_tables(tables, markdown=args.markdown, source=f"benchmarks/pipeline.py --markdown, {begun}, {load}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,19 @@ def markdown_table(title: str, header: list[str], rows: list[list[object]]) -> N
     sys.stdout.flush()
 
 
+Table = tuple[str, list[str], list[list[object]]]
+
+
+def print_tables(tables: Sequence[Table], *, markdown: bool, source: str) -> None:
+    """Every table aligned, then (with ``markdown``) again as markdown under a comment naming ``source``."""
+    for title, header, rows in tables:
+        table(title, header, rows)
+    if markdown:
+        print(f"\n<!-- {source} -->")
+        for title, header, rows in tables:
+            markdown_table(title, header, rows)
+
+
 def percentiles(seconds: Sequence[float], qs: Sequence[float] = (50, 99), scale: float = 1e6) -> list[float]:
     """Percentiles ``qs`` of durations given in seconds, in units of 1/``scale`` s (default µs)."""
     array = np.asarray(seconds) * scale

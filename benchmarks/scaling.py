@@ -50,7 +50,7 @@ from benchmarks.pipeline import (
     subscriptions,
     throughput_run,
 )
-from benchmarks.report import markdown_table, table
+from benchmarks.report import print_tables
 from core.settings import Settings
 from devstack.services import free_port, start_redis, start_tansu
 from devstack.spark_cluster import SparkCluster
@@ -181,12 +181,7 @@ def report(args, costs: Costs, shape: tuple[float, int], results: dict[int, dict
     # the costs the prediction used, what they predict, and the measurement beside it
     printed = [*tables(costs), (title, header, throughput), (where_title, where_header, where)]
     print(f"\nRun of {begun}, {cores} cores, {load}")
-    for t, h, b in printed:
-        table(t, h, b)
-    if args.markdown:
-        print(f"\n<!-- benchmarks/scaling.py --markdown, {begun}, {load} -->")
-        for t, h, b in printed:
-            markdown_table(t, h, b)
+    print_tables(printed, markdown=args.markdown, source=f"benchmarks/scaling.py --markdown, {begun}, {load}")
 
 
 if __name__ == "__main__":
