@@ -149,11 +149,13 @@ class StreamFields:
         return cls(schema.name, schema.attribute_names, schema.dimension_names, schema.key_field,
                    {d.name: d.max_length for d in schema.dimensions})
 
+    any_name: bool = False  # every name is an attribute or dimension: a check of the syntax alone
+
     def attribute(self, text: str) -> str | None:
-        return _lookup(text, self.attributes)
+        return text if self.any_name else _lookup(text, self.attributes)
 
     def dimension(self, text: str) -> str | None:
-        return _lookup(text, self.dimensions)
+        return text if self.any_name else _lookup(text, self.dimensions)
 
     def is_key(self, text: str) -> bool:
         """``key`` or the key field as spelt, else in any case unless a dimension is spelt so."""
@@ -175,6 +177,8 @@ def _lookup(text: str, names: Iterable[str]) -> str | None:
 
 #: Conditions name the built-in stream unless told otherwise (its attributes as ``ingest.model`` declares them).
 TRADES_FIELDS = StreamFields(TRADES, ATTRIBUTES)
+#: Any stream: for checking a condition's syntax before its stream's schema is at hand (request bodies).
+ANY_FIELDS = StreamFields("*", (), any_name=True)
 
 
 def stream_fields(stream: StreamSchema | StreamFields | None) -> StreamFields:
@@ -436,7 +440,7 @@ class _Parser:
         dimensions = self.fields.dimension_list()
         while True:
             token = self.take("word", expected=f"a dimension ({dimensions}) or key, as in WHERE key IN ('A', 'B')")
-            if self.fields.is_key(token.text):
+            if self.fields.is_key(token.text) or (self.fields.any_name and self.at("STARTS")):  # any key field
                 if self.at("STARTS"):
                     self.i += 1
                     self.take("word", "WITH", expected="WITH, as in key STARTS WITH 'AA'")

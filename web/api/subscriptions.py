@@ -11,6 +11,7 @@ from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import FieldError
 from subscriptions.models import Subscription
 from subscriptions.schemas import MuteIn, SubscriptionIn, SubscriptionOut
+from subscriptions.streams import stream_of
 from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, ServiceDep
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
@@ -20,6 +21,7 @@ def subscription_out(subscription: Subscription) -> SubscriptionOut:
     return SubscriptionOut.model_validate(
         {
             **{c: getattr(subscription, c) for c in ("id", "name", "condition", "keys", "active")},
+            "stream": stream_of(subscription),
             "endpoint_ids": sorted(e.id for e in subscription.endpoints),
             "policy": subscription.policy or {},
             "created_at": subscription.created_at,
