@@ -627,10 +627,17 @@ def parse_condition(text: str, stream: StreamSchema | StreamFields | None = None
     return filtered.condition
 
 
-def combine_keys(listed: Collection[str] | None, filtered: Collection[str] | None) -> list[str] | None:
+def combine_keys(listed: Collection[str] | None, filtered: Collection[str] | None,
+                 prefix: str | None = None) -> list[str] | None:
     """The keys a subscription watches: its ``keys`` field and its condition's ``key IN`` both restrict them, so
-    it watches the keys in both (either alone when the other is absent; None: every key). No key in common is
-    an error rather than a subscription that can never fire."""
+    it watches the keys in both (either alone when the other is absent; None: every key). No key in common, or
+    a listed key without the condition's ``key STARTS WITH`` prefix, is an error rather than a subscription
+    that can never fire for it."""
+    if listed is not None and prefix is not None:
+        outside = sorted(k for k in listed if not k.startswith(prefix))
+        if outside:
+            raise ConditionError(f"the keys {', '.join(outside)} do not start with {prefix!r} (key STARTS WITH): "
+                                 "they would never be watched")
     if listed is None and filtered is None:
         return None
     if listed is None or filtered is None:

@@ -330,9 +330,9 @@ class SubscriptionService:
         if data.keys is not None and len(data.keys) > limit:  # every evaluator worker holds the whole catalog
             raise FieldError("keys", f"at most {limit} keys per subscription (null watches every key)")
         try:
-            keys = combine_keys(data.keys, filtered.keys)  # key IN (...) restricts the keys too: those in both
+            keys = combine_keys(data.keys, filtered.keys, condition.key_prefix)  # key IN (...) restricts the keys too: those in both
         except ConditionError as exc:
-            raise FieldError("condition", str(exc)) from None
+            raise FieldError("keys", str(exc)) from None
         if keys is not None and len(keys) > limit:
             raise FieldError("condition", f"at most {limit} keys per subscription (key IN lists {len(keys)})")
         subscription.name = data.name

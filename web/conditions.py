@@ -121,6 +121,6 @@ async def preview_matches(text: str, watch: list[str] | None, settings: Settings
     """Which keys of ``stream`` (trades when None) satisfy ``text`` now, among ``watch`` and the condition's
     ``key IN`` (the keys in both, as a subscription would watch); ConditionError if it is not valid."""
     filtered = checked_condition(text, settings, stream)
-    keys = combine_keys(watch, filtered.keys)
+    keys = combine_keys(watch, filtered.keys, filtered.condition.key_prefix)
     result = await run_in_threadpool(_ask_and_gather, filtered.condition, keys, settings, client)
     return {"condition": format_condition(filtered.condition), "stream": filtered.condition.stream, **result}

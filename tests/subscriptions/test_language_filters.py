@@ -111,6 +111,9 @@ def test_key_in_and_the_keys_field_intersect() -> None:
     assert combine_keys(["A", "B", "C"], frozenset({"B", "C", "D"})) == ["B", "C"]
     with pytest.raises(ConditionError, match="no key in common"):
         combine_keys(["A"], frozenset({"B"}))
+    assert combine_keys(["AA1", "AA2"], frozenset({"AA1"}), "AA") == ["AA1"]
+    with pytest.raises(ConditionError, match="the keys B do not start with 'A'"):
+        combine_keys(["AA1", "AB", "B"], None, "A")
 
 
 def test_explain_names_the_substream() -> None:

@@ -94,7 +94,10 @@ def _parse_form(form: FormData, service: SubscriptionService) -> tuple[dict, Sub
             filtered = checked_condition(values["condition"], service.settings,
                                          stream_schema(service.session, service.settings, values["stream"]))
             if "keys" not in errors:
-                combine_keys(keys_text.split() or None, filtered.keys)
+                try:
+                    combine_keys(keys_text.split() or None, filtered.keys, filtered.condition.key_prefix)
+                except ConditionError as exc:  # on keys: the condition alone is valid (its live check says so)
+                    errors["keys"] = str(exc)
         except ConditionError as exc:
             errors["condition"] = str(exc)
         except FieldError as exc:

@@ -57,7 +57,7 @@ def test_a_subscription_on_a_stream_with_a_where_filter_is_stored_and_published(
     log = CatalogLog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings))
     before = log.read(after=0).version
     made = user.post("/api/subscriptions", json={
-        "name": "hot web hosts in eu", "stream": "hosts", "keys": ["web-1", "web-2", "db-1"],
+        "name": "hot web hosts in eu", "stream": "hosts", "keys": ["web-1", "web-2", "web-3"],
         "condition": "avg(CPU) over 1m > 90 where Region in ('eu', 'eu-west') and host starts with 'web-' "
                      "and key in ('web-2', 'web-1', 'web-9')"})
     assert made.status_code == 201, made.text
@@ -110,8 +110,13 @@ def test_unknown_streams_attributes_and_dimensions_are_422_on_their_field(
     assert both["condition"].startswith("Value error, IN needs at least one value") and "name" in both
     assert _errors(user.post("/api/subscriptions", json={**body, "keys": ["db-1"],
                                                          "condition": "AVG(cpu) OVER 1m > 9 WHERE key = 'web-1'"})
-                   ) == {"condition": "key IN (...) and the subscription's keys have no key in common: it would "
+                   ) == {"keys": "key IN (...) and the subscription's keys have no key in common: it would "
                                       "watch nothing (a subscription watches the keys in both)"}
+    assert _errors(user.post("/api/subscriptions", json={**body, "keys": ["web-1", "db-1"],
+                                                         "condition": "AVG(cpu) OVER 1m > 9 WHERE key STARTS WITH "
+                                                                      "'web'"})
+                   ) == {"keys": "the keys db-1 do not start with 'web' (key STARTS WITH): they would never be "
+                                 "watched"}
     assert user.get("/api/subscriptions").json() == []
 
 
