@@ -86,9 +86,10 @@ def delivery_log(
 
 @router.get("/{subscription_id}/firing")
 def firing_keys(subscription_id: IdPath, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
-    """Keys currently in the condition, with the transition that put them there."""
-    service.get(subscription_id)
-    return {"subscription_id": subscription_id, "firing": AlertViews(redis_client, keys).firing(subscription_id)}
+    """Keys currently in the condition, with the transition that put them there (keys of the subscription's stream)."""
+    subscription = service.get(subscription_id)
+    return {"subscription_id": subscription_id, "stream": stream_of(subscription),
+            "firing": AlertViews(redis_client, keys).firing(subscription_id)}
 
 
 @router.get("/{subscription_id}/alerts")
@@ -104,10 +105,11 @@ def alert_history(
     limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
     before: Annotated[str | None, Query(max_length=41, description="the cursor of the previous page")] = None,
 ) -> dict:
-    """Transitions of this subscription, newest first, filtered; page on with ``next`` as ``before``."""
-    service.get(subscription_id)
+    """Transitions of this subscription (keys of its stream), newest first, filtered; page on with ``next`` as
+    ``before``."""
+    subscription = service.get(subscription_id)
     if before is not None and not valid_cursor(before):
         raise FieldError("before", "not a cursor: pass the 'next' of the previous page")
     where = HistoryFilter(state=state, key=key, since_ms=since, until_ms=until)
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, limit, before)
-    return {"subscription_id": subscription_id, "alerts": alerts, "next": cursor}
+    return {"subscription_id": subscription_id, "stream": stream_of(subscription), "alerts": alerts, "next": cursor}

@@ -66,6 +66,8 @@ def test_a_subscription_on_a_stream_with_a_where_filter_is_stored_and_published(
     assert body["condition"] == "AVG(cpu) OVER 1m > 90 WHERE region IN ('eu', 'eu-west') AND key STARTS WITH 'web-'"
     assert body["keys"] == ["web-1", "web-2"]  # the keys field and key IN: the keys in both
     assert user.get(f"/api/subscriptions/{body['id']}").json()["stream"] == "hosts"
+    assert user.get(f"/api/subscriptions/{body['id']}/alerts").json()["stream"] == "hosts"  # history per stream
+    assert user.get(f"/api/subscriptions/{body['id']}/firing").json()["stream"] == "hosts"
 
     after = log.read(after=before)
     [spec] = CatalogChange.decode(after.entries[-1][1]).upserts  # what the evaluator is told
