@@ -54,19 +54,20 @@ def test_a_subscriber_creates_a_subscription_on_a_declared_stream_with_a_where_f
         expect(trades_fields.locator('[data-attribute="volume"]')).to_be_visible()  # trades by default
         expect(hosts_fields).to_be_hidden()
 
-        form_page.get_by_label("Stream").select_option("hosts")
+        condition = form_page.locator("#condition")
+        condition.fill("SUM(volume) OVER 1m > 5")
+        expect(form_page.locator("#condition-check .condition-ok")).to_contain_text("SUM(volume) OVER 1m > 5")
+
+        form_page.get_by_label("Stream").select_option("hosts")  # the condition is checked again, on hosts
+        live = form_page.locator('#condition-check [data-field="condition"]')
+        expect(live).to_contain_text("unknown attribute 'volume'; stream hosts has cpu, mem")
+        expect(live).to_contain_text("column 5")
         expect(hosts_fields).to_be_visible()
         expect(trades_fields).to_be_hidden()
         expect(hosts_fields.locator("[data-attribute]")).to_have_text(["cpu %", "mem MB"])
         expect(hosts_fields.locator("[data-dimension]")).to_have_text(["region", "dc"])
-        condition = form_page.locator("#condition")
         expect(condition).to_have_attribute("placeholder", "AVG(cpu) OVER 5m > 100")
-
         form_page.get_by_label("Name").fill("Hot web hosts in eu")
-        condition.fill("SUM(volume) OVER 1m > 5")  # trades' attribute: not on hosts, said as typed
-        live = form_page.locator('#condition-check [data-field="condition"]')
-        expect(live).to_contain_text("unknown attribute 'volume'; stream hosts has cpu, mem")
-        expect(live).to_contain_text("column 5")
 
         condition.fill("AVG(")
         hosts_fields.locator('[data-attribute="cpu"]').click()  # inserted at the cursor, checked again
