@@ -119,6 +119,9 @@ def test_a_subscriber_creates_a_subscription_on_a_declared_stream_with_a_where_f
     expect(row).to_contain_text("WHERE region IN ('eu', 'eu-west')")
     expect(row).to_contain_text("AVG(cpu)")
     expect(page.locator('#stream-load tr[data-stream="hosts"]')).to_contain_text("hosts")
+    page.get_by_role("link", name="Streams").click()  # the dimension filtered on is used: removing it is refused
+    expect(page.locator('[data-stream-detail="hosts"] .dimensions')).to_contain_text(
+        f"region ≤ 256 chars used by #{stored.id} Hot web hosts in eu")
 
 
 def test_the_form_refuses_an_unknown_stream_and_keys_outside_key_in(settings: Settings) -> None:
