@@ -11,10 +11,11 @@
     CHANGE(price) OVER 5m < -3%
     AVG(price) OVER LAST 100 EVENTS > 10
     NO DATA FOR 5m
+    SUM(volume) OVER 5m > 2e6 WHERE exchange IN ('XNAS', 'XNYS') AND key STARTS WITH 'AA'
 
 Grammar (case-insensitive words)::
 
-    condition  := expr OVER window (comparison | crossing) clause* | NO DATA FOR duration
+    condition  := (expr OVER window (comparison | crossing) clause* | NO DATA FOR duration) [WHERE filters]
     window     := duration | LAST integer EVENTS
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
@@ -24,10 +25,22 @@ Grammar (case-insensitive words)::
     threshold  := ['-' | '+'] number ['%']
     crossing   := CROSSES (ABOVE | BELOW)? threshold
     clause     := FOR duration | KEEP FIRING FOR duration | RESOLVE (BELOW | ABOVE) threshold | DAMPEN duration
+    filters    := filter (AND filter)*
+    filter     := dimension ('=' string | IN '(' string (',' string)* ')')
+                | key ('=' string | IN '(' string (',' string)* ')' | STARTS WITH string)
+    string     := "'" characters "'"        (a quote inside is doubled: 'O''Hare')
 
 The clauses (each at most once, in any order) are the alert's lifecycle, see
 evaluator/lifecycle.py: a pending period, keep-firing, a separate resolve threshold
 (hysteresis) and damping; a crossing is an event that takes DAMPEN only.
+
+Attributes and dimensions are those of the subscription's stream (``core.streams.StreamSchema``; the
+built-in ``trades`` stream when none is given). ``WHERE`` narrows the stream to a substream: each
+dimension filter keeps the events whose dimension is one of its values (``Condition.where``), and
+``key STARTS WITH`` the keys with that prefix (``Condition.key_prefix``). ``key IN (...)`` (or
+``key = '...'``) is no part of the condition: it is a list of keys, returned beside it
+(:class:`Filtered`), which a subscription intersects with its ``keys`` (:func:`combine_keys`), so the
+canonical text never holds it. ``key`` may also be written as the stream's key field (``host``).
 
 The aggregates (their names, arguments and aliases) are those declared in
 evaluator/aggregates.py, the comparisons those in evaluator/comparators.py.
@@ -44,11 +57,15 @@ say what was expected and where (column numbers start at 1).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
 from typing import cast
 
+from core.stream_names import TRADES
+from core.streams import KEY_CHARS, KEY_MAX, WIRE_KEY, StreamSchema
 from evaluator.aggregates import AGGREGATES, SPELLINGS, EventAggregate, format_term, number_text
 from evaluator.comparators import COMPARATORS, CROSSINGS, Comparator, Crossing, Range, comparator_of, crossing_of
 from evaluator.lifecycle import Lifecycle, contains
@@ -60,12 +77,13 @@ UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 # Symbols: the comparators' (longest first, so ">=" is one token) and the expressions'.
 _SYMBOLS = sorted({t for c in COMPARATORS for t in c.tokens if t != "{}" and not t.isalpha()}
-                  | {"(", ")", "*", "+", "-", "/", ",", "%"}, key=len, reverse=True)
+                  | {"(", ")", "*", "+", "-", "/", ",", "%", "="}, key=len, reverse=True)
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<duration>\d+(?:\.\d+)?(?:ms|s|m|h|d)\b)
       | (?P<number>(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<string>'(?:[^']|'')*')
       | (?P<op>"""
     + "|".join(re.escape(symbol) for symbol in _SYMBOLS)
     + ")\n    )",
@@ -98,6 +116,11 @@ def _tokenize(text: str) -> list[_Token]:
         match = _TOKEN.match(text, pos)
         if not match or match.end() == pos:
             column = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
+            if text[column - 1] == "'":
+                raise ConditionError("unterminated string: end it with ' (a quote inside is doubled: 'O''Hare')",
+                                     column)
+            if text[column - 1] == '"':
+                raise ConditionError("strings are in single quotes, as in 'XNAS'", column)
             raise ConditionError(f"unexpected character {text[column - 1]!r}", column)
         kind = match.lastgroup or ""
         tokens.append(_Token(kind, match.group(kind), match.start(kind) + 1))
@@ -106,11 +129,76 @@ def _tokenize(text: str) -> list[_Token]:
 
 
 MAX_NESTING = 32  # parentheses and unary signs within each other
+_KEY = re.compile(f"{KEY_CHARS}+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class StreamFields:
+    """What a condition on a stream may name: its attributes and dimensions (looked up exactly, else ignoring
+    case when that is unambiguous) and its key field, another name for ``key``."""
+
+    name: str
+    attributes: tuple[str, ...]
+    dimensions: tuple[str, ...] = ()
+    key_field: str = WIRE_KEY
+    dimension_max: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, schema: StreamSchema) -> StreamFields:
+        return cls(schema.name, schema.attribute_names, schema.dimension_names, schema.key_field,
+                   {d.name: d.max_length for d in schema.dimensions})
+
+    any_name: bool = False  # every name is an attribute or dimension: a check of the syntax alone
+
+    def attribute(self, text: str) -> str | None:
+        return text if self.any_name else _lookup(text, self.attributes)
+
+    def dimension(self, text: str) -> str | None:
+        return text if self.any_name else _lookup(text, self.dimensions)
+
+    def is_key(self, text: str) -> bool:
+        """``key`` or the key field as spelt, else in any case unless a dimension is spelt so."""
+        if text in (WIRE_KEY, self.key_field):
+            return True
+        return self.dimension(text) is None and text.lower() in (WIRE_KEY, self.key_field.lower())
+
+    def dimension_list(self) -> str:
+        return ", ".join(self.dimensions) if self.dimensions else "none"
+
+
+def _lookup(text: str, names: Iterable[str]) -> str | None:
+    names = tuple(names)
+    if text in names:
+        return text
+    folded = [name for name in names if name.lower() == text.lower()]
+    return folded[0] if len(folded) == 1 else None
+
+
+#: Conditions name the built-in stream unless told otherwise (its attributes as ``ingest.model`` declares them).
+TRADES_FIELDS = StreamFields(TRADES, ATTRIBUTES)
+#: Any stream: for checking a condition's syntax before its stream's schema is at hand (request bodies).
+ANY_FIELDS = StreamFields("*", (), any_name=True)
+
+
+def stream_fields(stream: StreamSchema | StreamFields | None) -> StreamFields:
+    if stream is None:
+        return TRADES_FIELDS
+    return stream if isinstance(stream, StreamFields) else StreamFields.of(stream)
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """A parsed condition and the keys its ``key IN (...)`` lists (None: it lists none)."""
+
+    condition: Condition
+    keys: frozenset[str] | None = None
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, fields: StreamFields = TRADES_FIELDS) -> None:
         self.text = text
+        self.fields = fields
         self.tokens = _tokenize(text)
         self.i = 0
         self.depth = 0
@@ -210,11 +298,12 @@ class _Parser:
         return Term(aggregate.name, attribute, param)
 
     def attribute(self) -> str:
-        token = self.take("word", expected=f"an attribute ({', '.join(ATTRIBUTES)})")
-        attribute = token.text.lower()
-        if attribute not in ATTRIBUTES:
-            raise ConditionError(f"unknown attribute {token.text!r}; events carry {', '.join(ATTRIBUTES)}",
-                                 token.column)
+        names = ", ".join(self.fields.attributes)
+        token = self.take("word", expected=f"an attribute ({names})")
+        attribute = self.fields.attribute(token.text)
+        if attribute is None:
+            where = "events carry" if self.fields.name == TRADES else f"stream {self.fields.name} has"
+            raise ConditionError(f"unknown attribute {token.text!r}; {where} {names}", token.column)
         return attribute
 
     def threshold(self) -> tuple[float, bool]:
@@ -229,10 +318,19 @@ class _Parser:
 
     # -- the condition -------------------------------------------------------------------
 
-    def parse(self) -> Condition:
+    def parse(self) -> Filtered:
+        condition = self.no_data() if self.at("NO") else self.value_condition()
+        filters = self.filters()
+        token = self.peek()
+        if token is not None:
+            if self.at(*_CLAUSES, "CROSSES") and filters.given:
+                raise ConditionError(f"WHERE comes last: write {token.text.upper()} before it", token.column)
+            raise ConditionError(f"unexpected {token.text!r} after the condition", token.column)
+        condition = replace(condition, stream=self.fields.name, where=filters.where, key_prefix=filters.prefix)
+        return Filtered(condition, filters.keys)
+
+    def value_condition(self) -> Condition:
         start = self.column()
-        if self.at("NO"):
-            return self.no_data()
         expression = self.expr()
         if not expr_terms(expression):
             raise ConditionError("the condition needs an aggregate such as SUM(volume)", start)
@@ -246,8 +344,6 @@ class _Parser:
             threshold, percent = self.threshold()
             comparator, thresholds, percents = COMPARATORS[0], [threshold], [percent]  # its raw truth: one side
         clauses = self.clauses()
-        if self.peek() is not None:
-            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
         if len(set(percents)) > 1:
             raise ConditionError("give both ends of the range as percentages, or neither", column)
         if any(a > b for a, b in itertools.pairwise(thresholds)):
@@ -299,8 +395,6 @@ class _Parser:
         self.take("word", "FOR", expected="FOR and a duration, as in NO DATA FOR 5m")
         token = self.take("duration", expected="a duration such as 30s, 5m or 1h, as in NO DATA FOR 5m")
         window_ms = _duration_ms(token)
-        if self.peek() is not None:
-            raise ConditionError(f"unexpected {self.peek().text!r} after the condition", self.column())  # type: ignore[union-attr]  # peeked just above
         return Condition(Aggregate.COUNT, None, window_ms, high=0.0, high_inclusive=True, no_data=True)
 
     def comparison(self) -> tuple[Comparator, list[float], list[bool]]:
@@ -332,6 +426,94 @@ class _Parser:
                 self.take("word" if word.isalpha() else "op", word)
         return comparator, thresholds, percents
 
+
+    # -- the substream: WHERE ------------------------------------------------------------------
+
+    def filters(self) -> _Filters:
+        """``WHERE filter (AND filter)*``: dimension filters, a key list and a key prefix (none without WHERE)."""
+        if not self.at("WHERE"):
+            return _Filters()
+        self.i += 1
+        where: dict[str, tuple[str, ...]] = {}
+        keys: tuple[tuple[str, int], ...] | None = None
+        prefix: tuple[str, int] | None = None
+        dimensions = self.fields.dimension_list()
+        while True:
+            token = self.take("word", expected=f"a dimension ({dimensions}) or key, as in WHERE key IN ('A', 'B')")
+            if self.fields.is_key(token.text) or (self.fields.any_name and self.at("STARTS")):  # any key field
+                if self.at("STARTS"):
+                    self.i += 1
+                    self.take("word", "WITH", expected="WITH, as in key STARTS WITH 'AA'")
+                    if prefix is not None:
+                        raise ConditionError("key STARTS WITH is given twice", token.column)
+                    prefix = self.key_text(prefix=True)
+                else:
+                    if keys is not None:
+                        raise ConditionError("key is filtered twice: list its keys once, as in key IN ('A', 'B')",
+                                             token.column)
+                    keys = self.values(token.text, self.key_text)
+            else:
+                dimension = self.fields.dimension(token.text)
+                if dimension is None:
+                    raise ConditionError(f"unknown dimension {token.text!r}; stream {self.fields.name} has "
+                                         f"dimensions: {dimensions} (and key)", token.column)
+                if dimension in where:
+                    raise ConditionError(f"dimension {dimension} is filtered twice: list its values once, as in "
+                                         f"{dimension} IN ('a', 'b')", token.column)
+                literal = functools.partial(self.dimension_text, self.fields.dimension_max.get(dimension))
+                where[dimension] = tuple(v for v, _ in self.values(dimension, literal))
+            if not self.at("AND"):
+                break
+            self.i += 1
+        if prefix is not None and keys is not None:
+            for key, column in keys:
+                if not key.startswith(prefix[0]):
+                    raise ConditionError(f"key {key!r} does not start with {prefix[0]!r}: it would never be watched",
+                                         column)
+        return _Filters(tuple(where.items()), prefix[0] if prefix else None,
+                        frozenset(k for k, _ in keys) if keys is not None else None, True)
+
+    def values(self, name: str, literal: Callable[[], tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+        """``= 'v'`` or ``IN ('a', 'b', ...)``: the values with their columns."""
+        if self.at("="):
+            self.i += 1
+            return (literal(),)
+        if not self.at("IN"):
+            seen = f"{self.peek().text!r}" if self.peek() else "end of input"  # type: ignore[union-attr]
+            raise ConditionError(f"expected = or IN after {name}, found {seen}", self.column())
+        self.i += 1
+        self.take("op", "(", expected=f"( and a list of strings, as in {name} IN ('a', 'b')")
+        if self.at(")"):
+            raise ConditionError(f"IN needs at least one value, as in {name} IN ('a')", self.column())
+        found = [literal()]
+        while self.at(","):
+            self.i += 1
+            found.append(literal())
+        self.take("op", ")", expected=") or ',' and another string")
+        return tuple(found)
+
+    def string(self) -> tuple[str, int]:
+        """A string literal's value (quotes removed, doubled quotes undone) and its column."""
+        token = self.take("string", expected="a string in single quotes, as in 'XNAS'")
+        value = token.text[1:-1].replace("''", "'")
+        if _CONTROL.search(value):
+            raise ConditionError("a string may not hold control characters (tabs, line breaks...)", token.column)
+        return value, token.column
+
+    def dimension_text(self, limit: int | None) -> tuple[str, int]:
+        value, column = self.string()
+        if limit is not None and len(value) > limit:
+            raise ConditionError(f"the value is longer than the dimension's {limit} characters: no event carries it",
+                                 column)
+        return value, column
+
+    def key_text(self, prefix: bool = False) -> tuple[str, int]:
+        value, column = self.string()
+        if not value:
+            raise ConditionError("a key prefix is not empty" if prefix else "a key is not empty", column)
+        if len(value) > KEY_MAX or not _KEY.fullmatch(value):
+            raise ConditionError(f"{value!r} is no key: keys are 1 to {KEY_MAX} of A-Z a-z 0-9 . _ : - /", column)
+        return value, column
 
     # -- the lifecycle -------------------------------------------------------------------------
 
@@ -407,6 +589,14 @@ class _Parser:
         return None if life.trivial else life
 
 
+@dataclass(frozen=True)
+class _Filters:
+    where: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    prefix: str | None = None
+    keys: frozenset[str] | None = None
+    given: bool = False  # WHERE was written
+
+
 _CLAUSES = {"FOR": "for", "KEEP": "keep", "RESOLVE": "resolve", "DAMPEN": "dampen"}
 _CLAUSE_SYNTAX = {"for": "FOR", "keep": "KEEP FIRING FOR", "resolve": "RESOLVE", "dampen": "DAMPEN"}
 
@@ -420,11 +610,43 @@ def _duration_ms(token: _Token) -> int:
     return int(ms)
 
 
-def parse_condition(text: str) -> Condition:
-    """Parse a condition, raising :class:`ConditionError` with a column on failure."""
+def parse_filtered(text: str, stream: StreamSchema | StreamFields | None = None) -> Filtered:
+    """Parse a condition on ``stream`` (``trades`` when None) and the keys its ``key IN`` lists, raising
+    :class:`ConditionError` with a column on failure."""
     if not text or not text.strip():
         raise ConditionError("the condition is empty")
-    return _Parser(text).parse()
+    return _Parser(text, stream_fields(stream)).parse()
+
+
+def parse_condition(text: str, stream: StreamSchema | StreamFields | None = None) -> Condition:
+    """Parse a condition on ``stream`` (``trades`` when None). A ``key IN`` list is refused: it restricts a
+    subscription's keys, which only :func:`parse_filtered` returns (never dropped unseen)."""
+    filtered = parse_filtered(text, stream)
+    if filtered.keys is not None:
+        raise ConditionError("key IN lists a subscription's keys: give them as its keys")
+    return filtered.condition
+
+
+def combine_keys(listed: Collection[str] | None, filtered: Collection[str] | None,
+                 prefix: str | None = None) -> list[str] | None:
+    """The keys a subscription watches: its ``keys`` field and its condition's ``key IN`` both restrict them, so
+    it watches the keys in both (either alone when the other is absent; None: every key). No key in common, or
+    a listed key without the condition's ``key STARTS WITH`` prefix, is an error rather than a subscription
+    that can never fire for it."""
+    if listed is not None and prefix is not None:
+        outside = sorted(k for k in listed if not k.startswith(prefix))
+        if outside:
+            raise ConditionError(f"the keys {', '.join(outside)} do not start with {prefix!r} (key STARTS WITH): "
+                                 "they would never be watched")
+    if listed is None and filtered is None:
+        return None
+    if listed is None or filtered is None:
+        return sorted(set(listed if listed is not None else filtered))  # type: ignore[arg-type]  # one is given
+    common = sorted(set(listed) & set(filtered))
+    if not common:
+        raise ConditionError("key IN (...) and the subscription's keys have no key in common: it would watch "
+                             "nothing (a subscription watches the keys in both)")
+    return common
 
 
 def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int,
@@ -480,8 +702,27 @@ def _window_text(condition: Condition) -> str:
     return f"LAST {condition.events} EVENTS" if condition.events is not None else format_duration(condition.window_ms)
 
 
+def quote(value: str) -> str:
+    """A string literal of the language: single quotes, a quote inside doubled."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def format_filters(condition: Condition) -> str:
+    """The canonical WHERE clause (leading space; "" for the whole stream): dimensions in order, then the prefix."""
+    parts = [f"{dimension} = {quote(values[0])}" if len(values) == 1
+             else f"{dimension} IN ({', '.join(quote(v) for v in values)})" for dimension, values in condition.where]
+    if condition.key_prefix is not None:
+        parts.append(f"key STARTS WITH {quote(condition.key_prefix)}")
+    return " WHERE " + " AND ".join(parts) if parts else ""
+
+
 def format_condition(condition: Condition) -> str:
-    """Canonical text of a condition (parses back to an equal condition)."""
+    """Canonical text of a condition (parses back to an equal condition on its stream); the stream is named
+    by the subscription, not the text."""
+    return _format_value(condition) + format_filters(condition)
+
+
+def _format_value(condition: Condition) -> str:
     if condition.no_data:
         return f"NO DATA FOR {format_duration(condition.window_ms)}"
     computes = condition.computes
@@ -516,6 +757,24 @@ def format_lifecycle(life: Lifecycle, pct: str = "") -> str:
 
 def explain(condition: Condition) -> str:
     """The condition in plain words, for the subscription form."""
+    return _explain_value(condition) + explain_filters(condition)
+
+
+def explain_filters(condition: Condition) -> str:
+    """Which events and keys the condition is over, continuing :func:`explain`'s sentence ("" for every event
+    of trades)."""
+    parts = [f"{d} is {quote(vs[0])}" if len(vs) == 1 else f"{d} is one of {', '.join(quote(v) for v in vs)}"
+             for d, vs in condition.where]
+    text = ""
+    if condition.stream != TRADES or parts:
+        text += f" — counting only the events of stream {condition.stream}"
+        text += f" whose {' and '.join(parts)}" if parts else ""
+    if condition.key_prefix is not None:
+        text += f"; only keys starting with {quote(condition.key_prefix)}"
+    return text
+
+
+def _explain_value(condition: Condition) -> str:
     if condition.aggregate is Aggregate.EXPR:
         what = format_expr(condition.computes)
     else:
@@ -577,6 +836,7 @@ class LanguageHelp:
     attributes: tuple[str, ...]
     lifecycle: tuple[tuple[str, str], ...] = ()  # (clause syntax, plain words)
     windows: tuple[tuple[str, str], ...] = ()  # (syntax, plain words): time and tuple windows, NO DATA
+    filters: tuple[tuple[str, str], ...] = ()  # (syntax, plain words): the WHERE clause's forms
 
 
 def language_help() -> LanguageHelp:
@@ -588,6 +848,7 @@ def language_help() -> LanguageHelp:
         attributes=ATTRIBUTES,
         lifecycle=LIFECYCLE_HELP,
         windows=WINDOWS,
+        filters=FILTERS,
     )
 
 
@@ -610,4 +871,14 @@ WINDOWS: tuple[tuple[str, str], ...] = (
                                    "(PCT_CHANGE); elsewhere a percentage is a share of the last value"),
     ("NO DATA FOR 5m", "fires for a key that sent nothing for 5 minutes: a listed key always, any other until "
                        "silent for the horizon"),
+)
+
+
+#: The WHERE clause's forms, for the form's help (and docs/conditions.md).
+FILTERS: tuple[tuple[str, str], ...] = (
+    ("WHERE exchange = 'XNAS'", "only the events whose dimension exchange is XNAS (the stream's dimensions)"),
+    ("WHERE exchange IN ('XNAS', 'XNYS')", "... is one of these values"),
+    ("WHERE key IN ('AAPL', 'MSFT')", "only these keys (with the Keys field too: the keys in both)"),
+    ("WHERE key STARTS WITH 'AA'", "only the keys with this prefix"),
+    ("WHERE region = 'eu' AND key STARTS WITH 'web-'", "filters joined by AND; WHERE comes last"),
 )

@@ -8,9 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from core.stream_names import TRADES
+from core.streams import StreamName
 from ingest.model import Key
 from subscriptions.channel_kinds import MAX_KIND_LENGTH, EndpointKind, endpoint_kind, endpoint_kinds
-from subscriptions.language import parse_condition
+from subscriptions.language import ANY_FIELDS, parse_filtered
 from subscriptions.policy import AlertPolicy
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -178,9 +180,13 @@ class SubscriptionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Name
-    condition: str = Field(min_length=1, max_length=500, examples=["SUM(volume) OVER 5m > 2e6"])
+    stream: StreamName = Field(TRADES, description="the stream the condition is over (its attributes and "
+                                                   "dimensions); trades when omitted")
+    condition: str = Field(min_length=1, max_length=500, examples=["SUM(volume) OVER 5m > 2e6",
+                                                                   "AVG(cpu) OVER 1m > 90 WHERE region = 'eu'"])
     keys: list[Key] | None = Field(None, min_length=1, max_length=10_000,
-                                   description="keys to watch; null for every key")
+                                   description="keys to watch; null for every key. With key IN (...) in the "
+                                               "condition, the keys in both")
     endpoint_ids: list[Id] = Field(default_factory=list, max_length=20)
     active: bool = True
     policy: AlertPolicy = Field(default_factory=AlertPolicy)
@@ -188,7 +194,9 @@ class SubscriptionIn(BaseModel):
     @field_validator("condition")
     @classmethod
     def _parses(cls, text: str) -> str:
-        parse_condition(text)  # ConditionError is a ValueError: reported on this field
+        # The syntax here (ConditionError is a ValueError: reported on this field, with the others); the
+        # stream's attributes and dimensions in the service, which reads the stream's schema.
+        parse_filtered(text, ANY_FIELDS)
         return text
 
     @field_validator("keys")
@@ -202,6 +210,7 @@ class SubscriptionOut(BaseModel):
 
     id: int
     name: str
+    stream: str
     condition: str
     keys: list[str] | None
     active: bool

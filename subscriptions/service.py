@@ -29,15 +29,17 @@ from sqlalchemy.orm import Session
 from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.streams import StreamSchema
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.accounts import lock_owner
 from subscriptions.channel_kinds import UnknownKindError, endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
-from subscriptions.language import ConditionError, check_window, format_condition, parse_condition
+from subscriptions.language import ConditionError, Filtered, check_window, combine_keys, format_condition, parse_filtered
 from subscriptions.models import CatalogVersion, Endpoint, Subscription, User
 from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import EndpointIn, SubscriptionIn
+from subscriptions.streams import StreamService
 from subscriptions.templating import MessageTemplateError, TemplateLimits, check_template
 
 log = structlog.get_logger("subscriptions")
@@ -51,7 +53,8 @@ def publish_catalog(client: redis.Redis, keys: RedisKeys, catalog: Catalog) -> b
 
 
 def subscription_spec(subscription: Subscription) -> SubscriptionSpec:
-    """What the evaluator is told of a subscription."""
+    """What the evaluator is told of a subscription: its stream and filters travel in its condition, its key
+    list (the ``keys`` field and the condition's ``key IN``, combined when saved) in ``keys``."""
     return SubscriptionSpec(
         id=subscription.id,
         condition=Condition.from_dict(subscription.condition_spec),
@@ -191,12 +194,23 @@ def forget_endpoint(client: redis.Redis, keys: RedisKeys, endpoint_id: int) -> N
     pipe.execute()
 
 
-def checked_condition(text: str, settings: Settings) -> Condition:
-    """Parse a condition and check it against what the evaluator keeps (pane width, horizon)."""
-    condition = parse_condition(text)
-    check_window(condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms,
+def checked_condition(text: str, settings: Settings, stream: StreamSchema | None = None) -> Filtered:
+    """Parse a condition on ``stream`` (``trades`` when None) and check it against what the evaluator keeps
+    (pane width, horizon); with the keys its ``key IN`` lists."""
+    filtered = parse_filtered(text, stream)
+    check_window(filtered.condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms,
                  settings.tuple_max_events)
-    return condition
+    return filtered
+
+
+def stream_schema(session: Session, settings: Settings, name: str) -> StreamSchema:
+    """The declared schema of stream ``name``, or a FieldError on ``stream`` naming the streams there are."""
+    streams = StreamService(session, settings)
+    try:
+        return streams.schema_of(streams.get(name))
+    except NotFound:
+        names = ", ".join(s.name for s in streams.streams())
+        raise FieldError("stream", f"no stream named {name!r}; the streams are {names}") from None
 
 
 class SubscriptionService:
@@ -279,9 +293,9 @@ class SubscriptionService:
 
     # -- subscriptions ---------------------------------------------------------------
 
-    def _condition(self, text: str) -> Condition:
+    def _condition(self, text: str, stream: StreamSchema) -> Filtered:
         try:
-            return checked_condition(text, self.settings)
+            return checked_condition(text, self.settings, stream)
         except ConditionError as exc:
             raise FieldError("condition", str(exc)) from None
 
@@ -310,14 +324,21 @@ class SubscriptionService:
         return subscription
 
     def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
-        condition = self._condition(data.condition)
+        filtered = self._condition(data.condition, stream_schema(self.session, self.settings, data.stream))
+        condition = filtered.condition
         limit = self.settings.subscription_max_keys
         if data.keys is not None and len(data.keys) > limit:  # every evaluator worker holds the whole catalog
             raise FieldError("keys", f"at most {limit} keys per subscription (null watches every key)")
+        try:
+            keys = combine_keys(data.keys, filtered.keys, condition.key_prefix)  # key IN (...) restricts the keys too: those in both
+        except ConditionError as exc:
+            raise FieldError("keys", str(exc)) from None
+        if keys is not None and len(keys) > limit:
+            raise FieldError("condition", f"at most {limit} keys per subscription (key IN lists {len(keys)})")
         subscription.name = data.name
         subscription.condition = format_condition(condition)
         subscription.condition_spec = condition.to_dict()
-        subscription.keys = data.keys
+        subscription.keys = keys
         subscription.active = data.active
         subscription.policy = data.policy.model_dump(mode="json")
         subscription.endpoints = self._endpoints(data.endpoint_ids)

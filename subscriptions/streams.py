@@ -53,16 +53,18 @@ class TopicError(RuntimeError):
 
 
 def stream_of(subscription: Subscription) -> str:
-    """The stream a subscription evaluates (``trades`` until conditions name one)."""
-    return str(subscription.condition_spec.get("stream", TRADES))
+    """The stream a subscription evaluates: its condition's (``trades`` for conditions saved before streams)."""
+    return Condition.from_dict(subscription.condition_spec).stream
 
 
 def fields_used(subscription: Subscription) -> set[str]:
-    """The stream fields a subscription's condition names (attributes it aggregates or compares with)."""
+    """The stream fields a subscription's condition names: attributes it aggregates or compares with, and the
+    dimensions its WHERE clause filters on."""
     condition = Condition.from_dict(subscription.condition_spec)
     used = {term.attribute for term in condition.terms if term.attribute}
     if condition.percent_of:
         used.add(condition.percent_of)
+    used.update(dimension for dimension, _ in condition.where)
     return used
 
 

@@ -23,18 +23,43 @@ from core.evaluator_status import EvaluatorStatus, evaluator_status
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.streams import StreamSchema
 from evaluator.preview import PreviewAnswer, PreviewRequest, most_extreme
 from evaluator.spec import Condition
-from subscriptions.language import explain, format_condition
+from subscriptions.language import combine_keys, explain, format_condition
 from subscriptions.service import checked_condition
 
 log = structlog.get_logger("web")
 
 
-def describe(text: str, settings: Settings) -> dict[str, Any]:
-    """The canonical text and a plain-words reading of a condition; ConditionError if it is not valid."""
-    condition = checked_condition(text, settings)
-    return {"canonical": format_condition(condition), "explanation": explain(condition)}
+def describe(text: str, settings: Settings, stream: StreamSchema | None = None) -> dict[str, Any]:
+    """The canonical text and a plain-words reading of a condition on ``stream`` (trades when None), and the
+    keys its ``key IN`` lists; ConditionError if it is not valid."""
+    filtered = checked_condition(text, settings, stream)
+    condition = filtered.condition
+    return {"stream": condition.stream, "canonical": format_condition(condition), "explanation": explain(condition),
+            "keys": sorted(filtered.keys) if filtered.keys is not None else None}
+
+
+def stream_choices(streams: list[StreamSchema]) -> list[dict[str, Any]]:
+    """What the subscription form offers per stream: its attributes (with units) and dimensions, and examples
+    of conditions over them."""
+    return [{"name": s.name, "key_field": s.key_field,
+             "attributes": [{"name": a.name, "unit": a.unit, "min": a.min, "max": a.max, "required": a.required}
+                            for a in s.attributes],
+             "dimensions": list(s.dimension_names), "examples": examples(s)} for s in streams]
+
+
+def examples(stream: StreamSchema) -> list[str]:
+    """A few conditions on ``stream``, valid for its schema (the placeholder and the help show them)."""
+    first = stream.attribute_names[0]
+    texts = [f"AVG({first}) OVER 5m > 100", f"MAX({first}) - MIN({first}) OVER 30m > 3%"]
+    if len(stream.attribute_names) > 1:
+        texts.append(f"SUM({stream.attribute_names[1]}) OVER 1m > 1000")
+    if stream.dimensions:
+        texts.append(f"AVG({first}) OVER 1m > 90 WHERE {stream.dimension_names[0]} = 'a'")
+    texts.append("COUNT(*) OVER 1m > 10 WHERE key STARTS WITH 'A'")
+    return texts
 
 
 def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Settings,
@@ -92,8 +117,10 @@ def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Setti
 
 
 async def preview_matches(text: str, watch: list[str] | None, settings: Settings,
-                          client: redis.Redis) -> dict[str, Any]:
-    """Which keys satisfy ``text`` now; ConditionError if it is not valid."""
-    condition = checked_condition(text, settings)
-    result = await run_in_threadpool(_ask_and_gather, condition, watch, settings, client)
-    return {"condition": format_condition(condition), **result}
+                          client: redis.Redis, stream: StreamSchema | None = None) -> dict[str, Any]:
+    """Which keys of ``stream`` (trades when None) satisfy ``text`` now, among ``watch`` and the condition's
+    ``key IN`` (the keys in both, as a subscription would watch); ConditionError if it is not valid."""
+    filtered = checked_condition(text, settings, stream)
+    keys = combine_keys(watch, filtered.keys, filtered.condition.key_prefix)
+    result = await run_in_threadpool(_ask_and_gather, filtered.condition, keys, settings, client)
+    return {"condition": format_condition(filtered.condition), "stream": filtered.condition.stream, **result}

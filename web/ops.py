@@ -15,6 +15,8 @@ import asyncio
 import json
 import threading
 import time
+from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -34,7 +36,7 @@ from evaluator.catalog import Catalog
 from evaluator.shard import group_subscriptions
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import LogEndProbe
-from subscriptions.language import format_duration, format_expr
+from subscriptions.language import format_duration, format_expr, format_filters
 from subscriptions.models import Subscription
 from web import watchdog
 from web.watchdog import STREAM_COUNTERS
@@ -194,19 +196,34 @@ def _value_text(condition: Condition) -> str:
 
 def subscription_load(session: Session) -> list[dict[str, Any]]:
     """Subscriptions of every user in the groups the evaluator answers with one shared lookup each
-    (``evaluator.shard.group_subscriptions``: by the value they need per key), paused ones counted apart."""
-    specs: list[SubscriptionSpec] = []
+    (``evaluator.shard.group_subscriptions``: by the value they need per key), per stream and dimension filter
+    (a substream: subscriptions on different ones never share a group), paused ones counted apart."""
+    substreams: dict[tuple[str, str], list[SubscriptionSpec]] = defaultdict(list)
     active: set[int] = set()
     for sid, spec, is_active in session.execute(
             select(Subscription.id, Subscription.condition_spec, Subscription.active)):
-        specs.append(SubscriptionSpec(sid, Condition.from_dict(spec)))
+        condition = Condition.from_dict(spec)
+        substreams[condition.stream, condition.view].append(SubscriptionSpec(sid, condition))
         if is_active:
             active.add(sid)
     load = []
-    for group in group_subscriptions(Catalog(0, tuple(specs))):
-        c = group.template
-        running = sum(1 for s in group.specs if s.id in active)
-        load.append({"aggregate": c.aggregate.value, "attribute": c.attribute or "*", "value": _value_text(c),
-                     "window_ms": c.window_ms, "window": format_duration(c.window_ms),
-                     "active": running, "paused": len(group.specs) - running})
-    return sorted(load, key=lambda g: (-g["active"], g["value"], g["window_ms"]))
+    for (stream, _), specs in substreams.items():
+        for group in group_subscriptions(Catalog(0, tuple(specs))):
+            c = group.template
+            running = sum(1 for s in group.specs if s.id in active)
+            load.append({"stream": stream, "filter": format_filters(replace(c, key_prefix=None)).removeprefix(" "),
+                         "aggregate": c.aggregate.value, "attribute": c.attribute or "*", "value": _value_text(c),
+                         "window_ms": c.window_ms, "window": format_duration(c.window_ms),
+                         "active": running, "paused": len(group.specs) - running})
+    return sorted(load, key=lambda g: (g["stream"], -g["active"], g["value"], g["window_ms"], g["filter"]))
+
+
+def stream_load(load: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The load table's totals per stream: groups, active and paused subscriptions."""
+    totals: dict[str, dict[str, Any]] = {}
+    for g in load:
+        row = totals.setdefault(g["stream"], {"stream": g["stream"], "groups": 0, "active": 0, "paused": 0})
+        row["groups"] += 1
+        row["active"] += g["active"]
+        row["paused"] += g["paused"]
+    return sorted(totals.values(), key=lambda r: r["stream"])

@@ -11,6 +11,7 @@ from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import FieldError
 from subscriptions.models import Subscription
 from subscriptions.schemas import MuteIn, SubscriptionIn, SubscriptionOut
+from subscriptions.streams import stream_of
 from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, ServiceDep
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
@@ -20,6 +21,7 @@ def subscription_out(subscription: Subscription) -> SubscriptionOut:
     return SubscriptionOut.model_validate(
         {
             **{c: getattr(subscription, c) for c in ("id", "name", "condition", "keys", "active")},
+            "stream": stream_of(subscription),
             "endpoint_ids": sorted(e.id for e in subscription.endpoints),
             "policy": subscription.policy or {},
             "created_at": subscription.created_at,
@@ -84,9 +86,10 @@ def delivery_log(
 
 @router.get("/{subscription_id}/firing")
 def firing_keys(subscription_id: IdPath, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
-    """Keys currently in the condition, with the transition that put them there."""
-    service.get(subscription_id)
-    return {"subscription_id": subscription_id, "firing": AlertViews(redis_client, keys).firing(subscription_id)}
+    """Keys currently in the condition, with the transition that put them there (keys of the subscription's stream)."""
+    subscription = service.get(subscription_id)
+    return {"subscription_id": subscription_id, "stream": stream_of(subscription),
+            "firing": AlertViews(redis_client, keys).firing(subscription_id)}
 
 
 @router.get("/{subscription_id}/alerts")
@@ -102,10 +105,11 @@ def alert_history(
     limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
     before: Annotated[str | None, Query(max_length=41, description="the cursor of the previous page")] = None,
 ) -> dict:
-    """Transitions of this subscription, newest first, filtered; page on with ``next`` as ``before``."""
-    service.get(subscription_id)
+    """Transitions of this subscription (keys of its stream), newest first, filtered; page on with ``next`` as
+    ``before``."""
+    subscription = service.get(subscription_id)
     if before is not None and not valid_cursor(before):
         raise FieldError("before", "not a cursor: pass the 'next' of the previous page")
     where = HistoryFilter(state=state, key=key, since_ms=since, until_ms=until)
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, limit, before)
-    return {"subscription_id": subscription_id, "alerts": alerts, "next": cursor}
+    return {"subscription_id": subscription_id, "stream": stream_of(subscription), "alerts": alerts, "next": cursor}

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from core.redis_schema import RedisKeys
 from subscriptions.models import ROLES
 from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, RecordsDep, RedisDep, SettingsDep
-from web.ops import samples, subscription_load
+from web.ops import samples, stream_load, subscription_load
 from web.pages.common import Page, PagePrincipal, flash, render, take_flash
 from web.watchdog import banner, open_incidents
 
@@ -26,7 +26,8 @@ def _operator(principal: PagePrincipal) -> None:
 def ops_page(request: Request, principal: Page, session: DbDep, settings: SettingsDep, redis_client: RedisDep,
              records: RecordsDep) -> HTMLResponse:
     _operator(principal)
-    return render(request, "ops.html", principal, load=subscription_load(session),
+    load = subscription_load(session)
+    return render(request, "ops.html", principal, load=load, streams=stream_load(load),
                   latest=next(iter(samples(redis_client, settings, 1)), None),
                   dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
                   invitation=take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),

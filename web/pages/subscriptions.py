@@ -12,14 +12,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
-from core.settings import Settings
+from core.stream_names import TRADES
 from subscriptions.alerts import AlertViews, HistoryFilter, valid_cursor
 from subscriptions.errors import FieldError, Forbidden, NotFound
-from subscriptions.language import ConditionError
+from subscriptions.language import ConditionError, combine_keys
 from subscriptions.models import Subscription
 from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import SubscriptionIn
-from subscriptions.service import SubscriptionService, checked_condition
+from subscriptions.service import SubscriptionService, checked_condition, stream_schema
+from subscriptions.streams import StreamService, stream_of
+from web.conditions import stream_choices
 from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, SettingsDep
 from web.pages.common import Page, PagePrincipal, PageService, form_errors, render
 
@@ -35,18 +37,22 @@ def subscriptions_page(request: Request, principal: Page, service: PageService, 
         pipe.hlen(keys.firing(s.id))
     firing = dict(zip([s.id for s in rows], pipe.execute(), strict=True))
     return render(request, "subscriptions.html", principal, subscriptions=rows, firing=firing,
-                  limit=settings.user_max_subscriptions)
+                  streams={s.id: stream_of(s) for s in rows}, limit=settings.user_max_subscriptions)
 
 
 def _form_context(service: SubscriptionService, values: dict, errors: dict, subscription_id: int | None) -> dict:
+    streams = StreamService(service.session, service.settings)
+    choices = stream_choices([streams.schema_of(s) for s in streams.streams()])
+    if values["stream"] not in {c["name"] for c in choices}:  # mistyped, or deleted meanwhile: offer trades
+        values = {**values, "stream": TRADES}
     return {"values": values, "errors": errors, "endpoints": service.list_endpoints(),
-            "subscription_id": subscription_id}
+            "subscription_id": subscription_id, "streams": choices}
 
 
 def _form_values(s: Subscription | None) -> dict:
     """What the subscription form shows: a subscription's, or a new one's defaults."""
     policy = AlertPolicy.model_validate(s.policy or {}) if s else AlertPolicy()
-    return {"name": s.name if s else "", "condition": s.condition if s else "",
+    return {"name": s.name if s else "", "stream": stream_of(s) if s else TRADES, "condition": s.condition if s else "",
             "keys": " ".join(s.keys) if s and s.keys is not None else "",
             "endpoint_ids": [e.id for e in s.endpoints] if s else [], "active": s.active if s else True,
             "cooldown_s": policy.cooldown_s, "renotify_s": policy.renotify_s or "",
@@ -59,12 +65,14 @@ def new_subscription_page(request: Request, principal: Page, service: PageServic
                   **_form_context(service, _form_values(None), {}, None))
 
 
-def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
-    """The form's values as typed, and the subscription or every error at once (the window checks included)."""
+def _parse_form(form: FormData, service: SubscriptionService) -> tuple[dict, SubscriptionIn | None, dict[str, str]]:
+    """The form's values as typed, and the subscription or every error at once (the stream's attributes and
+    dimensions, the window checks and the keys included)."""
     keys_text = str(form.get("keys", "")).replace(",", " ")
     endpoint_ids = [str(e) for e in form.getlist("endpoint_ids")]  # pydantic checks them (ASCII digits, range)
     values: dict[str, Any] = {
-        "name": str(form.get("name", "")).strip(), "condition": str(form.get("condition", "")).strip(),
+        "name": str(form.get("name", "")).strip(), "stream": str(form.get("stream", TRADES)).strip(),
+        "condition": str(form.get("condition", "")).strip(),
         "keys": keys_text.strip(), "endpoint_ids": [int(e) for e in endpoint_ids if re.fullmatch(r"[0-9]{1,10}", e)],
         "active": form.get("active") == "on", "cooldown_s": form.get("cooldown_s") or 0,
         "renotify_s": form.get("renotify_s") or "", "send_resolved": form.get("send_resolved") == "on",
@@ -72,7 +80,7 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
     }
     try:
         data = SubscriptionIn(
-            name=values["name"], condition=values["condition"],
+            name=values["name"], stream=values["stream"], condition=values["condition"],
             keys=keys_text.split() or None, endpoint_ids=endpoint_ids, active=values["active"],
             policy={"cooldown_s": values["cooldown_s"], "renotify_s": values["renotify_s"] or None,
                     "send_resolved": values["send_resolved"], "group": values["group"]},
@@ -81,11 +89,19 @@ def _parse_form(form: FormData, settings: Settings) -> tuple[dict, SubscriptionI
         errors, data = form_errors(exc), None
     else:
         errors = {}
-    if "condition" not in errors:
+    if "condition" not in errors and "stream" not in errors:
         try:
-            checked_condition(values["condition"], settings)
+            filtered = checked_condition(values["condition"], service.settings,
+                                         stream_schema(service.session, service.settings, values["stream"]))
+            if "keys" not in errors:
+                try:
+                    combine_keys(keys_text.split() or None, filtered.keys, filtered.condition.key_prefix)
+                except ConditionError as exc:  # on keys: the condition alone is valid (its live check says so)
+                    errors["keys"] = str(exc)
         except ConditionError as exc:
             errors["condition"] = str(exc)
+        except FieldError as exc:
+            errors[exc.field] = str(exc)
     return values, data if not errors else None, errors
 
 
@@ -94,7 +110,7 @@ async def _save_subscription(request: Request, principal: PagePrincipal, service
     form = await request.form()
 
     def save() -> Response:
-        values, data, errors = _parse_form(form, service.settings)
+        values, data, errors = _parse_form(form, service)
         if data is not None:
             try:
                 saved = (service.update(subscription_id, data) if subscription_id is not None
@@ -148,7 +164,8 @@ def subscription_action(subscription_id: IdPath, action: str, service: PageServi
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
 def subscription_page(request: Request, subscription_id: IdPath, principal: Page, service: PageService) -> HTMLResponse:
-    return render(request, "subscription.html", principal, s=service.get(subscription_id))
+    subscription = service.get(subscription_id)
+    return render(request, "subscription.html", principal, s=subscription, stream=stream_of(subscription))
 
 
 @router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)

@@ -75,3 +75,41 @@ document.addEventListener("htmx:beforeSwap", (event) => {
     event.detail.isError = false;
   }
 });
+
+// The subscription form: the selected stream's attributes, dimensions and examples are the ones shown; a click
+// on one inserts it into the condition at the cursor (and the condition is checked again, as when typed).
+(function streamFields() {
+  const select = document.getElementById("stream");
+  const condition = document.getElementById("condition");
+  if (!select || !condition) return;
+
+  function show() {
+    for (const block of document.querySelectorAll("[data-stream-fields]")) {
+      const shown = block.dataset.streamFields === select.value;
+      block.hidden = !shown;
+      if (shown) condition.placeholder = block.dataset.example;
+    }
+  }
+
+  function insert(text, whole) {
+    if (whole) {
+      condition.value = text;
+    } else {
+      const start = condition.selectionStart ?? condition.value.length;
+      const end = condition.selectionEnd ?? start;
+      condition.value = condition.value.slice(0, start) + text + condition.value.slice(end);
+      condition.setSelectionRange(start + text.length, start + text.length);
+    }
+    condition.focus();
+    condition.dispatchEvent(new Event("input", { bubbles: true }));
+  }
+
+  select.addEventListener("change", show);
+  document.getElementById("stream-fields").addEventListener("click", (event) => {
+    const chip = event.target.closest("[data-insert]");
+    const example = event.target.closest("[data-insert-condition]");
+    if (chip) insert(chip.dataset.insert, false);
+    else if (example) insert(example.dataset.insertCondition, true);
+  });
+  show();
+})();
