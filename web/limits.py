@@ -22,7 +22,7 @@ from limits.storage import storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.redis_client import limits_storage_uri
+from core.redis_client import limits_storage
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
@@ -44,8 +44,9 @@ class RateLimiter:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        storage = storage_from_string(limits_storage_uri(settings), key_prefix=RedisKeys(settings).rate_limits,
-                                      wrap_exceptions=True)
+        uri, options = limits_storage(settings)
+        storage = storage_from_string(uri, key_prefix=RedisKeys(settings).rate_limits, wrap_exceptions=True,
+                                      **options)
         self.limiter = FixedWindowRateLimiter(storage)
 
     def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:
