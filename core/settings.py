@@ -233,6 +233,10 @@ class Settings(BaseSettings):
                                   "claimed (its reader is taken for dead); far above a group's wait and dispatch"
     )
     dispatcher_claim_interval_s: float = Field(5.0, gt=0, description="how often dead dispatchers' entries are claimed")
+    dispatcher_max_deliveries: int = Field(
+        10, ge=2, description="an alert entry read this many times (XPENDING's delivery count: reads and claims) "
+                              "without being acknowledged is dead-lettered with the reason instead of tried again"
+    )
     dispatcher_group_wait_ms: int = Field(
         500, ge=0, description="how long transitions of one evaluation are collected into one notification"
     )
