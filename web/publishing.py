@@ -12,13 +12,18 @@ and nothing of it is produced. One batch is always admitted when none is in
 flight, so any request within the size limits can eventually pass. A request
 answers once Kafka acknowledged (``acks=all``) every record of its batch, or
 after ``publish_delivery_timeout_ms`` with the number not acknowledged.
+
+Dead letters (the batch's rejects, with their reasons) are a record of what was refused, not part of
+what the publisher asked to store: a dead letter Kafka does not take (its topic refused, or missing on
+a broker that does not create topics) is reported in the 202 and counted, never turned into a 503,
+which would tell the publisher to send again records that are already stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -33,6 +38,11 @@ PUBLISHED = Counter("tocsin_publish_records_total", "Records published over HTTP
                     ["stream", "outcome"])
 REFUSED_BATCHES = Counter("tocsin_publish_backpressure_total", "Publish requests refused with 429 (backpressure)")
 IN_FLIGHT = Gauge("tocsin_publish_inflight_records", "Records this process holds that Kafka has not acknowledged")
+DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
+                            "Rejects of published batches that Kafka did not take on the dead-letter topic")
+
+
+DeliveryCallback = Callable[..., None]  # (KafkaError | None, Message | None[, count])
 
 
 class Backpressure(Exception):
@@ -45,7 +55,10 @@ class Backpressure(Exception):
 
 @dataclass
 class _Delivery:
-    """One batch's acknowledgements; ``done`` resolves when every record is acknowledged or failed."""
+    """One batch's acknowledgements; ``done`` resolves when every record and dead letter is acknowledged or failed.
+
+    ``failed``/``error`` concern the records, ``dead_failed``/``dead_error`` the dead letters (``letters`` of them).
+    """
 
     pending: int
     size: int
@@ -53,14 +66,31 @@ class _Delivery:
     owner: StreamProducer
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future
+    letters: int = 0
     failed: int = 0
     error: str | None = None
+    dead_failed: int = 0
+    dead_error: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def records(self) -> int:
+        return self.size - self.letters
 
     def acknowledged(self, err: KafkaError | None, _msg: Message | None, count: int = 1) -> None:
         """Called per record by whichever thread polls the producer (``count`` > 1: records never produced)."""
+        self._settle(err, count, dead=False)
+
+    def dead_acknowledged(self, err: KafkaError | None, _msg: Message | None, count: int = 1) -> None:
+        """As :meth:`acknowledged`, for a dead letter."""
+        self._settle(err, count, dead=True)
+
+    def _settle(self, err: KafkaError | None, count: int, dead: bool) -> None:
         with self.lock:
-            if err is not None:
+            if err is not None and dead:
+                self.dead_failed += count
+                self.dead_error = str(err)
+            elif err is not None:
                 self.failed += count
                 self.error = str(err)
             self.pending -= count
@@ -72,6 +102,14 @@ class _Delivery:
     def _resolve(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+def dead_letters_failed(stream: str, delivery: _Delivery) -> str:
+    """What a 202 says when some rejects did not reach the dead-letter topic; logged and counted once here."""
+    DEAD_LETTERS_LOST.inc(delivery.dead_failed)
+    log.error("publish_dead_letters_failed", stream=stream, failed=delivery.dead_failed, error=delivery.dead_error)
+    return (f"{delivery.dead_failed} of {delivery.letters} rejects could not be dead-lettered ({delivery.dead_error}); "
+            f"the accepted records are stored: do not send the batch again")
 
 
 class StreamProducer:
@@ -150,34 +188,30 @@ class StreamProducer:
         encoded = [value.encode() for value in values]  # what Kafka holds is bytes (a character is up to 4)
         byte_size = sum(map(len, encoded)) + sum(map(len, dead_letters))
         self._admit(size, byte_size)
-        delivery = _Delivery(size, size, byte_size, self, loop, done)
-        produce = self.producer.produce
-        ack = delivery.acknowledged
+        delivery = _Delivery(size, size, byte_size, self, loop, done, letters=len(dead_letters))
+        self._produce_all(topic, list(zip(keys, encoded, strict=True)), delivery.acknowledged)
+        self._produce_all(dead_topic, [(None, letter) for letter in dead_letters], delivery.dead_acknowledged)
+        return delivery
+
+    def _produce_all(self, topic: str, records: list[tuple[str | None, bytes]], ack: DeliveryCallback) -> None:
         produced = 0
         try:
-            for key, value in zip(keys, encoded, strict=True):
+            for key, value in records:
                 try:
-                    produce(topic, value, key, on_delivery=ack)
+                    self.producer.produce(topic, value, key, on_delivery=ack)
                 except BufferError:
-                    self._produce_when_room(topic, value, key, delivery)
-                produced += 1
-            for letter in dead_letters:
-                try:
-                    produce(dead_topic, letter, on_delivery=ack)
-                except BufferError:
-                    self._produce_when_room(dead_topic, letter, None, delivery)
+                    self._produce_when_room(topic, value, key, ack)
                 produced += 1
         except KafkaException as exc:  # e.g. a topic librdkafka knows is gone: the rest fail, nothing hangs
             log.error("publish_failed", topic=topic, error=str(exc))
-            delivery.acknowledged(exc.args[0], None, size - produced)
-        return delivery
+            ack(exc.args[0], None, len(records) - produced)
 
-    def _produce_when_room(self, topic: str, value: bytes, key: str | None, delivery: _Delivery) -> None:
+    def _produce_when_room(self, topic: str, value: bytes, key: str | None, ack: DeliveryCallback) -> None:
         """librdkafka's queue is full despite admission (another batch got in first): wait for acknowledgements."""
         while True:
             self.producer.poll(0.01)
             try:
-                self.producer.produce(topic, value, key, on_delivery=delivery.acknowledged)
+                self.producer.produce(topic, value, key, on_delivery=ack)
                 return
             except BufferError:
                 continue

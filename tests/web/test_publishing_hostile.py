@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
 
 from core.settings import Settings
 from devstack.services import free_port
+from ingest.kafka import ensure_topics
+from tests.ingest.test_publisher import read_topic
 from web.publishing import StreamProducer
 
 
@@ -22,7 +30,52 @@ def test_in_flight_bytes_are_utf8_bytes_not_characters(settings: Settings) -> No
         assert delivery is not None
         assert producer.in_flight == (4, sum(len(v.encode()) for v in values) + len(letters[0]))
         loop.run_until_complete(delivery.done)  # failed after the delivery timeout, and released
-        assert delivery.failed == 4 and producer.in_flight == (0, 0)
+        assert (delivery.failed, delivery.dead_failed) == (3, 1) and producer.in_flight == (0, 0)
     finally:
         producer.close()
         loop.close()
+
+
+# -- over a real server (uvicorn in a thread, Tansu) -------------------------------------------------------------
+
+
+RECORD = {"key": "A", "ts": 1, "price": 1, "volume": 1}
+
+
+@contextmanager
+def _server(settings: Settings, streams: int = 1) -> Iterator[tuple[Any, str, list[dict[str, str]]]]:
+    """(the app, its base URL, ``streams`` publisher tokens' headers on ``trades``) behind a real uvicorn."""
+    from tests.servers import serving
+    from tests.users import new_user
+    from web.app import create_app
+
+    _, token = new_user(settings, role="operator")
+    app = create_app(settings)
+    with serving(app) as url, httpx.Client(base_url=url, timeout=60) as operator:
+        operator.headers["Authorization"] = f"Bearer {token}"
+        publishers = []
+        for n in range(streams):
+            created = operator.post("/api/publisher-tokens", json={"name": f"p{n}", "streams": ["trades"]})
+            assert created.status_code == 201, created.text
+            publishers.append({"Authorization": f"Bearer {created.json()['token']}"})
+        yield app, url, publishers
+
+
+def test_a_dead_letter_topic_kafka_refuses_does_not_make_stored_records_look_unstored(settings: Settings) -> None:
+    """The good records were acknowledged, the rejects' dead letters were not (Kafka refused the topic): the
+    request answered 503 "publish the batch again", so every retry stored the good records once more.
+
+    (Tansu creates a missing topic on the first produce, so a merely absent dead-letter topic does not fail
+    here; a Kafka with ``auto.create.topics.enable=false`` fails it as this refused one, after the metadata wait.)
+    """
+    settings = settings.model_copy(update={"dead_letter_topic": f"{settings.dead_letter_topic}/refused!",
+                                           "publish_delivery_timeout_ms": 3_000})
+    ensure_topics(settings, {settings.events_topic: settings.event_partitions})  # no dead-letter topic
+    with _server(settings) as (_, url, [publisher]), httpx.Client(base_url=url, timeout=60) as client:
+        answer = client.post("/api/streams/trades/events", headers=publisher,
+                             json=[RECORD, {**RECORD, "price": -1}, {**RECORD, "key": "B"}])
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["accepted"] == 2 and [r["index"] for r in body["rejected"]] == [1]
+    assert body["dead_letter_error"].startswith("1 of 1 rejects could not be dead-lettered"), body
+    assert sorted(json.loads(v)["key"] for v in read_topic(settings, settings.events_topic)) == ["A", "B"]

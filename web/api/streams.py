@@ -45,7 +45,7 @@ from subscriptions.db import session_factory
 from subscriptions.models import PublisherToken, Stream
 from subscriptions.streams import PUBLISHER_PREFIX, StreamService, TopicError, parse_schema
 from web.deps import DbDep, IdPath, OperatorDep, SettingsDep, get_operator
-from web.publishing import PUBLISHED, Backpressure, StreamProducer
+from web.publishing import PUBLISHED, Backpressure, StreamProducer, dead_letters_failed
 
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
                           "application/x-jsonlines", "application/jsonlines"})
@@ -125,6 +125,9 @@ class RejectedOut(BaseModel):
 class PublishOut(BaseModel):
     accepted: int
     rejected: list[RejectedOut]
+    dead_letter_error: str | None = Field(
+        None, description="present only when Kafka did not take some rejects on the dead-letter topic; the accepted "
+                          "records are stored all the same: do not send the batch again")
 
 
 def _out(stream: Stream) -> StreamOut:
@@ -272,6 +275,7 @@ def _judge(body: bytes, content_type: str, stream: Stream, settings: Settings) -
 
 
 @publish_router.post("/{name}/events", status_code=status.HTTP_202_ACCEPTED, response_model=PublishOut,
+                     response_model_exclude_none=True,
                      responses={413: {"description": "more records than publish_max_records, or a larger body "
                                                      "than request_max_bytes"},
                                 429: {"description": "backpressure: retry after the Retry-After header's seconds"}})
@@ -299,14 +303,17 @@ async def publish(request: Request, settings: SettingsDep,
     except Backpressure as exc:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                             headers={"Retry-After": str(exc.retry_after_s)}) from None
+    dead_letter_error = None
     if delivery is not None:
         await delivery.done
         if delivery.failed:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"Kafka did not acknowledge {delivery.failed} of {delivery.size} records "
+                                f"Kafka did not acknowledge {delivery.failed} of {delivery.records} records "
                                 f"({delivery.error}); publish the batch again (delivery is at least once)",
                                 headers={"Retry-After": str(settings.publish_retry_after_s)})
+        if delivery.dead_failed:  # the records are stored: a 503 would have them sent (and stored) again
+            dead_letter_error = dead_letters_failed(stream.name, delivery)
     PUBLISHED.labels(stream.name, "accepted").inc(batch.accepted)
     PUBLISHED.labels(stream.name, "rejected").inc(len(batch.rejected))
-    return PublishOut(accepted=batch.accepted,
+    return PublishOut(accepted=batch.accepted, dead_letter_error=dead_letter_error,
                       rejected=[RejectedOut(index=r.index, reason=r.reason) for r in batch.rejected])
