@@ -344,6 +344,13 @@ class Settings(BaseSettings):
     publish_max_inflight_bytes: int = Field(
         64 * 1_048_576, ge=1, description="bytes of records a web process holds undelivered before a 429 (one batch "
                                           "is always admitted when none is in flight)")
+    publish_token_share: float = Field(
+        0.25, gt=0, le=1, description="share of publish_queue_max_messages and publish_max_inflight_bytes one "
+                                      "publisher token may hold undelivered in a web process (beyond: 429 for that "
+                                      "token only); a token with nothing in flight is always admitted to its share")
+    publish_token_max_requests: int = Field(
+        8, ge=1, description="publish requests one publisher token may have in progress at once in a web process "
+                             "(more: 429 before the body is read), so one token cannot queue ahead of everyone")
     publish_retry_after_s: int = Field(1, ge=1, description="the Retry-After of a 429 under backpressure")
     publish_linger_ms: int = Field(5, ge=0, description="how long the producer waits to fill a batch to Kafka")
     publish_delivery_timeout_ms: int = Field(

@@ -7,9 +7,13 @@ client's and kafka-python's partitioner, so a key lands on the same partition
 whoever publishes it (the evaluator relies on one partition per key).
 
 A batch is admitted only if the records and bytes the process holds undelivered
-stay within the settings; otherwise the request gets a 429 with ``Retry-After``
-and nothing of it is produced. One batch is always admitted when none is in
-flight, so any request within the size limits can eventually pass. A request
+stay within the settings, and those of its publisher token within the token's
+share of them (``publish_token_share``); otherwise the request gets a 429 with
+``Retry-After`` and nothing of it is produced. A token also has at most
+``publish_token_max_requests`` requests in progress. So one token flooding is
+refused its excess while the others keep their room. One batch is always admitted
+when none is in flight (of the process, of the token), so any request within the
+size limits can eventually pass. A request
 answers once Kafka acknowledged (``acks=all``) every record of its batch, or
 after ``publish_delivery_timeout_ms`` with the number not acknowledged.
 
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import structlog
@@ -46,10 +51,10 @@ DeliveryCallback = Callable[..., None]  # (KafkaError | None, Message | None[, c
 
 
 class Backpressure(Exception):
-    """The producer holds too much undelivered: try again after ``retry_after_s``."""
+    """The producer (or this token's share of it) holds too much undelivered: try again after ``retry_after_s``."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"the publisher is busy: retry after {retry_after_s} s")
+    def __init__(self, retry_after_s: int, why: str = "the publisher is busy") -> None:
+        super().__init__(f"{why}: retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -63,6 +68,7 @@ class _Delivery:
     pending: int
     size: int
     byte_size: int
+    token: int
     owner: StreamProducer
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future
@@ -132,6 +138,10 @@ class StreamProducer:
         self._lock = threading.Lock()
         self._records = 0
         self._bytes = 0
+        self._tokens: dict[int, list[int]] = {}  # publisher token id -> [records, bytes] in flight
+        self._requests: dict[int, int] = {}  # publisher token id -> requests in progress
+        self._token_records = max(1, int(settings.publish_queue_max_messages * settings.publish_token_share))
+        self._token_bytes = max(1, int(settings.publish_max_inflight_bytes * settings.publish_token_share))
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="publish-acks", daemon=True)
         self._poller.start()
@@ -145,38 +155,72 @@ class StreamProducer:
         while not self._closed.is_set():
             self.producer.poll(0.05)
 
-    def _busy(self, records: int, size: int) -> bool:
-        return self._records > 0 and (self._records + records > self.settings.publish_queue_max_messages
-                                      or self._bytes + size > self.settings.publish_max_inflight_bytes)
+    def _refusal(self, records: int, size: int, token: int) -> str | None:
+        """Why a batch of ``records`` records and ``size`` bytes of ``token`` is not admitted now (None: it is)."""
+        if self._records > 0 and (self._records + records > self.settings.publish_queue_max_messages
+                                  or self._bytes + size > self.settings.publish_max_inflight_bytes):
+            return "the publisher is busy"
+        held_records, held_bytes = self._tokens.get(token, (0, 0))
+        if held_records > 0 and (held_records + records > self._token_records
+                                 or held_bytes + size > self._token_bytes):
+            return (f"this publisher token holds its share of the undelivered records ({self._token_records} "
+                    f"records, {self._token_bytes} bytes)")
+        return None
 
-    def refuse_if_full(self) -> None:
-        """Raise :class:`Backpressure` if no batch (one record or more) would be admitted now.
+    def _refuse(self, why: str) -> Backpressure:
+        REFUSED_BATCHES.inc()
+        return Backpressure(self.settings.publish_retry_after_s, why)
 
-        Called before a request's body is judged: judging costs a core up to half a second per batch,
-        which a request refused anyway should not cost while the process is overloaded.
+    @contextmanager
+    def request(self, token: int) -> Iterator[None]:
+        """One request of publisher ``token`` in progress; :class:`Backpressure` if no batch would be admitted now.
+
+        Entered before a request's body is read and judged: judging costs a core up to half a second per
+        batch, which a request refused anyway should not cost while the process (or the token) is full.
         """
-        if self._busy(1, 1):
-            REFUSED_BATCHES.inc()
-            raise Backpressure(self.settings.publish_retry_after_s)
-
-    def _admit(self, records: int, size: int) -> None:
         with self._lock:
-            if self._busy(records, size):
-                REFUSED_BATCHES.inc()
-                raise Backpressure(self.settings.publish_retry_after_s)
+            why = self._refusal(1, 1, token)
+            if why is None and self._requests.get(token, 0) >= self.settings.publish_token_max_requests:
+                why = (f"this publisher token has {self.settings.publish_token_max_requests} requests at a time "
+                       f"in progress")
+            if why is not None:
+                raise self._refuse(why)
+            self._requests[token] = self._requests.get(token, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._requests[token] -= 1
+                if not self._requests[token]:
+                    del self._requests[token]
+
+    def _admit(self, records: int, size: int, token: int) -> None:
+        with self._lock:
+            why = self._refusal(records, size, token)
+            if why is not None:
+                raise self._refuse(why)
             self._records += records
             self._bytes += size
+            held = self._tokens.setdefault(token, [0, 0])
+            held[0] += records
+            held[1] += size
             IN_FLIGHT.set(self._records)
 
     def release(self, delivery: _Delivery) -> None:
         with self._lock:
             self._records -= delivery.size
             self._bytes -= delivery.byte_size
+            held = self._tokens[delivery.token]
+            held[0] -= delivery.size
+            held[1] -= delivery.byte_size
+            if not held[0]:
+                del self._tokens[delivery.token]
             IN_FLIGHT.set(self._records)
 
     def send(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future, topic: str, keys: Sequence[str],
-             values: Sequence[str], dead_topic: str, dead_letters: Sequence[bytes]) -> _Delivery | None:
-        """Produce a batch (records keyed by their key, then dead letters); None if it was empty.
+             values: Sequence[str], dead_topic: str, dead_letters: Sequence[bytes], token: int = 0
+             ) -> _Delivery | None:
+        """Produce a batch of publisher ``token`` (records keyed by their key, then dead letters); None if empty.
 
         ``done`` (a future of ``loop``) resolves once every record is acknowledged or failed.
 
@@ -187,8 +231,8 @@ class StreamProducer:
             return None
         encoded = [value.encode() for value in values]  # what Kafka holds is bytes (a character is up to 4)
         byte_size = sum(map(len, encoded)) + sum(map(len, dead_letters))
-        self._admit(size, byte_size)
-        delivery = _Delivery(size, size, byte_size, self, loop, done, letters=len(dead_letters))
+        self._admit(size, byte_size, token)
+        delivery = _Delivery(size, size, byte_size, token, self, loop, done, letters=len(dead_letters))
         self._produce_all(topic, list(zip(keys, encoded, strict=True)), delivery.acknowledged)
         self._produce_all(dead_topic, [(None, letter) for letter in dead_letters], delivery.dead_acknowledged)
         return delivery

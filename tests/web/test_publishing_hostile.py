@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from core.settings import Settings
 from devstack.services import free_port
@@ -79,3 +83,78 @@ def test_a_dead_letter_topic_kafka_refuses_does_not_make_stored_records_look_uns
     assert body["accepted"] == 2 and [r["index"] for r in body["rejected"]] == [1]
     assert body["dead_letter_error"].startswith("1 of 1 rejects could not be dead-lettered"), body
     assert sorted(json.loads(v)["key"] for v in read_topic(settings, settings.events_topic)) == ["A", "B"]
+
+
+@pytest.fixture
+def stopped_broker(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Any]]:
+    """Settings on a Tansu of this test's own, with its topics (the test stops it: nothing is acknowledged)."""
+    from devstack.services import start_tansu
+
+    port = free_port()
+    broker = start_tansu("127.0.0.1", port, tmp_path / "tansu.log")
+    try:
+        settings = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{port}", "publish_queue_max_messages": 4,
+                                               "publish_token_share": 0.5, "publish_delivery_timeout_ms": 3_000,
+                                               "kafka_request_timeout_ms": 2_000})
+        ensure_topics(settings)
+        yield settings, broker
+    finally:
+        broker.stop()
+
+
+def _in_background(client: httpx.Client, headers: dict[str, str], records: list) -> tuple[threading.Thread, list]:
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(
+        client.post("/api/streams/trades/events", json=records, headers=headers)))
+    thread.start()
+    return thread, answers
+
+
+def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_one_flooding_publisher_is_refused_its_excess_and_the_others_are_admitted(
+        stopped_broker: tuple[Settings, Any]) -> None:
+    """Admission was per process: one token holding the in-flight budget got every other publisher a 429."""
+    settings, broker = stopped_broker
+    with _server(settings, streams=2) as (app, url, [flood, other]), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        broker.stop()  # nothing is acknowledged from now on: what is admitted stays in flight
+        first, first_answer = _in_background(client, flood, [RECORD, RECORD])
+        _until(lambda: app.state.stream_producer is not None and app.state.stream_producer.in_flight[0] == 2,
+               "the flood's first batch in flight")
+        excess = client.post("/api/streams/trades/events", json=[RECORD, RECORD], headers=flood)
+        assert excess.status_code == 429, excess.text  # its share (half of 4 records) is taken
+        assert excess.headers["Retry-After"] == "1" and "share" in excess.json()["detail"]
+        second, second_answer = _in_background(client, other, [RECORD, RECORD])
+        _until(lambda: app.state.stream_producer.in_flight[0] == 4 or not second.is_alive(), "the other admitted")
+        assert second.is_alive(), second_answer[0].text  # admitted and waiting for Kafka, not refused
+        first.join()
+        second.join()
+    # The broker is down, so both admitted batches end in 503 (not acknowledged), never in a 429.
+    assert [first_answer[0].status_code, second_answer[0].status_code] == [503, 503]
+
+
+def test_a_flooding_publisher_cannot_queue_more_than_its_concurrent_requests(
+        stopped_broker: tuple[Settings, Any]) -> None:
+    """Requests of one token waiting to be judged queue ahead of everyone's: a token has a few at a time."""
+    settings, broker = stopped_broker
+    settings = settings.model_copy(update={"publish_token_max_requests": 2, "publish_queue_max_messages": 100,
+                                           "publish_token_share": 1.0})
+    with _server(settings, streams=2) as (app, url, [flood, other]), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        broker.stop()
+        held = [_in_background(client, flood, [RECORD]) for _ in range(2)]
+        _until(lambda: app.state.stream_producer is not None and app.state.stream_producer.in_flight[0] == 2,
+               "two of the flood's requests in flight")
+        excess = client.post("/api/streams/trades/events", json=[RECORD], headers=flood)
+        assert excess.status_code == 429 and "requests at a time" in excess.json()["detail"], excess.text
+        third, answer = _in_background(client, other, [RECORD])
+        _until(lambda: app.state.stream_producer.in_flight[0] == 3 or not third.is_alive(), "the other admitted")
+        assert third.is_alive(), answer[0].text
+        for thread, _ in [*held, (third, answer)]:
+            thread.join()

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Literal
@@ -232,7 +233,15 @@ def revoke_publisher_token(token_id: IdPath, db: DbDep, settings: SettingsDep) -
 # -- publishing (publisher tokens) --------------------------------------------------------------------------------
 
 
-def _publisher_stream(request: Request, name: NamePath, db: DbDep, settings: SettingsDep) -> Stream:
+@dataclass(frozen=True)
+class Publishing:
+    """The stream a request publishes to, and the id of the publisher token it came with."""
+
+    stream: Stream
+    token: int
+
+
+def _publisher_stream(request: Request, name: NamePath, db: DbDep, settings: SettingsDep) -> Publishing:
     """The stream ``name`` if the request carries a publisher token scoped to it (401/403/404 otherwise)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip()
@@ -250,7 +259,7 @@ def _publisher_stream(request: Request, name: NamePath, db: DbDep, settings: Set
                             headers=challenge)
     if name not in {s.name for s in publisher.streams}:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token may not publish to stream {name!r}")
-    return service.get(name)
+    return Publishing(service.get(name), publisher.id)
 
 
 @lru_cache(maxsize=256)
@@ -280,7 +289,7 @@ def _judge(body: bytes, content_type: str, stream: Stream, settings: Settings) -
                                                      "than request_max_bytes"},
                                 429: {"description": "backpressure: retry after the Retry-After header's seconds"}})
 async def publish(request: Request, settings: SettingsDep,
-                  stream: Annotated[Stream, Depends(_publisher_stream)]) -> PublishOut:
+                  publishing: Annotated[Publishing, Depends(_publisher_stream)]) -> PublishOut:
     """Publish a batch of records: 202 with the count accepted and each reject's index and reason."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json" and content_type not in NDJSON_TYPES:
@@ -290,19 +299,26 @@ async def publish(request: Request, settings: SettingsDep,
     if app.state.stream_producer is None:
         app.state.stream_producer = StreamProducer(settings)
     producer: StreamProducer = app.state.stream_producer
-    loop = asyncio.get_running_loop()
     try:
-        producer.refuse_if_full()  # before the body is judged: a refused request costs no CPU
-        body = await request.body()
-        try:
-            batch, letters = await run_in_threadpool(_judge, body, content_type, stream, settings)
-        except BatchError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-        delivery = await run_in_threadpool(producer.send, loop, loop.create_future(), stream.topic, batch.keys,
-                                           batch.records, settings.dead_letter_topic, letters)
+        with producer.request(publishing.token):  # before the body is judged: a refused request costs no CPU
+            return await _publish(request, settings, producer, publishing, content_type)
     except Backpressure as exc:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                             headers={"Retry-After": str(exc.retry_after_s)}) from None
+
+
+async def _publish(request: Request, settings: Settings, producer: StreamProducer, publishing: Publishing,
+                   content_type: str) -> PublishOut:
+    """Read, judge and produce one admitted request's batch; answer once Kafka acknowledged it."""
+    stream = publishing.stream
+    loop = asyncio.get_running_loop()
+    body = await request.body()
+    try:
+        batch, letters = await run_in_threadpool(_judge, body, content_type, stream, settings)
+    except BatchError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    delivery = await run_in_threadpool(producer.send, loop, loop.create_future(), stream.topic, batch.keys,
+                                       batch.records, settings.dead_letter_topic, letters, publishing.token)
     dead_letter_error = None
     if delivery is not None:
         await delivery.done
