@@ -344,6 +344,9 @@ class Settings(BaseSettings):
     publish_max_inflight_bytes: int = Field(
         64 * 1_048_576, ge=1, description="bytes of records a web process holds undelivered before a 429 (one batch "
                                           "is always admitted when none is in flight)")
+    publish_threads: int = Field(
+        2, ge=1, le=64, description="threads of the web process's publishing executor (token checks, judging, "
+                                    "producing): publishing never takes the threads the UI's pages run on")
     publish_token_share: float = Field(
         0.25, gt=0, le=1, description="share of publish_queue_max_messages and publish_max_inflight_bytes one "
                                       "publisher token may hold undelivered in a web process (beyond: 429 for that "

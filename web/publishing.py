@@ -17,6 +17,10 @@ size limits can eventually pass. A request
 answers once Kafka acknowledged (``acks=all``) every record of its batch, or
 after ``publish_delivery_timeout_ms`` with the number not acknowledged.
 
+Publishing's blocking work (the token's database check, judging a batch, producing it) runs on an
+executor of its own, ``publish_threads`` threads (:func:`publishing_executor`), never on the thread
+pool the UI's sync endpoints share: a publishing flood queues behind publishing only.
+
 Dead letters (the batch's rejects, with their reasons) are a record of what was refused, not part of
 what the publisher asked to store: a dead letter Kafka does not take (its topic refused, or missing on
 a broker that does not create topics) is reported in the 202 and counted, never turned into a 503,
@@ -28,8 +32,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -47,6 +54,7 @@ DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
                             "Rejects of published batches that Kafka did not take on the dead-letter topic")
 
 
+T = TypeVar("T")
 DeliveryCallback = Callable[..., None]  # (KafkaError | None, Message | None[, count])
 
 
@@ -116,6 +124,16 @@ def dead_letters_failed(stream: str, delivery: _Delivery) -> str:
     log.error("publish_dead_letters_failed", stream=stream, failed=delivery.dead_failed, error=delivery.dead_error)
     return (f"{delivery.dead_failed} of {delivery.letters} rejects could not be dead-lettered ({delivery.dead_error}); "
             f"the accepted records are stored: do not send the batch again")
+
+
+def publishing_executor(settings: Settings) -> ThreadPoolExecutor:
+    """The web process's publishing threads (``publish_threads``), apart from the pool of sync endpoints."""
+    return ThreadPoolExecutor(max_workers=settings.publish_threads, thread_name_prefix="publish")
+
+
+async def on_publishing_threads(executor: Executor, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` on the publishing executor, awaited."""
+    return await asyncio.get_running_loop().run_in_executor(executor, partial(fn, *args))
 
 
 class StreamProducer:

@@ -18,6 +18,7 @@ from core.settings import Settings
 from devstack.services import free_port
 from ingest.kafka import ensure_topics
 from tests.ingest.test_publisher import read_topic
+from tests.users import new_user
 from web.publishing import StreamProducer
 
 
@@ -50,7 +51,6 @@ RECORD = {"key": "A", "ts": 1, "price": 1, "volume": 1}
 def _server(settings: Settings, streams: int = 1) -> Iterator[tuple[Any, str, list[dict[str, str]]]]:
     """(the app, its base URL, ``streams`` publisher tokens' headers on ``trades``) behind a real uvicorn."""
     from tests.servers import serving
-    from tests.users import new_user
     from web.app import create_app
 
     _, token = new_user(settings, role="operator")
@@ -158,3 +158,74 @@ def test_a_flooding_publisher_cannot_queue_more_than_its_concurrent_requests(
         assert third.is_alive(), answer[0].text
         for thread, _ in [*held, (third, answer)]:
             thread.join()
+
+
+@pytest.mark.slow  # a 64-client flood for ~30 s of two cores
+def test_the_ui_answers_while_publishing_is_saturated(settings: Settings) -> None:
+    """Judging batches ran on the thread pool of the UI's sync endpoints, and each publish request held a database
+    connection until Kafka acknowledged its batch: a flood of 64 took the whole connection pool (5 + 10), so pages
+    and publishes waited 30 s for one and failed with a 500 (QueuePool limit reached). Publishing has its own
+    bounded executor now and holds a connection only while it checks the token; pages answer meanwhile."""
+    settings = settings.model_copy(update={"publish_token_max_requests": 1_000, "publish_token_share": 1.0,
+                                           "publish_threads": 2})
+    ensure_topics(settings)
+    # Every other record refused: the per-record path, the costly one (0.1-0.2 s of a core per batch).
+    body = "\n".join(json.dumps({**RECORD, "key": f"K{i % 100}", "price": i if i % 2 else -1})
+                     for i in range(10_000)).encode()
+    stop = threading.Event()
+    published: list[int] = []
+
+    def flood(url: str, headers: dict[str, str]) -> None:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            while not stop.is_set():
+                answer = client.post("/api/streams/trades/events", content=body,
+                                     headers={**headers, "Content-Type": "application/x-ndjson"})
+                published.append(answer.status_code)
+
+    _, token = new_user(settings)
+    with _server(settings) as (_, url, [publisher]), httpx.Client(base_url=url, timeout=120) as ui:
+        ui.headers["Authorization"] = f"Bearer {token}"
+        threads = [threading.Thread(target=flood, args=(url, publisher)) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        try:
+            _until(lambda: len(published) >= 64, "the flood to be under way", timeout_s=120)
+            where = _publishing_threads(samples=100)
+            waits = []
+            for page in ["/login", "/api/subscriptions", "/api/endpoints"] * 2:  # sync; the last two read the database
+                started = time.monotonic()
+                assert ui.get(page).status_code == 200
+                waits.append(time.monotonic() - started)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+    assert published.count(202) >= 64 and set(published) <= {202, 429}  # published, or refused under backpressure
+    print(f"UI waits under the flood: {[round(w, 3) for w in waits]} s; {len(published)} batches published; "
+          f"threads seen publishing: {where}")
+    assert where["shared pool"] == 0 and where["publishing executor"] > 0, where
+    assert max(waits) < 2.0, waits
+
+
+PUBLISHING_WORK = frozenset({"_judge", "_check_publisher", "send", "_publisher_stream"})
+
+
+def _publishing_threads(samples: int) -> dict[str, int]:
+    """How often a thread was seen judging, checking a token or producing: on the publishing executor's threads,
+    or on others (the pool of sync endpoints, where the UI's pages run)."""
+    import sys
+
+    names = {}
+    seen = {"publishing executor": 0, "shared pool": 0}
+    for _ in range(samples):
+        names.update({t.ident: t.name for t in threading.enumerate()})
+        for ident, frame in sys._current_frames().items():  # the stacks of the server's threads
+            stack = []
+            while frame is not None:  # the server's code only (the flood's clients call httpx's ``send``)
+                if frame.f_code.co_filename.endswith(("web/api/streams.py", "web/publishing.py")):
+                    stack.append(frame.f_code.co_name)
+                frame = frame.f_back
+            if PUBLISHING_WORK.intersection(stack):
+                seen["publishing executor" if names.get(ident, "").startswith("publish") else "shared pool"] += 1
+        time.sleep(0.02)
+    return seen
