@@ -148,6 +148,9 @@ class Settings(BaseSettings):
                                       "publication before publishing a full snapshot from the database instead")
     # Limits a public service needs (see web.limits); rates in the notation of `limits`: "10/minute", "5 per hour".
     request_max_bytes: int = Field(1_048_576, ge=1_024, description="largest request body; larger ones get a 413")
+    request_body_timeout_s: float = Field(
+        30.0, gt=0, description="longest a request body may take to arrive, from the route's first read of it; "
+                                "slower: 408 and the connection closed (a slow client holds no worker or buffer)")
     rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")
     rate_sign_up_client: str = Field("10/hour", description="sign-ups per client address")
     rate_preview_account: str = Field("30/minute", description="condition previews per account")
