@@ -166,7 +166,7 @@ class Dispatcher:
                 reply = self.redis.xautoclaim(stream, NOTIFIER_GROUP, self.settings.dispatcher_consumer,
                                               self.settings.dispatcher_claim_idle_ms, start, count=500)
                 start, entries = reply[0], reply[1]
-                taken = self._buffer(partition, self._bounded(partition, entries))
+                taken = self._buffer(partition, self._bounded(partition, entries, claimed=True))
                 if taken:
                     CLAIMED.inc(taken)
                     log.warning("pending_entries_claimed", stream=stream, entries=taken)
@@ -176,23 +176,34 @@ class Dispatcher:
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return claimed
 
-    def _bounded(self, partition: int, entries: _Entries) -> _Entries:
-        """``entries`` less those delivered ``dispatcher_max_deliveries`` times or more, which are dead-lettered."""
-        fresh = [(entry_id, fields) for entry_id, fields in entries
-                 if fields is not None and (partition, entry_id) not in self.buffered]
-        if not fresh:
+    def _bounded(self, partition: int, entries: _Entries, claimed: bool = False) -> _Entries:
+        """``entries`` less those delivered more than ``dispatcher_max_deliveries`` times, which are dead-lettered.
+
+        ``claimed``: XAUTOCLAIM gave them, and counted a delivery of each, also of those this dispatcher holds
+        in its buffer (waiting for their group, or for a service to come back): for those the count is put back,
+        so an outage longer than the claim idle time does not run an alert up to the bound.
+        """
+        live = [(entry_id, fields) for entry_id, fields in entries if fields is not None]
+        if not live:
             return entries
         stream = self.keys.alerts_stream_of(partition)
         pipe = self.redis.pipeline(transaction=False)  # one stream: one slot
-        for entry_id, _ in fresh:
+        for entry_id, _ in live:
             pipe.xpending_range(stream, NOTIFIER_GROUP, min=entry_id, max=entry_id, count=1)
         counts = {entry_id: (reply[0]["times_delivered"] if reply else 0)
-                  for (entry_id, _), reply in zip(fresh, pipe.execute(), strict=True)}
+                  for (entry_id, _), reply in zip(live, pipe.execute(), strict=True)}
+        held = [entry_id for entry_id, _ in live if (partition, entry_id) in self.buffered and counts[entry_id] > 1]
+        if claimed and held:
+            for entry_id in held:  # JUSTID: this XCLAIM counts no delivery; RETRYCOUNT sets the count
+                pipe.xclaim(stream, NOTIFIER_GROUP, self.settings.dispatcher_consumer, 0, [entry_id],
+                            retrycount=counts[entry_id] - 1, justid=True)
+            pipe.execute()
         most = self.settings.dispatcher_max_deliveries
-        for entry_id, fields in fresh:
-            if counts[entry_id] > most:
+        over = {entry_id for entry_id, _ in live if counts[entry_id] > most and (partition, entry_id) not in self.buffered}
+        for entry_id, fields in live:
+            if entry_id in over:
                 self._give_up(partition, entry_id, fields or {}, counts[entry_id] - 1)
-        return [(entry_id, fields) for entry_id, fields in entries if counts.get(entry_id, 0) <= most]
+        return [(entry_id, fields) for entry_id, fields in entries if entry_id not in over]
 
     def _give_up(self, partition: int, entry_id: str, fields: dict[str, str], attempts: int) -> None:
         """Dead-letter an entry that was delivered ``attempts`` times and never dispatched, with the reason."""
