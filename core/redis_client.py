@@ -11,13 +11,14 @@ transport speaks to one Redis only, so it has its own URL (:func:`broker_client`
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlparse
 
 import redis
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.commands.core import Script
+from redis.connection import parse_url
 from redis.typing import EncodableT, KeyT
 
 from core.settings import Settings
@@ -50,13 +51,37 @@ def broker_client(settings: Settings) -> redis.Redis:
     return _broker(settings.broker_url)
 
 
-def limits_storage_uri(settings: Settings) -> str:
-    """The ``limits`` library's storage URI for the deployment's Redis (its cluster scheme names nodes)."""
+class LimitsStorage(NamedTuple):
+    """What ``limits.storage.storage_from_string`` takes for the deployment's Redis: its URI and client options."""
+
+    uri: str
+    options: dict[str, Any]
+
+
+def limits_storage(settings: Settings) -> LimitsStorage:
+    """The ``limits`` library's storage for the deployment's Redis, as every other client reaches it.
+
+    A single Redis keeps its URL (``redis://``, ``rediss://`` with TLS; ``unix://`` becomes ``limits``' own
+    ``redis+unix://``). A cluster's scheme (``redis+cluster://``) names nodes only, so what the URL said
+    besides (TLS, and its ``ssl_*`` query options) travels as client options: a ``rediss://`` cluster is
+    never reached in clear.
+    """
+    url = settings.redis_url
+    scheme = urlparse(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"TOCSIN_REDIS_URL: scheme {scheme!r} is not redis://, rediss:// or unix://")
     if not settings.redis_cluster:
-        return settings.redis_url
-    url = urlparse(settings.redis_url)
-    auth = f"{url.username or ''}:{url.password}@" if url.password else ""
-    return f"redis+cluster://{auth}{url.hostname}:{url.port or 6379}"
+        return LimitsStorage("redis+" + url if scheme == "unix" else url, {})
+    if scheme == "unix":
+        raise ValueError("TOCSIN_REDIS_URL: a Redis Cluster is reached over TCP (redis:// or rediss://), "
+                         "not a unix socket")
+    parsed = urlparse(url)
+    auth = f"{parsed.username or ''}:{parsed.password}@" if parsed.password else ""
+    options = {name: value for name, value in parse_url(url).items()
+               if name not in ("host", "port", "db", "username", "password", "connection_class")}
+    if scheme == "rediss":
+        options["ssl"] = True
+    return LimitsStorage(f"redis+cluster://{auth}{parsed.hostname}:{parsed.port or 6379}", options)
 
 
 def run_script(script: Script, pipe: Pipeline, keys: list[KeyT], args: list[EncodableT]) -> None:

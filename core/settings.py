@@ -148,6 +148,9 @@ class Settings(BaseSettings):
                                       "publication before publishing a full snapshot from the database instead")
     # Limits a public service needs (see web.limits); rates in the notation of `limits`: "10/minute", "5 per hour".
     request_max_bytes: int = Field(1_048_576, ge=1_024, description="largest request body; larger ones get a 413")
+    request_body_timeout_s: float = Field(
+        30.0, gt=0, description="longest a request body may take to arrive, from the route's first read of it; "
+                                "slower: 408 and the connection closed (a slow client holds no worker or buffer)")
     rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")
     rate_sign_up_client: str = Field("10/hour", description="sign-ups per client address")
     rate_preview_account: str = Field("30/minute", description="condition previews per account")
@@ -233,6 +236,10 @@ class Settings(BaseSettings):
                                   "claimed (its reader is taken for dead); far above a group's wait and dispatch"
     )
     dispatcher_claim_interval_s: float = Field(5.0, gt=0, description="how often dead dispatchers' entries are claimed")
+    dispatcher_max_deliveries: int = Field(
+        10, ge=2, description="an alert entry read this many times (XPENDING's delivery count: reads and claims) "
+                              "without being acknowledged is dead-lettered with the reason instead of tried again"
+    )
     dispatcher_group_wait_ms: int = Field(
         500, ge=0, description="how long transitions of one evaluation are collected into one notification"
     )
@@ -340,6 +347,16 @@ class Settings(BaseSettings):
     publish_max_inflight_bytes: int = Field(
         64 * 1_048_576, ge=1, description="bytes of records a web process holds undelivered before a 429 (one batch "
                                           "is always admitted when none is in flight)")
+    publish_threads: int = Field(
+        2, ge=1, le=64, description="threads of the web process's publishing executor (token checks, judging, "
+                                    "producing): publishing never takes the threads the UI's pages run on")
+    publish_token_share: float = Field(
+        0.25, gt=0, le=1, description="share of publish_queue_max_messages and publish_max_inflight_bytes one "
+                                      "publisher token may hold undelivered in a web process (beyond: 429 for that "
+                                      "token only); a token with nothing in flight is always admitted to its share")
+    publish_token_max_requests: int = Field(
+        8, ge=1, description="publish requests one publisher token may have in progress at once in a web process "
+                             "(more: 429 before the body is read), so one token cannot queue ahead of everyone")
     publish_retry_after_s: int = Field(1, ge=1, description="the Retry-After of a 429 under backpressure")
     publish_linger_ms: int = Field(5, ge=0, description="how long the producer waits to fill a batch to Kafka")
     publish_delivery_timeout_ms: int = Field(

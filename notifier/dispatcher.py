@@ -19,6 +19,15 @@ entries pending; every ``dispatcher_claim_interval_s`` the others claim entries
 idle for ``dispatcher_claim_idle_ms`` (XAUTOCLAIM) and handle them as above, so the
 stored decisions and the worker's delivered marks keep each alert delivered once.
 
+An entry whose dispatch fails every time (a subscription whose routing raises, a bug) is not
+tried forever: once XPENDING counts ``dispatcher_max_deliveries`` deliveries of it (reads and
+claims), the next claim or pending read dead-letters it to the partition's ``alerts:dead``
+stream with its last error, counts it (``tocsin_dispatcher_undeliverable_total``) and logs it
+once. A failing subscription costs its own entries only: routes are looked up one subscription at
+a time when the batch lookup fails, and a group's failure does not stop the others. An outage (the
+broker, Redis or the database away) is no fault of the entries: their groups go back to the buffer
+and are tried again without another delivery, so an outage never dead-letters an alert.
+
 The stream is one per slot partition (``core.redis_schema``); a dispatcher reads
 them all. On a single Redis one XREADGROUP covers every partition; on a Redis
 Cluster a command touches one slot, so partitions are read one by one and the
@@ -38,6 +47,7 @@ from dataclasses import dataclass, field
 import redis
 import structlog
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
 from prometheus_client import Counter, Gauge
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
@@ -65,6 +75,11 @@ NOTIFICATIONS = Counter("tocsin_dispatcher_notifications_total", "Notifications 
 CLAIMED = Counter("tocsin_dispatcher_claimed_total", "Pending entries claimed from dispatchers taken for dead")
 BUFFERED = Gauge("tocsin_dispatcher_buffered_transitions", "Transitions waiting to be grouped")
 FAILED = Counter("tocsin_dispatcher_failed_rounds_total", "Rounds that failed and are retried (entries stay pending)")
+UNDELIVERABLE = Counter("tocsin_dispatcher_undeliverable_total",
+                        "Entries dead-lettered after dispatcher_max_deliveries deliveries without an acknowledgement")
+
+OUTAGES = (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError, BrokerError)
+"""Failures of a service, not of the entries: a group that met one is tried again from the buffer."""
 
 DECISION_TTL_S = 7 * 24 * 3600
 MAX_ID = 2**63  # database ids are positive signed 64-bit integers
@@ -95,6 +110,7 @@ class Dispatcher:
         self.sessions = session_factory(settings.database_url)
         self.buffer: dict[tuple, _Group] = {}
         self.buffered: set[tuple[int, str]] = set()  # (partition, entry id) in the buffer: a claim adds none twice
+        self.last_error: dict[tuple[int, str], str] = {}  # (partition, entry id) -> why its last dispatch failed
         self.silences = SilenceCache(settings.silence_cache_s)
         self.next_reminder = 0.0
         self.next_claim = 0.0
@@ -123,6 +139,9 @@ class Dispatcher:
             block=None if pending else block_ms,
         )
         partition_of = {self.keys.alerts_stream_of(p): p for p in partitions}
+        if pending:  # re-read after a restart: an entry that brought every run down goes no further either
+            return sum([self._buffer(partition_of[stream], self._bounded(partition_of[stream], entries))
+                        for stream, entries in response or []])
         return sum([self._buffer(partition_of[stream], entries) for stream, entries in response or []])
 
     def read(self, block_ms: int | None, pending: bool = False) -> int:
@@ -147,7 +166,7 @@ class Dispatcher:
                 reply = self.redis.xautoclaim(stream, NOTIFIER_GROUP, self.settings.dispatcher_consumer,
                                               self.settings.dispatcher_claim_idle_ms, start, count=500)
                 start, entries = reply[0], reply[1]
-                taken = self._buffer(partition, entries)
+                taken = self._buffer(partition, self._bounded(partition, entries, claimed=True))
                 if taken:
                     CLAIMED.inc(taken)
                     log.warning("pending_entries_claimed", stream=stream, entries=taken)
@@ -156,6 +175,50 @@ class Dispatcher:
                     break
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
         return claimed
+
+    def _bounded(self, partition: int, entries: _Entries, claimed: bool = False) -> _Entries:
+        """``entries`` less those delivered more than ``dispatcher_max_deliveries`` times, which are dead-lettered.
+
+        ``claimed``: XAUTOCLAIM gave them, and counted a delivery of each, also of those this dispatcher holds
+        in its buffer (waiting for their group, or for a service to come back): for those the count is put back,
+        so an outage longer than the claim idle time does not run an alert up to the bound.
+        """
+        live = [(entry_id, fields) for entry_id, fields in entries if fields is not None]
+        if not live:
+            return entries
+        stream = self.keys.alerts_stream_of(partition)
+        pipe = self.redis.pipeline(transaction=False)  # one stream: one slot
+        for entry_id, _ in live:
+            pipe.xpending_range(stream, NOTIFIER_GROUP, min=entry_id, max=entry_id, count=1)
+        counts = {entry_id: (reply[0]["times_delivered"] if reply else 0)
+                  for (entry_id, _), reply in zip(live, pipe.execute(), strict=True)}
+        held = [entry_id for entry_id, _ in live if (partition, entry_id) in self.buffered and counts[entry_id] > 1]
+        if claimed and held:
+            for entry_id in held:  # JUSTID: this XCLAIM counts no delivery; RETRYCOUNT sets the count
+                pipe.xclaim(stream, NOTIFIER_GROUP, self.settings.dispatcher_consumer, 0, [entry_id],
+                            retrycount=counts[entry_id] - 1, justid=True)
+            pipe.execute()
+        most = self.settings.dispatcher_max_deliveries
+        over = {entry_id for entry_id, _ in live if counts[entry_id] > most and (partition, entry_id) not in self.buffered}
+        for entry_id, fields in live:
+            if entry_id in over:
+                self._give_up(partition, entry_id, fields or {}, counts[entry_id] - 1)
+        return [(entry_id, fields) for entry_id, fields in entries if entry_id not in over]
+
+    def _give_up(self, partition: int, entry_id: str, fields: dict[str, str], attempts: int) -> None:
+        """Dead-letter an entry that was delivered ``attempts`` times and never dispatched, with the reason."""
+        error = self.last_error.pop((partition, entry_id), None)
+        reason = (f"not dispatched after {attempts} deliveries (dispatcher_max_deliveries "
+                  f"{self.settings.dispatcher_max_deliveries}): {error or 'its dispatcher failed or died each time'}")
+        raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
+        pipe = self.redis.pipeline(transaction=True)  # both keys in the partition's slot
+        pipe.xadd(self.keys.alerts_dead_of(partition), {"entry_id": entry_id, "reason": reason, "entry": raw},
+                  maxlen=HISTORY_LENGTH, approximate=True)
+        pipe.xack(self.keys.alerts_stream_of(partition), NOTIFIER_GROUP, entry_id)
+        pipe.execute()
+        UNDELIVERABLE.inc()
+        TRANSITIONS.labels("undeliverable").inc()
+        log.error("undeliverable_transition_dead_lettered", entry_id=entry_id, partition=partition, reason=reason)
 
     def _buffer(self, partition: int, entries: _Entries) -> int:
         """Add read or claimed entries to their groups; returns how many were new to the buffer."""
@@ -202,17 +265,55 @@ class Dispatcher:
         wait_s = self.settings.dispatcher_group_wait_ms / 1000
         now = time.monotonic()
         due = [k for k, g in self.buffer.items() if force or now - g.first_seen >= wait_s]
+        failure: Exception | None = None
         if due:
             with self.sessions() as session:
-                known = routes(session, {key[0] for key in due})
+                known, broken = self._routes(session, {key[0] for key in due})
                 self.silences.refresh(session, {route.owner_id for route in known.values()})
             for key in due:
-                entries = self.buffer.pop(key).entries
-                # Out of the buffer for good: if dispatching fails, they stay pending and a claim brings them back.
-                self.buffered.difference_update((key[3], entry_id) for entry_id, _ in entries)
-                self.dispatch(known.get(key[0]), entries, key[3])
+                group = self.buffer.pop(key)
+                try:
+                    if key[0] in broken:
+                        raise broken[key[0]]
+                    self.dispatch(known.get(key[0]), group.entries, key[3])
+                except OUTAGES:
+                    self.buffer[key] = group  # not the entries' fault: tried again next round, not re-delivered
+                    raise
+                except Exception as exc:  # noqa: BLE001 - re-raised below, after the other groups
+                    # Out of the buffer: they stay pending and a claim brings them back, up to the delivery bound.
+                    failure = failure or exc
+                    if len(self.last_error) > 100_000:  # reasons of entries others took over: bounded
+                        self.last_error.clear()
+                    for entry_id, _ in group.entries:
+                        self.last_error[(key[3], entry_id)] = f"{type(exc).__name__}: {exc}"[:500]
+                else:
+                    for entry_id, _ in group.entries:
+                        self.last_error.pop((key[3], entry_id), None)
+                self.buffered.difference_update((key[3], entry_id) for entry_id, _ in group.entries)
         BUFFERED.set(sum(len(g.entries) for g in self.buffer.values()))
+        if failure is not None:  # after the other groups went: one failing subscription holds up no other
+            raise failure
         return len(due)
+
+    def _routes(self, session: Session, ids: set[int]) -> tuple[dict[int, Route], dict[int, Exception]]:
+        """The routes of ``ids``, and the error of each one whose routing fails (looked up alone then)."""
+        try:
+            return routes(session, ids), {}
+        except OUTAGES:
+            raise
+        except Exception:  # noqa: BLE001 - one subscription's routing fails: look them up one by one
+            session.rollback()
+        known: dict[int, Route] = {}
+        broken: dict[int, Exception] = {}
+        for sid in ids:
+            try:
+                known.update(routes(session, {sid}))
+            except OUTAGES:
+                raise
+            except Exception as exc:  # noqa: BLE001 - raised when its group is dispatched
+                session.rollback()
+                broken[sid] = exc
+        return known, broken
 
     def _wait_ms(self) -> int:
         """How long the next read may block without holding a group past its wait."""

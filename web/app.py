@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "`Authorization: Bearer <API token>` (`POST /api/auth/token` makes one).")
     app.state.settings = settings
     app.state.limiter = RateLimiter(settings)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes, timeout_s=settings.request_body_timeout_s)
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
                    ops.router, health.router, pages.router, silences.router, streams.router, streams.tokens_router,

@@ -1,4 +1,4 @@
-"""Limits a public service needs: request body size, and rate limits kept in Redis.
+"""Limits a public service needs: request body size and time, and rate limits kept in Redis.
 
 Rate limits are counted in Redis (the `limits` library's fixed windows, one atomic
 increment per hit), so every web process shares them, and a hit is counted before
@@ -9,6 +9,8 @@ limited per client address and, where there is one, per account.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import time
 from typing import Annotated
@@ -22,7 +24,7 @@ from limits.storage import storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.redis_client import limits_storage_uri
+from core.redis_client import limits_storage
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
@@ -44,8 +46,9 @@ class RateLimiter:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        storage = storage_from_string(limits_storage_uri(settings), key_prefix=RedisKeys(settings).rate_limits,
-                                      wrap_exceptions=True)
+        uri, options = limits_storage(settings)
+        storage = storage_from_string(uri, key_prefix=RedisKeys(settings).rate_limits, wrap_exceptions=True,
+                                      **options)
         self.limiter = FixedWindowRateLimiter(storage)
 
     def hit(self, rate: str | RateLimitItem, *identifiers: str, what: str = "requests") -> None:
@@ -103,21 +106,21 @@ def get_limiter(request: Request) -> RateLimiter:
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets a 413 and is never held whole.
+    """ASGI middleware: a request body over ``max_bytes`` gets a 413, one slower than ``timeout_s`` a 408.
 
-    The declared Content-Length is checked first; the body is then counted as it
-    arrives (chunked bodies, or a Content-Length that lies), and buffered up to the
-    limit before the app sees it, so the app never reads past the limit.
+    The declared Content-Length is checked first (413 before a byte is read). The body is not read
+    ahead: it is counted as the route reads it (chunked bodies, or a Content-Length that lies), and the
+    read that passes the limit, or that comes later than ``timeout_s`` after the route's first one,
+    raises the 413 or the 408 (with ``Connection: close``: the rest of the body is never read). So a
+    route that authenticates before it reads the body (publishing) answers a bad token with a 401
+    before the body is read, and a slow client holds neither a buffer nor a worker past the timeout.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -127,32 +130,41 @@ class BodySizeLimit:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(send)
             return
-        try:
-            messages = await self._buffer(receive)
-        except _TooLarge:
-            await self._refuse(send)
-            return
+        size = 0
+        deadline: float | None = None
+        complete = False
 
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _buffer(self, receive: Receive) -> list[Message]:
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
+        async def limited() -> Message:
+            nonlocal size, deadline, complete
+            if complete:  # the body is in: later reads wait for the client to go away, as long as it takes
+                return await receive()
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + self.timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(status.HTTP_408_REQUEST_TIMEOUT,
+                                    f"the request body did not arrive within {self.timeout_s:g} s",
+                                    headers={"Connection": "close"}) from None
             if message["type"] != "http.request":
-                return messages
+                return message
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                raise _TooLarge
-            if not message.get("more_body", False):
-                return messages
+                raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, self._too_large,
+                                    headers={"Connection": "close"})
+            complete = not message.get("more_body", False)
+            return message
+
+        await self.app(scope, limited, send)
+
+    @property
+    def _too_large(self) -> str:
+        return f"the request body is larger than {self.max_bytes} bytes"
 
     async def _refuse(self, send: Send) -> None:
-        body = f'{{"detail":"the request body is larger than {self.max_bytes} bytes"}}'.encode()
+        body = json.dumps({"detail": self._too_large}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

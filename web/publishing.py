@@ -7,19 +7,36 @@ client's and kafka-python's partitioner, so a key lands on the same partition
 whoever publishes it (the evaluator relies on one partition per key).
 
 A batch is admitted only if the records and bytes the process holds undelivered
-stay within the settings; otherwise the request gets a 429 with ``Retry-After``
-and nothing of it is produced. One batch is always admitted when none is in
-flight, so any request within the size limits can eventually pass. A request
+stay within the settings, and those of its publisher token within the token's
+share of them (``publish_token_share``); otherwise the request gets a 429 with
+``Retry-After`` and nothing of it is produced. A token also has at most
+``publish_token_max_requests`` requests in progress. So one token flooding is
+refused its excess while the others keep their room. One batch is always admitted
+when none is in flight (of the process, of the token), so any request within the
+size limits can eventually pass. A request
 answers once Kafka acknowledged (``acks=all``) every record of its batch, or
 after ``publish_delivery_timeout_ms`` with the number not acknowledged.
+
+Publishing's blocking work (the token's database check, judging a batch, producing it) runs on an
+executor of its own, ``publish_threads`` threads (:func:`publishing_executor`), never on the thread
+pool the UI's sync endpoints share: a publishing flood queues behind publishing only.
+
+Dead letters (the batch's rejects, with their reasons) are a record of what was refused, not part of
+what the publisher asked to store: a dead letter Kafka does not take (its topic refused, or missing on
+a broker that does not create topics) is reported in the 202 and counted, never turned into a 503,
+which would tell the publisher to send again records that are already stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -33,34 +50,61 @@ PUBLISHED = Counter("tocsin_publish_records_total", "Records published over HTTP
                     ["stream", "outcome"])
 REFUSED_BATCHES = Counter("tocsin_publish_backpressure_total", "Publish requests refused with 429 (backpressure)")
 IN_FLIGHT = Gauge("tocsin_publish_inflight_records", "Records this process holds that Kafka has not acknowledged")
+DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
+                            "Rejects of published batches that Kafka did not take on the dead-letter topic")
+
+
+T = TypeVar("T")
+DeliveryCallback = Callable[..., None]  # (KafkaError | None, Message | None[, count])
 
 
 class Backpressure(Exception):
-    """The producer holds too much undelivered: try again after ``retry_after_s``."""
+    """The producer (or this token's share of it) holds too much undelivered: try again after ``retry_after_s``."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"the publisher is busy: retry after {retry_after_s} s")
+    def __init__(self, retry_after_s: int, why: str = "the publisher is busy") -> None:
+        super().__init__(f"{why}: retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
 @dataclass
 class _Delivery:
-    """One batch's acknowledgements; ``done`` resolves when every record is acknowledged or failed."""
+    """One batch's acknowledgements; ``done`` resolves when every record and dead letter is acknowledged or failed.
+
+    ``failed``/``error`` concern the records, ``dead_failed``/``dead_error`` the dead letters (``letters`` of them).
+    """
 
     pending: int
     size: int
     byte_size: int
+    token: int
     owner: StreamProducer
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future
+    letters: int = 0
     failed: int = 0
     error: str | None = None
+    dead_failed: int = 0
+    dead_error: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def records(self) -> int:
+        return self.size - self.letters
 
     def acknowledged(self, err: KafkaError | None, _msg: Message | None, count: int = 1) -> None:
         """Called per record by whichever thread polls the producer (``count`` > 1: records never produced)."""
+        self._settle(err, count, dead=False)
+
+    def dead_acknowledged(self, err: KafkaError | None, _msg: Message | None, count: int = 1) -> None:
+        """As :meth:`acknowledged`, for a dead letter."""
+        self._settle(err, count, dead=True)
+
+    def _settle(self, err: KafkaError | None, count: int, dead: bool) -> None:
         with self.lock:
-            if err is not None:
+            if err is not None and dead:
+                self.dead_failed += count
+                self.dead_error = str(err)
+            elif err is not None:
                 self.failed += count
                 self.error = str(err)
             self.pending -= count
@@ -72,6 +116,24 @@ class _Delivery:
     def _resolve(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+def dead_letters_failed(stream: str, delivery: _Delivery) -> str:
+    """What a 202 says when some rejects did not reach the dead-letter topic; logged and counted once here."""
+    DEAD_LETTERS_LOST.inc(delivery.dead_failed)
+    log.error("publish_dead_letters_failed", stream=stream, failed=delivery.dead_failed, error=delivery.dead_error)
+    return (f"{delivery.dead_failed} of {delivery.letters} rejects could not be dead-lettered ({delivery.dead_error}); "
+            f"the accepted records are stored: do not send the batch again")
+
+
+def publishing_executor(settings: Settings) -> ThreadPoolExecutor:
+    """The web process's publishing threads (``publish_threads``), apart from the pool of sync endpoints."""
+    return ThreadPoolExecutor(max_workers=settings.publish_threads, thread_name_prefix="publish")
+
+
+async def on_publishing_threads(executor: Executor, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` on the publishing executor, awaited."""
+    return await asyncio.get_running_loop().run_in_executor(executor, partial(fn, *args))
 
 
 class StreamProducer:
@@ -94,6 +156,10 @@ class StreamProducer:
         self._lock = threading.Lock()
         self._records = 0
         self._bytes = 0
+        self._tokens: dict[int, list[int]] = {}  # publisher token id -> [records, bytes] in flight
+        self._requests: dict[int, int] = {}  # publisher token id -> requests in progress
+        self._token_records = max(1, int(settings.publish_queue_max_messages * settings.publish_token_share))
+        self._token_bytes = max(1, int(settings.publish_max_inflight_bytes * settings.publish_token_share))
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="publish-acks", daemon=True)
         self._poller.start()
@@ -107,38 +173,72 @@ class StreamProducer:
         while not self._closed.is_set():
             self.producer.poll(0.05)
 
-    def _busy(self, records: int, size: int) -> bool:
-        return self._records > 0 and (self._records + records > self.settings.publish_queue_max_messages
-                                      or self._bytes + size > self.settings.publish_max_inflight_bytes)
+    def _refusal(self, records: int, size: int, token: int) -> str | None:
+        """Why a batch of ``records`` records and ``size`` bytes of ``token`` is not admitted now (None: it is)."""
+        if self._records > 0 and (self._records + records > self.settings.publish_queue_max_messages
+                                  or self._bytes + size > self.settings.publish_max_inflight_bytes):
+            return "the publisher is busy"
+        held_records, held_bytes = self._tokens.get(token, (0, 0))
+        if held_records > 0 and (held_records + records > self._token_records
+                                 or held_bytes + size > self._token_bytes):
+            return (f"this publisher token holds its share of the undelivered records ({self._token_records} "
+                    f"records, {self._token_bytes} bytes)")
+        return None
 
-    def refuse_if_full(self) -> None:
-        """Raise :class:`Backpressure` if no batch (one record or more) would be admitted now.
+    def _refuse(self, why: str) -> Backpressure:
+        REFUSED_BATCHES.inc()
+        return Backpressure(self.settings.publish_retry_after_s, why)
 
-        Called before a request's body is judged: judging costs a core up to half a second per batch,
-        which a request refused anyway should not cost while the process is overloaded.
+    @contextmanager
+    def request(self, token: int) -> Iterator[None]:
+        """One request of publisher ``token`` in progress; :class:`Backpressure` if no batch would be admitted now.
+
+        Entered before a request's body is read and judged: judging costs a core up to half a second per
+        batch, which a request refused anyway should not cost while the process (or the token) is full.
         """
-        if self._busy(1, 1):
-            REFUSED_BATCHES.inc()
-            raise Backpressure(self.settings.publish_retry_after_s)
-
-    def _admit(self, records: int, size: int) -> None:
         with self._lock:
-            if self._busy(records, size):
-                REFUSED_BATCHES.inc()
-                raise Backpressure(self.settings.publish_retry_after_s)
+            why = self._refusal(1, 1, token)
+            if why is None and self._requests.get(token, 0) >= self.settings.publish_token_max_requests:
+                why = (f"this publisher token has {self.settings.publish_token_max_requests} requests at a time "
+                       f"in progress")
+            if why is not None:
+                raise self._refuse(why)
+            self._requests[token] = self._requests.get(token, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._requests[token] -= 1
+                if not self._requests[token]:
+                    del self._requests[token]
+
+    def _admit(self, records: int, size: int, token: int) -> None:
+        with self._lock:
+            why = self._refusal(records, size, token)
+            if why is not None:
+                raise self._refuse(why)
             self._records += records
             self._bytes += size
+            held = self._tokens.setdefault(token, [0, 0])
+            held[0] += records
+            held[1] += size
             IN_FLIGHT.set(self._records)
 
     def release(self, delivery: _Delivery) -> None:
         with self._lock:
             self._records -= delivery.size
             self._bytes -= delivery.byte_size
+            held = self._tokens[delivery.token]
+            held[0] -= delivery.size
+            held[1] -= delivery.byte_size
+            if not held[0]:
+                del self._tokens[delivery.token]
             IN_FLIGHT.set(self._records)
 
     def send(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future, topic: str, keys: Sequence[str],
-             values: Sequence[str], dead_topic: str, dead_letters: Sequence[bytes]) -> _Delivery | None:
-        """Produce a batch (records keyed by their key, then dead letters); None if it was empty.
+             values: Sequence[str], dead_topic: str, dead_letters: Sequence[bytes], token: int = 0
+             ) -> _Delivery | None:
+        """Produce a batch of publisher ``token`` (records keyed by their key, then dead letters); None if empty.
 
         ``done`` (a future of ``loop``) resolves once every record is acknowledged or failed.
 
@@ -149,35 +249,31 @@ class StreamProducer:
             return None
         encoded = [value.encode() for value in values]  # what Kafka holds is bytes (a character is up to 4)
         byte_size = sum(map(len, encoded)) + sum(map(len, dead_letters))
-        self._admit(size, byte_size)
-        delivery = _Delivery(size, size, byte_size, self, loop, done)
-        produce = self.producer.produce
-        ack = delivery.acknowledged
+        self._admit(size, byte_size, token)
+        delivery = _Delivery(size, size, byte_size, token, self, loop, done, letters=len(dead_letters))
+        self._produce_all(topic, list(zip(keys, encoded, strict=True)), delivery.acknowledged)
+        self._produce_all(dead_topic, [(None, letter) for letter in dead_letters], delivery.dead_acknowledged)
+        return delivery
+
+    def _produce_all(self, topic: str, records: list[tuple[str | None, bytes]], ack: DeliveryCallback) -> None:
         produced = 0
         try:
-            for key, value in zip(keys, encoded, strict=True):
+            for key, value in records:
                 try:
-                    produce(topic, value, key, on_delivery=ack)
+                    self.producer.produce(topic, value, key, on_delivery=ack)
                 except BufferError:
-                    self._produce_when_room(topic, value, key, delivery)
-                produced += 1
-            for letter in dead_letters:
-                try:
-                    produce(dead_topic, letter, on_delivery=ack)
-                except BufferError:
-                    self._produce_when_room(dead_topic, letter, None, delivery)
+                    self._produce_when_room(topic, value, key, ack)
                 produced += 1
         except KafkaException as exc:  # e.g. a topic librdkafka knows is gone: the rest fail, nothing hangs
             log.error("publish_failed", topic=topic, error=str(exc))
-            delivery.acknowledged(exc.args[0], None, size - produced)
-        return delivery
+            ack(exc.args[0], None, len(records) - produced)
 
-    def _produce_when_room(self, topic: str, value: bytes, key: str | None, delivery: _Delivery) -> None:
+    def _produce_when_room(self, topic: str, value: bytes, key: str | None, ack: DeliveryCallback) -> None:
         """librdkafka's queue is full despite admission (another batch got in first): wait for acknowledgements."""
         while True:
             self.producer.poll(0.01)
             try:
-                self.producer.produce(topic, value, key, on_delivery=delivery.acknowledged)
+                self.producer.produce(topic, value, key, on_delivery=ack)
                 return
             except BufferError:
                 continue

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 from redis.crc import key_slot
 
-from core.redis_client import limits_storage_uri
+from core.redis_client import limits_storage
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
@@ -58,5 +58,5 @@ def test_a_cluster_needs_a_broker_of_its_own() -> None:
     settings = _settings(redis_cluster=True, celery_broker_url="redis://broker:6379/0",
                          redis_url="redis://:secret@node-1:7000/0")
     assert settings.broker_url == "redis://broker:6379/0"
-    assert limits_storage_uri(settings) == "redis+cluster://:secret@node-1:7000"
-    assert limits_storage_uri(_settings()) == _settings().redis_url
+    assert limits_storage(settings) == ("redis+cluster://:secret@node-1:7000", {})
+    assert limits_storage(_settings()) == (_settings().redis_url, {})

@@ -173,3 +173,76 @@ def test_a_failed_round_is_counted_and_the_loop_goes_on(settings: Settings, monk
     dispatcher.run()
     assert len(rounds) == 2
     assert REGISTRY.get_sample_value("tocsin_dispatcher_failed_rounds_total") == before + 1
+
+
+def test_an_entry_whose_dispatch_always_fails_is_dead_lettered_after_max_deliveries(
+        settings: Settings, redis_client: redis.Redis, owner) -> None:
+    """A subscription whose routing raises every time (its stored policy no longer validates) was claimed back and
+    tried again forever, and, routed in one batch with the others, it failed theirs too."""
+    from prometheus_client import REGISTRY
+    from sqlalchemy import update
+
+    from subscriptions.db import session_factory
+    from subscriptions.models import Subscription
+
+    settings = settings.model_copy(update={"dispatcher_claim_idle_ms": 1, "dispatcher_max_deliveries": 3,
+                                           "dispatcher_group_wait_ms": 0})
+    keys = RedisKeys(settings)
+    bad, good = _subscription(settings, redis_client, owner), _subscription(settings, redis_client, owner)
+    with session_factory(settings.database_url)() as session:
+        session.execute(update(Subscription).where(Subscription.id == bad).values(policy={"cooldown_s": -1}))
+        session.commit()
+    dispatcher = Dispatcher(settings, make_celery(settings))
+    assert RedisAlertSink(settings).write([_transition(bad, 1_700_000_060_000),
+                                           _transition(good, 1_700_000_060_000)]) == 2
+    before = REGISTRY.get_sample_value("tocsin_dispatcher_undeliverable_total") or 0.0
+    assert dispatcher.read(block_ms=1_000) == 2
+    failures = 0
+    for _ in range(10):  # the dispatcher's rounds: claim, flush
+        try:
+            dispatcher.flush(force=True)
+        except ValueError:  # pydantic's ValidationError: the bad subscription's routing
+            failures += 1
+        if redis_client.xpending(keys.alerts_stream, NOTIFIER_GROUP)["pending"] == 0:
+            break
+        time.sleep(0.01)
+        dispatcher.claim()
+    assert redis_client.xpending(keys.alerts_stream, NOTIFIER_GROUP)["pending"] == 0, "still retried"
+    assert failures == 3  # the first read and two claims; the third claim gave up on it
+    [(_, letter)] = redis_client.xrange(keys.alerts_dead)
+    assert json.loads(json.loads(letter["entry"])["alert"])["subscription_id"] == bad
+    assert letter["reason"].startswith("not dispatched after 3 deliveries (dispatcher_max_deliveries 3): "
+                                       "ValidationError"), letter["reason"]
+    assert REGISTRY.get_sample_value("tocsin_dispatcher_undeliverable_total") == before + 1
+    assert redis_client.llen(celery_queue_keys(settings)[0]) == 1  # the good subscription's, once, at the first go
+
+
+def test_an_outage_puts_the_group_back_without_counting_a_delivery(settings: Settings, redis_client: redis.Redis,
+                                                                   owner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounding deliveries must not dead-letter alerts for a broker outage: the group waits in the buffer."""
+    from kombu.exceptions import OperationalError
+
+    settings = settings.model_copy(update={"dispatcher_claim_idle_ms": 1, "dispatcher_max_deliveries": 2})
+    keys = RedisKeys(settings)
+    sid = _subscription(settings, redis_client, owner)
+    dispatcher = Dispatcher(settings, make_celery(settings))
+    assert RedisAlertSink(settings).write([_transition(sid, 1_700_000_060_000)]) == 1
+    assert dispatcher.read(block_ms=1_000) == 1
+
+    def broker_down(*_: object) -> None:
+        raise OperationalError("the broker is down")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(dispatcher, "enqueue", broker_down)
+        for _ in range(5):
+            with pytest.raises(OperationalError):
+                dispatcher.flush(force=True)
+            time.sleep(0.01)
+            dispatcher.claim()
+    # XAUTOCLAIM took the held entry at each claim (idle past the claim time) and counted a delivery: put back.
+    [pending] = redis_client.xpending_range(keys.alerts_stream, NOTIFIER_GROUP, min="-", max="+", count=10)
+    assert pending["times_delivered"] == 1 and len(dispatcher.buffer) == 1
+    dispatcher.flush(force=True)
+    assert redis_client.xpending(keys.alerts_stream, NOTIFIER_GROUP)["pending"] == 0
+    assert redis_client.xlen(keys.alerts_dead) == 0
+    assert redis_client.llen(celery_queue_keys(settings)[0]) == 1

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Literal
@@ -45,7 +46,14 @@ from subscriptions.db import session_factory
 from subscriptions.models import PublisherToken, Stream
 from subscriptions.streams import PUBLISHER_PREFIX, StreamService, TopicError, parse_schema
 from web.deps import DbDep, IdPath, OperatorDep, SettingsDep, get_operator
-from web.publishing import PUBLISHED, Backpressure, StreamProducer
+from web.publishing import (
+    PUBLISHED,
+    Backpressure,
+    StreamProducer,
+    dead_letters_failed,
+    on_publishing_threads,
+    publishing_executor,
+)
 
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
                           "application/x-jsonlines", "application/jsonlines"})
@@ -59,11 +67,13 @@ async def _producer_lifespan(app: FastAPI) -> AsyncIterator[None]:
     with session_factory(settings.database_url)() as session:
         StreamService(session, settings).ensure_builtin()
     app.state.stream_producer = None
+    app.state.publish_executor = executor = publishing_executor(settings)
     yield
     producer: StreamProducer | None = app.state.stream_producer
     app.state.stream_producer = None
     if producer is not None:
         await run_in_threadpool(producer.close)
+    executor.shutdown(wait=False, cancel_futures=True)
 
 
 router = APIRouter(prefix="/api/streams", tags=["streams"], dependencies=[Depends(get_operator)])
@@ -125,6 +135,9 @@ class RejectedOut(BaseModel):
 class PublishOut(BaseModel):
     accepted: int
     rejected: list[RejectedOut]
+    dead_letter_error: str | None = Field(
+        None, description="present only when Kafka did not take some rejects on the dead-letter topic; the accepted "
+                          "records are stored all the same: do not send the batch again")
 
 
 def _out(stream: Stream) -> StreamOut:
@@ -229,8 +242,22 @@ def revoke_publisher_token(token_id: IdPath, db: DbDep, settings: SettingsDep) -
 # -- publishing (publisher tokens) --------------------------------------------------------------------------------
 
 
-def _publisher_stream(request: Request, name: NamePath, db: DbDep, settings: SettingsDep) -> Stream:
-    """The stream ``name`` if the request carries a publisher token scoped to it (401/403/404 otherwise)."""
+@dataclass(frozen=True)
+class Publishing:
+    """The stream a request publishes to (as its row said), and the id of the publisher token it came with."""
+
+    name: str
+    topic: str
+    schema: dict
+    token: int
+
+
+async def _publisher_stream(request: Request, name: NamePath) -> Publishing:
+    """The stream ``name`` if the request carries a publisher token scoped to it (401/403/404 otherwise).
+
+    Async, and no sync dependency (each would take a thread of the UI's pool): the database check runs on
+    the publishing executor.
+    """
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip()
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -240,14 +267,21 @@ def _publisher_stream(request: Request, name: NamePath, db: DbDep, settings: Set
     if not token.startswith(PUBLISHER_PREFIX):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "publishing needs a publisher token (an operator makes one: "
                                                        "POST /api/publisher-tokens)")
-    service = StreamService(db, settings)
-    publisher = service.publisher(token)
-    if publisher is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the publisher token is not valid (revoked, or mistyped)",
-                            headers=challenge)
-    if name not in {s.name for s in publisher.streams}:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token may not publish to stream {name!r}")
-    return service.get(name)
+    return await on_publishing_threads(request.app.state.publish_executor, _check_publisher,
+                                       request.app.state.settings, token, name)
+
+
+def _check_publisher(settings: Settings, token: str, name: str) -> Publishing:
+    with session_factory(settings.database_url)() as session:
+        service = StreamService(session, settings)
+        publisher = service.publisher(token)
+        if publisher is None:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the publisher token is not valid (revoked, or "
+                                                              "mistyped)", headers={"WWW-Authenticate": "Bearer"})
+        if name not in {s.name for s in publisher.streams}:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token may not publish to stream {name!r}")
+        stream = service.get(name)
+        return Publishing(stream.name, stream.topic, stream.schema, publisher.id)
 
 
 @lru_cache(maxsize=256)
@@ -256,7 +290,8 @@ def _validator(schema_json: str, limits: RecordLimits) -> StreamValidator:
     return StreamValidator(StreamSchema.model_validate_json(schema_json), limits)
 
 
-def _judge(body: bytes, content_type: str, stream: Stream, settings: Settings) -> tuple[ValidatedBatch, list[bytes]]:
+def _judge(body: bytes, content_type: str, stream: Publishing, settings: Settings
+           ) -> tuple[ValidatedBatch, list[bytes]]:
     """The batch judged, and the dead letters of its rejects (CPU work: run off the event loop)."""
     most = settings.publish_max_records
     records = split_ndjson(body) if content_type in NDJSON_TYPES else split_json_array(body, most)
@@ -272,12 +307,13 @@ def _judge(body: bytes, content_type: str, stream: Stream, settings: Settings) -
 
 
 @publish_router.post("/{name}/events", status_code=status.HTTP_202_ACCEPTED, response_model=PublishOut,
+                     response_model_exclude_none=True,
                      responses={413: {"description": "more records than publish_max_records, or a larger body "
                                                      "than request_max_bytes"},
                                 429: {"description": "backpressure: retry after the Retry-After header's seconds"}})
-async def publish(request: Request, settings: SettingsDep,
-                  stream: Annotated[Stream, Depends(_publisher_stream)]) -> PublishOut:
+async def publish(request: Request, publishing: Annotated[Publishing, Depends(_publisher_stream)]) -> PublishOut:
     """Publish a batch of records: 202 with the count accepted and each reject's index and reason."""
+    settings: Settings = request.app.state.settings
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json" and content_type not in NDJSON_TYPES:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
@@ -286,27 +322,39 @@ async def publish(request: Request, settings: SettingsDep,
     if app.state.stream_producer is None:
         app.state.stream_producer = StreamProducer(settings)
     producer: StreamProducer = app.state.stream_producer
-    loop = asyncio.get_running_loop()
     try:
-        producer.refuse_if_full()  # before the body is judged: a refused request costs no CPU
-        body = await request.body()
-        try:
-            batch, letters = await run_in_threadpool(_judge, body, content_type, stream, settings)
-        except BatchError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-        delivery = await run_in_threadpool(producer.send, loop, loop.create_future(), stream.topic, batch.keys,
-                                           batch.records, settings.dead_letter_topic, letters)
+        with producer.request(publishing.token):  # before the body is judged: a refused request costs no CPU
+            return await _publish(request, settings, producer, publishing, content_type)
     except Backpressure as exc:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                             headers={"Retry-After": str(exc.retry_after_s)}) from None
+
+
+async def _publish(request: Request, settings: Settings, producer: StreamProducer, publishing: Publishing,
+                   content_type: str) -> PublishOut:
+    """Read, judge and produce one admitted request's batch; answer once Kafka acknowledged it."""
+    stream = publishing
+    executor = request.app.state.publish_executor
+    loop = asyncio.get_running_loop()
+    body = await request.body()
+    try:
+        batch, letters = await on_publishing_threads(executor, _judge, body, content_type, stream, settings)
+    except BatchError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    delivery = await on_publishing_threads(executor, producer.send, loop, loop.create_future(), stream.topic,
+                                           batch.keys, batch.records, settings.dead_letter_topic, letters,
+                                           publishing.token)
+    dead_letter_error = None
     if delivery is not None:
         await delivery.done
         if delivery.failed:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"Kafka did not acknowledge {delivery.failed} of {delivery.size} records "
+                                f"Kafka did not acknowledge {delivery.failed} of {delivery.records} records "
                                 f"({delivery.error}); publish the batch again (delivery is at least once)",
                                 headers={"Retry-After": str(settings.publish_retry_after_s)})
+        if delivery.dead_failed:  # the records are stored: a 503 would have them sent (and stored) again
+            dead_letter_error = dead_letters_failed(stream.name, delivery)
     PUBLISHED.labels(stream.name, "accepted").inc(batch.accepted)
     PUBLISHED.labels(stream.name, "rejected").inc(len(batch.rejected))
-    return PublishOut(accepted=batch.accepted,
+    return PublishOut(accepted=batch.accepted, dead_letter_error=dead_letter_error,
                       rejected=[RejectedOut(index=r.index, reason=r.reason) for r in batch.rejected])

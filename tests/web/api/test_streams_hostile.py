@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -115,3 +116,83 @@ def test_a_lone_surrogate_in_a_repeated_field_name_costs_that_record_only(publis
     long = "f" * 5_000  # the reason quotes the name: cut like every other reason
     [refused] = _publish(publisher, "trades", [f'{{"{long}": 1, "{long}": 2}}'], ndjson=True).json()["rejected"]
     assert refused["reason"].startswith("fff") and len(refused["reason"]) <= 1_000
+
+
+# -- slow and unauthenticated bodies, against a real uvicorn -----------------------------------------------------
+
+
+def _raw(url: str, head: bytes, body: bytes = b"", wait_s: float = 10.0) -> tuple[bytes, float]:
+    """Send ``head`` and ``body`` on a raw connection and stall; (the answer's first bytes, seconds until it came)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as conn:
+        started = time.monotonic()
+        conn.sendall(head + body)
+        try:
+            answer = conn.recv(65536)
+        except TimeoutError:
+            answer = b""
+        return answer, time.monotonic() - started
+
+
+def _head(token: str, length: int) -> bytes:
+    return (f"POST /api/streams/trades/events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def test_a_bad_token_is_refused_before_the_body_is_read(settings: Settings) -> None:
+    """The body-size middleware read (and held) up to 1 MiB of every body before any route looked at the token:
+    an unknown token had its 900 KB buffered, and one that never sent its body held the connection for good."""
+    from tests.web.test_publishing_hostile import _server
+
+    ensure_topics(settings)
+    with _server(settings) as (_, url, _publishers):
+        answer, took = _raw(url, _head("tcp_not-a-token", 900_000))  # the headers only: no body ever comes
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert took < 5, took
+        answer, _ = _raw(url, _head("tcp_not-a-token", 900_000), b"[" * 1_000)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+def test_a_body_slower_than_the_body_timeout_gets_a_408_and_the_connection_closed(settings: Settings) -> None:
+    """No bound on how long a body could take: a slow-loris client held connections and buffers without end."""
+    import socket
+
+    from tests.web.test_publishing_hostile import RECORD, _server
+
+    settings = settings.model_copy(update={"request_body_timeout_s": 1.0, "publish_token_max_requests": 50})
+    ensure_topics(settings)
+    with _server(settings) as (_, url, [publisher]):
+        token = publisher["Authorization"].removeprefix("Bearer ")
+        host, port = url.removeprefix("http://").split(":")
+        loris = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+        try:
+            for conn in loris:
+                conn.sendall(_head(token, 1_000) + b"[")  # 1 byte of 1,000, then nothing
+            started = time.monotonic()
+            answers = [conn.recv(65536) for conn in loris]
+            took = time.monotonic() - started
+            assert all(a.startswith(b"HTTP/1.1 408") for a in answers), {a[:100] for a in answers}
+            assert took < 6, took
+            for conn in loris:  # closed by the server once the answer is out (the rest of the body is never read)
+                while conn.recv(65536):
+                    pass
+        finally:
+            for conn in loris:
+                conn.close()
+        # The whole body counts, not each piece: trickling a byte at a time is cut off at the bound too.
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(_head(token, 1_000))
+            started = time.monotonic()
+            for _ in range(40):
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    break
+                time.sleep(0.1)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 408")
+            assert time.monotonic() - started < 5
+        with httpx.Client(base_url=url, timeout=30) as client:  # a body in time is served as before
+            answer = client.post("/api/streams/trades/events", json=[RECORD], headers=publisher)
+            assert answer.status_code == 202, answer.text
