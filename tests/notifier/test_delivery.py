@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -95,7 +96,11 @@ def test_receiver_failing_n_times_gets_exactly_one_delivery(settings, service, r
     assert _outcomes(records, subscription_id) == ["retry", "retry", "retry", "delivered"]
     retry = records.log(subscription_id)[-1]
     assert retry["status_code"] == 503 and retry["error"] == "HTTP 503" and retry["latency_ms"] >= 0
-    assert retry["attempt"] == 1 and records.log(subscription_id)[0]["attempt"] == 4
+    # Each copy numbers its own attempts from 1 (a copy that finds the other's claim waits, uncounted): usually
+    # one copy makes all four, but under load the copy may win the claim between the other's retries.
+    numbers = Counter(entry["attempt"] for entry in records.log(subscription_id))
+    assert retry["attempt"] == 1 and sum(numbers.values()) == 4 and numbers[1] <= 2, numbers
+    assert all(numbers[n] >= numbers[n + 1] for n in range(1, 5)), numbers  # runs 1..k per copy, no gaps
 
 
 @pytest.mark.slow  # fault injection (SIGKILL): run in CI
