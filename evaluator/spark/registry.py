@@ -8,8 +8,10 @@ app has not published yet (or a Redis that lost the registry) still evaluates it
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 from pydantic import ValidationError
@@ -44,6 +46,24 @@ def decode_registry(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> tuple[dic
             continue
         schemas[stream] = schema
     return schemas, problems
+
+
+def checkpoint_of(settings: Settings, stream: str) -> Path:
+    """A stream's query's checkpoint: ``trades`` keeps today's, every other stream one under ``streams/<name>``."""
+    return settings.checkpoint_path if stream == TRADES else settings.checkpoint_path / "streams" / stream
+
+
+def query_attributes(settings: Settings, schema: StreamSchema) -> tuple[str, ...]:
+    """The attribute columns of a stream's query: those its checkpoint's state was built with, then the schema's
+    new ones. A removed attribute keeps its column (always empty from then on), so state never has to shrink and
+    every compatible change keeps the stream's windows. Recorded beside the checkpoint."""
+    record = checkpoint_of(settings, schema.name) / "attributes.json"
+    before: list[str] = json.loads(record.read_text()) if record.exists() else []
+    columns = (*before, *(a for a in schema.attribute_names if a not in before))
+    if list(columns) != before:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(list(columns)))
+    return columns
 
 
 def shape_of(schema: StreamSchema) -> StreamShape:

@@ -37,10 +37,13 @@ _KIND = b'"kind"'
 class StreamPaneParser(PaneParser):
     """mapInPandas for a declared stream: :class:`PaneParser` with the stream's schema as the judge."""
 
-    def __init__(self, settings: Settings, shard_ids: tuple[int, ...], schema: StreamSchema) -> None:
+    def __init__(self, settings: Settings, shard_ids: tuple[int, ...], schema: StreamSchema,
+                 columns: tuple[str, ...] | None = None) -> None:
+        """``columns``: the pane rows' attributes (default the schema's); one the schema no longer declares is
+        always missing (see ``evaluator.spark.supervisor.query_attributes``)."""
         super().__init__(settings, shard_ids)
         self.schema = schema.wire()
-        self.attributes = self.schema.attribute_names
+        self.attributes = columns if columns is not None else self.schema.attribute_names
         self._validator: StreamValidator | None = None  # built in the worker (pydantic models do not pickle)
 
     def __getstate__(self) -> dict:
