@@ -161,16 +161,18 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrbyfloat(keys.evaluator_stats, "restore_state_ms_total", round((opened - started) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
-        self._answer_previews(source, shard, evaluator)
+        self._answer_previews(source, shard, evaluator, self.stream_name)
         records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append(clock_record(shard, evaluator.evaluated_at or 0))
         yield pd.DataFrame.from_records(records)
 
-    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator) -> None:
-        """Answer the web app's condition previews this shard has not answered yet (see ``web.conditions``)."""
+    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator,
+                         stream: str = TRADES) -> None:
+        """Answer the web app's condition previews on ``stream`` (this query's) this shard has not answered yet
+        (see ``web.conditions``)."""
         keys = source.keys
-        for request_id, request in source.previews(shard, self.stream_name):
+        for request_id, request in source.previews(shard, stream):
             answer = PreviewAnswer.of(shard, *evaluator.preview(request.condition, request.keys))
             pipe = source.redis.pipeline()
             pipe.rpush(keys.preview_answers(request_id), answer.to_json())
