@@ -45,6 +45,7 @@ class _Stream:
     query: StreamingQuery | None = None
     failures: int = 0
     retry_at: float = 0.0
+    started_at: float = 0.0
 
 
 class StreamSupervisor:
@@ -82,6 +83,8 @@ class StreamSupervisor:
                 STREAM_RESTARTS.set(self.failures)
                 log.warning("stream_query_failed", stream=name, error=str(error)[:500] if error else "stopped",
                             retry_in_s=round(held.retry_at - now, 1))
+            elif held.query is not None and held.failures and now - held.started_at >= MAX_BACKOFF_S:
+                held.failures = 0  # ran well for a while: the next failure is retried at once again
             if held.query is None and now >= held.retry_at:
                 self._start(name, held, now)
         STREAM_QUERIES.set(sum(1 for s in self.streams.values() if s.query is not None))
@@ -89,6 +92,7 @@ class StreamSupervisor:
     def _start(self, name: str, held: _Stream, now: float) -> None:
         try:
             held.query = self.start(self.spark, self.settings, held.schema)
+            held.started_at = now
         except Exception as exc:  # noqa: BLE001 - e.g. its topic is not there yet: retried with backoff
             held.failures += 1
             held.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** (held.failures - 1))
