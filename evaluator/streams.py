@@ -91,6 +91,8 @@ class StreamCatalogs:
             for change in changes:
                 share = share.applied(self._filtered(change, stream, schema), self.keep)
         else:
+            for sid in [sid for sid in self.refused if whole.get(sid) is None]:
+                del self.refused[sid]
             share = Catalog(whole.version, [s for s in whole.subscriptions if self._admitted(s, stream, schema)])
         self._shares[(stream, schema)] = (whole.version, share)
         return share
@@ -107,6 +109,8 @@ class StreamCatalogs:
 
     def _filtered(self, change: CatalogChange, stream: str, schema: StreamShape | None) -> CatalogChange:
         """``change`` as the stream's share sees it: upserts of other streams' (or refused) subscriptions are removals."""
+        for sid in change.removals:
+            self.refused.pop(sid, None)
         kept = tuple(s for s in change.upserts if self._admitted(s, stream, schema))
         dropped = tuple(s.id for s in change.upserts if s not in kept)
         return CatalogChange(change.version, kept, (*change.removals, *dropped))

@@ -32,6 +32,9 @@ _UNREPORTED = object()  # a new worker writes its first view (a restarted job ma
 #: How often a stuck worker rewrites its mark (with ``seen_at``): another worker's clearing, or a restart, cannot
 #: hide that this one is still stuck for longer than that, and a mark nobody rewrites is known to be left over.
 REASSERT_S = 5.0
+#: The field of ``stats:evaluator`` listing subscriptions no stream query evaluates, and why (at most REFUSALS_SHOWN).
+NOT_EVALUATED = "subscriptions_not_evaluated"
+REFUSALS_SHOWN = 100
 
 
 @dataclass(frozen=True)
@@ -133,10 +136,14 @@ class CatalogSource:
         """The current catalog's subscriptions on ``stream`` that its query can evaluate exactly (see
         ``evaluator.streams``); the others are logged once per reason."""
         share = self._shares.share(self.current(), stream, shape)
-        for sid, reason in self._shares.refused.items():
-            if self._refusals_logged.get(sid) != reason:
-                self._refusals_logged[sid] = reason
-                log.warning("subscription_not_evaluated", subscription_id=sid, stream=stream, reason=reason)
+        refused = self._shares.refused
+        if refused != self._refusals_logged:
+            for sid, reason in refused.items():
+                if self._refusals_logged.get(sid) != reason:
+                    log.warning("subscription_not_evaluated", subscription_id=sid, stream=stream, reason=reason)
+            self._refusals_logged = dict(refused)
+            shown = dict(sorted(refused.items())[:REFUSALS_SHOWN])  # for operators: which, and why
+            self.redis.hset(self.keys.evaluator_stats, NOT_EVALUATED, json.dumps(shown))
         return share
 
     def _report(self, reached: Reach) -> None:

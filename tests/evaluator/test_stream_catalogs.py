@@ -65,3 +65,5 @@ def test_a_stream_share_follows_the_whole_catalog(changes: list, read_every: int
                         and refusal(s.condition, schema) is None}
             assert share.version == whole.version
             assert {s.id: s for s in share.subscriptions} == expected
+        assert shares.refused == {s.id: refusal(s.condition, HOSTS) for s in whole.subscriptions
+                                  if s.condition.stream == "hosts" and refusal(s.condition, HOSTS) is not None}
