@@ -80,6 +80,13 @@ def done(settings: Settings, last: int, stream: str) -> bool:
     return at is not None and at >= last
 
 
+def healthy(queries: list) -> bool:
+    for query in queries:
+        if query.exception():
+            raise query.exception()
+    return True
+
+
 def alerts(settings: Settings, ids: set[int]) -> set[tuple]:
     return {(t["subscription_id"], t["key"], t["state"], t["evaluated_at"]) for t in transitions(settings)
             if t["subscription_id"] in ids}
@@ -106,8 +113,8 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
     raw.flush()
     queries = [build_query(spark, run), build_query(spark, run, HOSTS), build_query(spark, run, IDLE)]
     try:  # the idle stream's partitions never see a record nor a heartbeat: nobody waits for them
-        wait_until(lambda: done(run, last_trades, "trades") and done(run, last_hosts, "hosts"), timeout_s=240,
-                   query=queries[0])
+        wait_until(lambda: healthy(queries) and done(run, last_trades, "trades") and done(run, last_hosts, "hosts"),
+                   timeout_s=240)
         for query in queries:
             assert query.isActive and query.exception() is None
     finally:
@@ -169,7 +176,8 @@ def test_streams_follow_the_registry_while_the_job_runs(spark, settings: Setting
             publisher.publish_records([json.dumps({"key": "H1", "ts": now + 4_000 + i * 300, "cpu": 1, "mem": 40,
                                                    "disk": 6}) for i in range(5)], ["t"] * 5)
             publisher.heartbeat(now + 8_000)
-        wait_until(lambda: any(t["subscription_id"] == 3 for t in transitions(run)), timeout_s=120, query=second)
+        wait_until(lambda: healthy(list(supervisor.queries().values()))
+                   and any(t["subscription_id"] == 3 for t in transitions(run)), timeout_s=120)
         states = [(t["subscription_id"], t["key"], t["state"]) for t in transitions(run)]
         assert states.count((1, "H1", "firing")) == 1 and states.count((2, "H1", "firing")) == 1
         assert (1, "H1", "resolved") not in states and (3, "H1", "firing") in states
