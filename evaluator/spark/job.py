@@ -120,15 +120,10 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
         transitions = panes.groupBy("shard").transformWithStateInPandas(
             ShardProcessor(settings, partitions, shard_ids, shape, columns), TRANSITIONS_SCHEMA, "append", "None"
         )
-    writer = (
+    return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings, stream))
         .option("checkpointLocation", str(checkpoint_of(settings, stream)))
         .trigger(processingTime=settings.trigger_interval)
         .queryName(query_name(stream))
+        .start()
     )
-    context = spark.sparkContext
-    context.setLocalProperty("spark.scheduler.pool", query_name(stream))  # the query's thread inherits it
-    try:
-        return writer.start()
-    finally:
-        context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]  # None clears it

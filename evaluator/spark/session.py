@@ -52,9 +52,6 @@ def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> Spa
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
-        # One streaming query per stream (docs/evaluator-streams.md), each in a scheduler pool of its own: their
-        # tasks share the cores in turn, so one stream's long batch (a backlog) does not queue another's behind it.
-        .config("spark.scheduler.mode", "FAIR")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
