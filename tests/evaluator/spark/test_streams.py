@@ -113,8 +113,9 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
     raw.flush()
     queries = [build_query(spark, run), build_query(spark, run, HOSTS), build_query(spark, run, IDLE)]
     try:  # the idle stream's partitions never see a record nor a heartbeat: nobody waits for them
-        wait_until(lambda: healthy(queries) and done(run, last_trades, "trades") and done(run, last_hosts, "hosts"),
-                   timeout_s=240)
+        stats = redis.Redis.from_url(run.redis_url)
+        wait_until(lambda: healthy(queries) and done(run, last_trades, "trades") and done(run, last_hosts, "hosts")
+                   and int(stats.hget(RedisKeys(run).evaluator_stats, "dead_lettered") or 0) >= 2, timeout_s=240)
         for query in queries:
             assert query.isActive and query.exception() is None
     finally:
