@@ -23,6 +23,9 @@
 - ``ops:samples``: the operators' dashboard samples (see ``web.ops``), and
   ``ops:watchdog``: the dead man's switch's open incidents (see ``web.watchdog``);
 - ``evaluator:starts``: when the evaluator job last started (newest first);
+- ``streams:schemas`` / ``streams:version``: the stream registry, a hash stream name -> ``StreamSchema`` JSON
+  and a counter bumped with every rewrite (written by ``subscriptions.streams``, read by the evaluator's
+  stream supervisor, see docs/evaluator-streams.md);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
@@ -103,6 +106,10 @@ class RedisKeys:
         self.catalog_snapshot = c("subscriptions", "snapshot")
         self.catalog_snapshot_version = c("subscriptions", "snapshot-version")
         self.catalog_changes = c("subscriptions", "changes")
+        registry = partition_tag(settings, "streams")  # rewritten with its version in one transaction
+        r = (lambda *parts: k(registry, *parts)) if self.tagged else k
+        self.stream_schemas = r("streams", "schemas")
+        self.streams_version = r("streams", "version")
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     evaluator_shards: int | None = Field(None, ge=1, description="default: one per shuffle partition")
     evaluator_p: int = Field(4, ge=1, description="CI-COUNT/CI-SUM stamps per level: error ε = 2/(p+2)")
     evaluator_snapshot_every: int = Field(100, ge=2, description="batches between shard state snapshots")
+    stream_refresh_s: float = Field(
+        2.0, gt=0, description="how often the evaluator reads the stream registry: a declared stream gets its "
+                               "query, a deleted one loses it, a changed one is restarted (docs/evaluator-streams.md)"
+    )
     evaluator_stop_timeout_s: float = Field(
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )

@@ -9,6 +9,12 @@ A change to a declared stream goes through ``core.streams.check_compatible`` wit
 the fields each subscription on the stream uses; until subscriptions name a
 stream, every subscription is on ``trades`` (:func:`stream_of`).
 
+Every change (and, in each process, the first use and any use after Redis lost the registry or was
+down) rewrites the *stream registry* in Redis (:func:`publish_registry`): the evaluator starts, stops
+and restarts its per-stream queries from it (docs/evaluator-streams.md). The database is the truth:
+Redis being down fails no stream operation; the registry is written again by the next service call
+once Redis answers (at most every ``REGISTRY_CHECK_S`` per process).
+
 Publisher tokens are made by operators only: a token publishes to the streams it
 names and is refused by every other API (``web.deps``). Like API tokens, only the
 SHA-256 is stored and the token is shown once.
@@ -18,16 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import structlog
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from redis import Redis, RedisError
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core.redis_client import make_redis
+from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.streams import (
     TRADES,
@@ -111,6 +121,37 @@ def delete_topic(settings: Settings, name: str) -> None:
         admin.close()
 
 
+REGISTRY_CHECK_S = 5.0  # how often a process checks that Redis still holds the registry (or retries writing it)
+REGISTRY_TIMEOUT_S = 0.5  # a Redis that does not answer within this costs a stream operation no more
+
+
+def publish_registry(client: Redis, keys: RedisKeys, schemas: Iterable[StreamSchema]) -> int:
+    """Rewrite the stream registry (name -> schema JSON) and bump its version, in one transaction; the version."""
+    mapping = {schema.name: schema.model_dump_json() for schema in schemas}
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.stream_schemas)
+    if mapping:
+        pipe.hset(keys.stream_schemas, mapping=mapping)  # type: ignore[arg-type]  # str -> str
+    pipe.incr(keys.streams_version)
+    return int(pipe.execute()[-1])
+
+
+_CLIENTS: dict[tuple[str, bool], Redis] = {}
+
+
+def _registry_client(settings: Settings) -> Redis:
+    """One client per Redis, with short timeouts: a Redis that is down delays a stream operation briefly only."""
+    where = (settings.redis_url, settings.redis_cluster)
+    if where not in _CLIENTS:
+        _CLIENTS[where] = make_redis(settings, socket_timeout=REGISTRY_TIMEOUT_S,
+                                     socket_connect_timeout=REGISTRY_TIMEOUT_S)
+    return _CLIENTS[where]
+
+
+#: Per Redis and key space, in this process: whether the registry is known to be written, and when that was checked.
+_REGISTRY: dict[tuple[str, str], tuple[bool, float]] = {}
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
@@ -125,16 +166,51 @@ class StreamService:
     # -- streams -----------------------------------------------------------------------------------------------
 
     def ensure_builtin(self) -> None:
-        """Declare ``trades`` on a database that has no such stream yet (its topic is the events topic)."""
-        if self.session.scalar(select(Stream.id).where(Stream.name == TRADES)) is not None:
-            return
-        schema = trades_schema(self.settings)
-        self.session.add(Stream(name=TRADES, topic=topic_name(TRADES, self.settings),
-                                schema=schema.model_dump(mode="json")))
+        """Declare ``trades`` on a database that has no such stream yet (its topic is the events topic), and
+        make sure Redis holds the stream registry (see :meth:`sync_registry`)."""
+        if self.session.scalar(select(Stream.id).where(Stream.name == TRADES)) is None:
+            schema = trades_schema(self.settings)
+            self.session.add(Stream(name=TRADES, topic=topic_name(TRADES, self.settings),
+                                    schema=schema.model_dump(mode="json")))
+            try:
+                self.session.commit()
+            except IntegrityError:  # another process declared it meanwhile
+                self.session.rollback()
+        self.sync_registry()
+
+    def publish_registry(self) -> bool:
+        """Write every declared stream's schema to the registry; False (logged) when Redis did not answer."""
+        schemas = [self.schema_of(s) for s in self.session.scalars(select(Stream).order_by(Stream.name))]
+        space = (self.settings.redis_url, self.settings.redis_key())
         try:
-            self.session.commit()
-        except IntegrityError:  # another process declared it meanwhile
-            self.session.rollback()
+            version = publish_registry(_registry_client(self.settings), RedisKeys(self.settings), schemas)
+        except RedisError as exc:
+            _REGISTRY[space] = (False, time.monotonic())
+            log.warning("stream_registry_not_published", reason=f"{type(exc).__name__}: {exc}",
+                        retry_within_s=REGISTRY_CHECK_S)
+            return False
+        _REGISTRY[space] = (True, time.monotonic())
+        log.info("stream_registry_published", version=version, streams=len(schemas))
+        return True
+
+    def sync_registry(self) -> None:
+        """Publish the registry on this process's first use, after a failed write, or when Redis lost it (checked at
+        most every ``REGISTRY_CHECK_S``)."""
+        space = (self.settings.redis_url, self.settings.redis_key())
+        written, checked = _REGISTRY.get(space, (False, -REGISTRY_CHECK_S))
+        if written and time.monotonic() - checked < REGISTRY_CHECK_S:
+            return
+        if not written and space in _REGISTRY and time.monotonic() - checked < REGISTRY_CHECK_S:
+            return  # Redis failed lately: retry later, not on every call
+        if written:
+            try:
+                present = bool(_registry_client(self.settings).exists(RedisKeys(self.settings).streams_version))
+            except RedisError:
+                present = False
+            if present:
+                _REGISTRY[space] = (True, time.monotonic())
+                return
+        self.publish_registry()
 
     def streams(self) -> list[Stream]:
         self.ensure_builtin()
@@ -173,6 +249,7 @@ class StreamService:
             raise
         self.session.commit()
         log.info("stream_created", stream=schema.name, topic=stream.topic)
+        self.publish_registry()
         return stream
 
     def used_by(self, name: str) -> dict[str, set[str]]:
@@ -188,6 +265,7 @@ class StreamService:
         stream.version += 1
         self.session.commit()
         log.info("stream_changed", stream=name, version=stream.version)
+        self.publish_registry()
         return stream
 
     def add_attribute(self, name: str, attribute: Attribute) -> Stream:
@@ -216,6 +294,7 @@ class StreamService:
         self.session.delete(stream)
         self.session.commit()
         log.info("stream_deleted", stream=name)
+        self.publish_registry()
 
     # -- publisher tokens --------------------------------------------------------------------------------------
 

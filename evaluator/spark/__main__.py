@@ -9,6 +9,11 @@ running after ``evaluator_stop_timeout_s`` (less a margin) is interrupted. From 
 start (``evaluator:starts``, for the dead man's switch's restart rule) and beats a
 heartbeat into ``stats:evaluator`` every second, so that "down" and "starting"
 can be told apart (``core.evaluator_status``).
+
+Streams: the query started here is ``trades``' (today's query; its failure fails the job). Every other
+declared stream gets a query of its own from the stream supervisor
+(``evaluator.spark.supervisor``), which reads the stream registry every ``TOCSIN_STREAM_REFRESH_S``;
+a stopping job stops them all between batches too (docs/evaluator-streams.md).
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
 from evaluator.spark.job import build_query
+from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session
 from evaluator.spark.source import stop_file
+from evaluator.spark.supervisor import StreamSupervisor
 from ingest.kafka import ensure_topics
 
 log = structlog.get_logger("evaluator")
@@ -116,7 +123,7 @@ def main() -> None:
     _record_start(stats, keys)
     beating = threading.Thread(target=_heartbeat, args=(stats, keys.evaluator_stats, stop), daemon=True)
     beating.start()
-    spark = query = None
+    spark = query = supervisor = None
     try:
         serve_metrics(settings.metrics_port_evaluator)
         ensure_topics(settings)
@@ -128,13 +135,14 @@ def main() -> None:
         query = build_query(spark, settings)
         log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path),
                  trigger=settings.trigger_interval, max_records_per_batch=settings.source_max_records_per_trigger)
-        _follow(query, stats, keys, stop)
+        supervisor = StreamSupervisor(spark, settings, RegistryReader(stats, keys, settings), build_query)
+        _follow(query, stats, keys, stop, supervisor, settings.stream_refresh_s)
     finally:
         stop.set()
         # Spark's own stop could hang (a JVM under memory pressure, a stuck task): it runs on a thread we
         # wait for only until shortly before the runner's timeout, so the log always says how the stop ended.
         stopper = threading.Thread(target=_shut_down_logged, daemon=True, args=(
-            spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S))
+            spark, query, stopping, settings.evaluator_stop_timeout_s - STOP_MARGIN_S, supervisor))
         stopper.start()
         stopper.join(max(settings.evaluator_stop_timeout_s - STOP_MARGIN_S / 3, 1.0))
         if stopper.is_alive():
@@ -143,30 +151,42 @@ def main() -> None:
         log.info("evaluator_stopped")
 
 
-def _shut_down_logged(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects
+def _shut_down_logged(spark, query, stopping, wait_s: float, supervisor=None) -> None:  # noqa: ANN001 - py4j-backed objects
     try:
-        _shut_down(spark, query, stopping, wait_s)
+        _shut_down(spark, query, stopping, wait_s, supervisor)
     except Exception as exc:  # noqa: BLE001 - e.g. the JVM was killed with us: nothing left to stop
         log.warning("evaluator_stop_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _shut_down(spark, query, stopping, wait_s: float) -> None:  # noqa: ANN001 - py4j-backed objects
-    """Stop the query between batches (or interrupt it after ``wait_s``), then the SparkContext."""
-    if query is not None and query.isActive:
+def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None:  # noqa: ANN001 - py4j-backed objects
+    """Stop the queries between batches (or interrupt them after ``wait_s``), then the SparkContext."""
+    queries = [q for q in [query, *(supervisor.queries().values() if supervisor else ())] if q is not None]
+    if any(q.isActive for q in queries):
         stopping.parent.mkdir(parents=True, exist_ok=True)
-        stopping.touch()
-        if not _stop_between_batches(query, time.monotonic() + max(wait_s, 1.0)):
-            log.warning("evaluator_batch_interrupted", reason="the batch under way outlived the stop timeout; "
-                                                              "it is evaluated again on restart")
-        query.stop()
+        stopping.touch()  # every query's source offers nothing more
+        deadline = time.monotonic() + max(wait_s, 1.0)
+        for each in queries:
+            if not _stop_between_batches(each, deadline):
+                log.warning("evaluator_batch_interrupted", query=each.name,
+                            reason="the batch under way outlived the stop timeout; it is evaluated again on restart")
+            each.stop()
     if spark is not None:
         spark.stop()
 
 
-def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event) -> None:
-    """Publish each micro-batch's progress until stopped; raise if the query failed."""
+def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event,
+            supervisor: StreamSupervisor | None = None, refresh_s: float = 2.0) -> None:
+    """Publish each micro-batch's progress until stopped, and let the supervisor follow the stream registry every
+    ``refresh_s``; raise if the (trades) query failed."""
     last_batch = -1
-    while not stop.wait(1.0) and query.isActive:
+    polled = float("-inf")
+    while not stop.wait(min(1.0, refresh_s)) and query.isActive:
+        if supervisor is not None and time.monotonic() - polled >= refresh_s:
+            polled = time.monotonic()
+            try:
+                supervisor.poll()
+            except Exception as exc:  # noqa: BLE001 - the other streams' trouble must not stop trades'
+                log.warning("stream_supervisor_failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         totals = stats.hgetall(keys.evaluator_stats)
         for name, gauge in TOTALS.items():
             gauge.set(float(totals.get(name.encode(), 0)))

@@ -22,14 +22,19 @@ from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.catalog import UNREADABLE, Catalog
 from evaluator.preview import PreviewRequest
+from evaluator.streams import StreamCatalogs, StreamShape
 
 log = structlog.get_logger("evaluator")
 _UNREPORTED = object()  # a new worker writes its first view (a restarted job may have left a mark)
 #: How often a stuck worker rewrites its mark (with ``seen_at``): another worker's clearing, or a restart, cannot
 #: hide that this one is still stuck for longer than that, and a mark nobody rewrites is known to be left over.
 REASSERT_S = 5.0
+#: The field of ``stats:evaluator`` listing subscriptions no stream query evaluates, and why (at most REFUSALS_SHOWN).
+NOT_EVALUATED = "subscriptions_not_evaluated"
+REFUSALS_SHOWN = 100
 
 
 @dataclass(frozen=True)
@@ -90,10 +95,13 @@ class CatalogSource:
         self._reported: object = _UNREPORTED  # the problem last written to the stats, by this worker
         self._stuck_since: float | None = None  # when this worker found itself stuck (unix seconds)
         self._asserted = 0.0  # when it last wrote its mark
-        self._answered: dict[tuple[int, str], float] = {}  # (shard, request) -> when, in this worker
+        self._answered: dict[tuple[str, int, str], float] = {}  # (stream, shard, request) -> when, in this worker
+        self._shares = StreamCatalogs(keep=self.keep)
+        self._refusals_logged: dict[int, str] = {}
 
-    def previews(self, shard: int) -> list[tuple[str, PreviewRequest]]:
-        """Preview requests still waited for that ``shard`` has not answered in this worker, by request id."""
+    def previews(self, shard: int, stream: str = TRADES) -> list[tuple[str, PreviewRequest]]:
+        """Preview requests on ``stream`` still waited for that ``shard`` (of that stream's query) has not answered
+        in this worker, by request id."""
         now = time.time()
         raw: dict[bytes, bytes] = self.redis.hgetall(self.keys.previews)  # type: ignore[assignment]  # bytes: no decode_responses
         self._answered = {k: at for k, at in self._answered.items() if now - at < 2 * self.preview_max_age_s}
@@ -107,9 +115,11 @@ class CatalogSource:
                 log.warning("malformed_preview_request_dropped", request_id=request_id,
                             reason=f"{type(exc).__name__}: {exc}")
                 continue
-            if now - request.at > self.preview_max_age_s or (shard, request_id) in self._answered:
+            if request.condition.stream != stream:
+                continue  # the query of the stream the condition names answers it
+            if now - request.at > self.preview_max_age_s or (stream, shard, request_id) in self._answered:
                 continue
-            self._answered[(shard, request_id)] = now
+            self._answered[(stream, shard, request_id)] = now
             pending.append((request_id, request))
         return pending
 
@@ -121,6 +131,20 @@ class CatalogSource:
             self._catalog = reached.catalog
             self._report(reached)
         return self._catalog
+
+    def share(self, stream: str = TRADES, shape: StreamShape | None = None) -> Catalog:
+        """The current catalog's subscriptions on ``stream`` that its query can evaluate exactly (see
+        ``evaluator.streams``); the others are logged once per reason."""
+        share = self._shares.share(self.current(), stream, shape)
+        refused = self._shares.refused
+        if refused != self._refusals_logged:
+            for sid, reason in refused.items():
+                if self._refusals_logged.get(sid) != reason:
+                    log.warning("subscription_not_evaluated", subscription_id=sid, stream=stream, reason=reason)
+            self._refusals_logged = dict(refused)
+            shown = dict(sorted(refused.items())[:REFUSALS_SHOWN])  # for operators: which, and why
+            self.redis.hset(self.keys.evaluator_stats, NOT_EVALUATED, json.dumps(shown))
+        return share
 
     def _report(self, reached: Reach) -> None:
         """Tell the dead man's switch (``web.watchdog``, rule ``catalog``) that edits no longer reach evaluation,

@@ -20,10 +20,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.stream_names import TRADES
+from core.streams import StreamSchema, topic_name
 from evaluator.spark.operator import ShardProcessor
-from evaluator.spark.parse import PANES_SCHEMA, PaneParser
+from evaluator.spark.parse import PANES_SCHEMA, PaneParser, panes_schema
+from evaluator.spark.registry import checkpoint_of, query_attributes, shape_of
 from evaluator.spark.sink import TRANSITIONS_SCHEMA, RedisAlertSink
 from evaluator.spark.source import SOURCE_NAME, stop_file
+from evaluator.spark.stream_parse import StreamPaneParser
 from ingest.kafka import new_consumer, partitions_of
 
 
@@ -60,8 +64,9 @@ def _worker_pool(spark: SparkSession, name: str | None) -> Iterator[None]:
         environment.pop(POOL_VARIABLE, None)
 
 
-def source_options(settings: Settings) -> dict[str, str]:
-    """The Kafka source's options: each micro-batch takes what arrived, up to the admission cap.
+def source_options(settings: Settings, topic: str | None = None) -> dict[str, str]:
+    """The Kafka source's options (of ``topic``, default the events topic): each micro-batch takes what arrived, up
+    to the admission cap.
 
     The cap (``TOCSIN_SOURCE_MAX_RECORDS_PER_TRIGGER``) matters only with a backlog (a restart, a
     burst): it drains in batches that large, each amortising Spark's fixed cost per batch, instead of
@@ -69,7 +74,7 @@ def source_options(settings: Settings) -> dict[str, str]:
     """
     options = {
         "bootstrap": settings.kafka_bootstrap,
-        "topic": settings.events_topic,
+        "topic": topic or settings.events_topic,
         "requestTimeoutMs": str(settings.kafka_request_timeout_ms),
         "maxRecordBytes": str(settings.max_record_bytes),
         "keepBytes": str(settings.dead_letter_raw_bytes),
@@ -83,28 +88,42 @@ def source_options(settings: Settings) -> dict[str, str]:
     return options
 
 
-def build_query(spark: SparkSession, settings: Settings) -> StreamingQuery:
+def query_name(stream: str) -> str:
+    return "tocsin-evaluator" if stream == TRADES else f"tocsin-stream-{stream}"
+
+
+def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | None = None) -> StreamingQuery:
+    """The query of one stream: ``trades`` (``schema`` None or trades': today's query, topic, checkpoint and parser)
+    or a declared stream (its topic, its checkpoint under ``streams/<name>``, its schema's parser and attributes,
+    its share of the catalog). Each stream's query has its own source, shards, watermark and checkpoint."""
+    stream = schema.name if schema is not None else TRADES
+    topic = topic_name(stream, settings)
     consumer = new_consumer(settings)
     try:
-        partitions = len(partitions_of(consumer, settings.events_topic))
+        partitions = len(partitions_of(consumer, topic))
     finally:
         consumer.close()
     shard_ids = shard_ids_for(spark, settings.evaluator_shards or settings.spark_shuffle_partitions)
-    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings))
+    if stream == TRADES or schema is None:
+        parser, rows_schema, shape, columns = PaneParser(settings, shard_ids), PANES_SCHEMA, None, None
+    else:
+        shape, columns = shape_of(schema), query_attributes(settings, schema)
+        parser, rows_schema = StreamPaneParser(settings, shard_ids, schema, columns), panes_schema(columns)
+    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings, topic))
     panes = (
         reader.load()
         .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256",
                 F.unix_millis(F.current_timestamp()).alias("now"))  # the batch's clock: the same on replay
-        .mapInPandas(PaneParser(settings, shard_ids), PANES_SCHEMA)
+        .mapInPandas(parser, rows_schema)
     )
     with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):
         transitions = panes.groupBy("shard").transformWithStateInPandas(
-            ShardProcessor(settings, partitions, shard_ids), TRANSITIONS_SCHEMA, "append", "None"
+            ShardProcessor(settings, partitions, shard_ids, shape, columns), TRANSITIONS_SCHEMA, "append", "None"
         )
     return (
-        transitions.writeStream.foreachBatch(RedisAlertSink(settings))
-        .option("checkpointLocation", str(settings.checkpoint_path))
+        transitions.writeStream.foreachBatch(RedisAlertSink(settings, stream))
+        .option("checkpointLocation", str(checkpoint_of(settings, stream)))
         .trigger(processingTime=settings.trigger_interval)
-        .queryName("tocsin-evaluator")
+        .queryName(query_name(stream))
         .start()
     )

@@ -31,18 +31,24 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from core.settings import Settings
+from core.stream_names import TRADES
+from evaluator.evolution import widened_delta, widened_snapshot
 from evaluator.preview import PreviewAnswer
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows, shard_of
+from evaluator.spark.registry import checkpoint_of
 from evaluator.spark.sink import clock_record
+from evaluator.streams import StreamShape
 from ingest.model import ATTRIBUTES
 
 PREVIEW_ANSWER_TTL_S = 60
 
-#: Each worker process's copies of the shards it has run, by (checkpoint, shard id), least recently used first.
-_SHARDS: dict[tuple[str, int], ShardEvaluator] = {}
+#: Each worker process's copies of the shards it has run, by (checkpoint, shard id, attributes), least recently
+#: used first (a stream whose attributes changed restarts its query on the same checkpoint: its old copies are
+#: not reused).
+_SHARDS: dict[tuple[str, int, tuple[str, ...]], ShardEvaluator] = {}
 _SHARDS_KEPT = 16
 
 
@@ -53,11 +59,18 @@ def _owned(shard: int, shard_ids: tuple[int, ...], key: str) -> bool:
 class ShardProcessor(StatefulProcessor):
     """transformWithStateInPandas keyed by shard: one :class:`ShardEvaluator` per shard."""
 
-    def __init__(self, settings: Settings, partitions: int, shard_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, settings: Settings, partitions: int, shard_ids: tuple[int, ...] = (),
+                 stream: StreamShape | None = None, columns: tuple[str, ...] | None = None) -> None:
+        """``stream``: a declared stream's shape (None: ``trades``, today's query, its checkpoint
+        ``settings.checkpoint_path``); its shards evaluate the subscriptions on that stream only. ``columns``: the
+        pane rows' attributes (default the stream's)."""
         self.settings = settings
         self.shard_ids = shard_ids  # the parser's hash partitioning: which keys each shard owns (NO DATA)
+        self.stream = stream
+        self.stream_name = stream.name if stream is not None else TRADES
+        self.checkpoint = str(checkpoint_of(settings, self.stream_name))
         self.config = ShardConfig(
-            attributes=ATTRIBUTES,
+            attributes=columns or (stream.attributes if stream is not None else ATTRIBUTES),
             pane_ms=settings.pane_ms,
             horizon_ms=settings.max_window_ms,
             delay_ms=settings.watermark_delay_ms,
@@ -77,17 +90,19 @@ class ShardProcessor(StatefulProcessor):
 
     def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[ShardEvaluator, str]:
         """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot."""
-        cached = _SHARDS.pop((str(self.settings.checkpoint_path), shard), None)
+        cached = _SHARDS.pop((self.checkpoint, shard, self.config.attributes), None)
         if cached is not None and base_epoch <= cached.epoch <= epoch:
             evaluator, how = cached, "cached" if cached.epoch == epoch else "caught_up"
         else:
             base = self.base.get() if self.base.exists() else None
-            evaluator = ShardEvaluator.from_snapshot(self.config, base[0]) if base else ShardEvaluator(self.config)
+            width = len(self.config.attributes)  # state written before the stream gained attributes is widened
+            evaluator = (ShardEvaluator.from_snapshot(self.config, widened_snapshot(base[0], width)) if base
+                         else ShardEvaluator(self.config))
             evaluator.epoch, how = base_epoch, "rebuilt"
         for missed in range(evaluator.epoch + 1, epoch + 1):
             entry = self.log.getValue((missed,))
             assert entry is not None, f"shard {shard}: batch {missed} is missing from the change log"
-            evaluator.replay(Delta.from_bytes(entry[0]))
+            evaluator.replay(widened_delta(Delta.from_bytes(entry[0]), len(self.config.attributes)))
         evaluator.epoch = epoch
         return evaluator, how
 
@@ -109,7 +124,9 @@ class ShardProcessor(StatefulProcessor):
         progress = {int(p): int(t) for p, t in newest.items()}
         stats = BatchStats()
         source = shared_catalog_source(self.settings)
-        transitions, delta = evaluator.step(pane_rows(frame[~is_progress]), progress, source.current(), stats)
+        catalog = source.share(self.stream_name, self.stream)
+        transitions, delta = evaluator.step(pane_rows(frame[~is_progress], self.config.attributes), progress, catalog,
+                                            stats)
         evaluated = time.perf_counter()
 
         epoch += 1
@@ -122,7 +139,7 @@ class ShardProcessor(StatefulProcessor):
             self.log.updateValue((epoch,), (delta.to_bytes(),))
         self.clock.update((epoch, base_epoch))
         evaluator.epoch = epoch
-        _SHARDS[(str(self.settings.checkpoint_path), shard)] = evaluator
+        _SHARDS[(self.checkpoint, shard, self.config.attributes)] = evaluator
         while len(_SHARDS) > _SHARDS_KEPT:  # copies of queries that stopped would otherwise stay forever
             del _SHARDS[next(iter(_SHARDS))]
         persisted = time.perf_counter()
@@ -144,16 +161,18 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrbyfloat(keys.evaluator_stats, "restore_state_ms_total", round((opened - started) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
-        self._answer_previews(source, shard, evaluator)
+        self._answer_previews(source, shard, evaluator, self.stream_name)
         records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append(clock_record(shard, evaluator.evaluated_at or 0))
         yield pd.DataFrame.from_records(records)
 
-    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator) -> None:
-        """Answer the web app's condition previews this shard has not answered yet (see ``web.conditions``)."""
+    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator,
+                         stream: str = TRADES) -> None:
+        """Answer the web app's condition previews on ``stream`` (this query's) this shard has not answered yet
+        (see ``web.conditions``)."""
         keys = source.keys
-        for request_id, request in source.previews(shard):
+        for request_id, request in source.previews(shard, stream):
             answer = PreviewAnswer.of(shard, *evaluator.preview(request.condition, request.keys))
             pipe = source.redis.pipeline()
             pipe.rpush(keys.preview_answers(request_id), answer.to_json())

@@ -27,16 +27,30 @@ from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
 from ingest.model import ATTRIBUTES, MAX_TS, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
-STAT_FIELDS = ("count", *(f"{stat}_{a}" for a in ATTRIBUTES for stat in ("sum", "min", "max")))
-EVENT_FIELDS = ("event_ts", *(f"event_{a}" for a in ATTRIBUTES))  # the pane's events, for QUANTILE and LAST
 
-PANES_SCHEMA = (
-    "shard long, key string, pane_start long, count long, "
-    + ", ".join(f"{f} double" for f in STAT_FIELDS[1:])
-    + ", event_ts array<long>, "
-    + ", ".join(f"event_{a} array<double>" for a in ATTRIBUTES)
-    + ", partition int, progress long"
-)
+def stat_fields(attributes: tuple[str, ...]) -> tuple[str, ...]:
+    return ("count", *(f"{stat}_{a}" for a in attributes for stat in ("sum", "min", "max")))
+
+
+def event_fields(attributes: tuple[str, ...]) -> tuple[str, ...]:
+    """The pane's events, for QUANTILE and LAST."""
+    return ("event_ts", *(f"event_{a}" for a in attributes))
+
+
+def panes_schema(attributes: tuple[str, ...]) -> str:
+    """The pane rows' Spark schema for a stream of ``attributes`` (``PANES_SCHEMA`` for ``trades``)."""
+    return (
+        "shard long, key string, pane_start long, count long, "
+        + ", ".join(f"{f} double" for f in stat_fields(attributes)[1:])
+        + ", event_ts array<long>, "
+        + ", ".join(f"event_{a} array<double>" for a in attributes)
+        + ", partition int, progress long"
+    )
+
+
+STAT_FIELDS = stat_fields(ATTRIBUTES)
+EVENT_FIELDS = event_fields(ATTRIBUTES)
+PANES_SCHEMA = panes_schema(ATTRIBUTES)
 NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
 
 
@@ -115,6 +129,9 @@ class PaneParser:
     the replay's alerts would differ from those already written.) A backlog read late is
     judged against the time it is read, never refused for being old.
     """
+
+    #: The attributes of the pane rows (a stream's parser, ``evaluator.spark.stream_parse``, has its own).
+    attributes: tuple[str, ...] = ATTRIBUTES
 
     def __init__(self, settings: Settings, shard_ids: tuple[int, ...], *, vectorised: bool = True) -> None:
         self.settings = settings
@@ -234,13 +251,15 @@ class PaneParser:
 
     def _frame(self, events: pd.DataFrame | list[tuple], progress: dict[int, int]) -> pd.DataFrame:
         """Pane rows of ``events`` (key, ts, *ATTRIBUTES, in arrival order) and progress rows for every shard."""
-        columns = ["shard", "key", "pane_start", *STAT_FIELDS, *EVENT_FIELDS, "partition", "progress"]
+        attributes = self.attributes
+        stats, events_fields = stat_fields(attributes), event_fields(attributes)
+        columns = ["shard", "key", "pane_start", *stats, *events_fields, "partition", "progress"]
         parts: list[pd.DataFrame] = []
         if len(events):
             df = events if isinstance(events, pd.DataFrame) else pd.DataFrame.from_records(
-                events, columns=["key", "ts", *ATTRIBUTES])
+                events, columns=["key", "ts", *attributes])
             panes = self._panes(df["key"].to_numpy(dtype=object), df["ts"].to_numpy(dtype=np.int64),
-                                {a: df[a].to_numpy(dtype=np.float64) for a in ATTRIBUTES})
+                                {a: df[a].to_numpy(dtype=np.float64) for a in attributes})
             panes["partition"] = NO_PARTITION
             panes["progress"] = 0
             parts.append(panes)
@@ -252,8 +271,8 @@ class PaneParser:
                 "key": "",
                 "pane_start": 0,
                 "count": 0,
-                **dict.fromkeys(STAT_FIELDS[1:], 0.0),
-                **{f: [np.empty(0)] * (n * len(partitions)) for f in EVENT_FIELDS},
+                **dict.fromkeys(stats[1:], 0.0),
+                **{f: [np.empty(0)] * (n * len(partitions)) for f in events_fields},
                 "partition": np.tile(partitions, n),
                 "progress": np.tile(newest, n),
             }))
@@ -282,18 +301,20 @@ class PaneParser:
         group = np.repeat(np.arange(len(first)), ends - first)
         pane_keys = np.asarray(uniques, dtype=object)[codes[first]]
         shards = np.array([shard_of(k, self.shard_ids) for k in uniques], dtype=np.int64)  # per key, not per pane
-        sums = pd.DataFrame(values).groupby(group, sort=False).sum()
+        sums = pd.DataFrame(values).groupby(group, sort=False).sum()  # NaN (a missing optional value) skipped
         panes = pd.DataFrame({"key": pane_keys, "pane_start": pane[first], "count": ends - first})
-        for a in ATTRIBUTES:
+        for a in self.attributes:
             panes[f"sum_{a}"] = sums[a].to_numpy()
-            panes[f"min_{a}"] = np.minimum.reduceat(values[a], first)
-            panes[f"max_{a}"] = np.maximum.reduceat(values[a], first)
+            # fmin/fmax skip a missing optional value; a pane with none of it holds 0 (see evaluator.streams)
+            panes[f"min_{a}"] = np.nan_to_num(np.fmin.reduceat(values[a], first), nan=0.0)
+            panes[f"max_{a}"] = np.nan_to_num(np.fmax.reduceat(values[a], first), nan=0.0)
+        values = {a: np.nan_to_num(v, nan=0.0) for a, v in values.items()}
         if self.settings.quantile_max_window_ms or self.settings.tuple_max_events:  # every event: quantiles, tuples
             offsets = pa.array(np.r_[first, len(ts)].astype(np.int32))
         else:  # only the newest event of each pane, for LAST
             ts, values = ts[ends - 1], {a: v[ends - 1] for a, v in values.items()}
             offsets = pa.array(np.arange(len(first) + 1, dtype=np.int32))
-        for field, column in zip(EVENT_FIELDS, (ts, *values.values()), strict=True):
+        for field, column in zip(event_fields(self.attributes), (ts, *values.values()), strict=True):
             panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
         panes["shard"] = shards[codes[first]]
         return panes
@@ -303,18 +324,19 @@ def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
     return np.concatenate(lists.to_list()).astype(dtype) if len(lists) else np.empty(0, dtype=dtype)
 
 
-def pane_rows(frame: pd.DataFrame) -> PaneRows:
+def pane_rows(frame: pd.DataFrame, attributes: tuple[str, ...] = ATTRIBUTES) -> PaneRows:
+    """The pane rows of a parser's output frame (``panes_schema(attributes)``)."""
     lengths = np.fromiter((len(v) for v in frame["event_ts"]), dtype=np.int64, count=len(frame))
     return PaneRows(
         frame["key"].to_numpy(dtype=object),
         frame["pane_start"].to_numpy(dtype=np.int64),
         frame["count"].to_numpy(dtype=np.int64),
-        np.vstack([frame[f"sum_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
-        np.vstack([frame[f"min_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
-        np.vstack([frame[f"max_{a}"].to_numpy(dtype=np.float64) for a in ATTRIBUTES]),
+        np.vstack([frame[f"sum_{a}"].to_numpy(dtype=np.float64) for a in attributes]),
+        np.vstack([frame[f"min_{a}"].to_numpy(dtype=np.float64) for a in attributes]),
+        np.vstack([frame[f"max_{a}"].to_numpy(dtype=np.float64) for a in attributes]),
         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         _flat(frame["event_ts"], np.int64),
-        np.vstack([_flat(frame[f"event_{a}"], np.float64) for a in ATTRIBUTES]).reshape(len(ATTRIBUTES), -1),
+        np.vstack([_flat(frame[f"event_{a}"], np.float64) for a in attributes]).reshape(len(attributes), -1),
     )
 
 

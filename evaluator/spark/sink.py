@@ -23,6 +23,7 @@ from redis.typing import EncodableT, FieldT
 from core.redis_client import make_redis, run_script
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.transition import KINDS, STATES, Transition
 
 TRANSITIONS_SCHEMA = (
@@ -38,9 +39,20 @@ def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
             "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
 
 
-def evaluated_through(stats: dict[str, str], shards: int) -> int | None:
-    """The last boundary every shard has evaluated and stored, from the clocks the sink writes."""
-    clocks = shard_clocks(stats)
+def stream_stat(stream: str, field: str) -> str:
+    """A field of ``stats:evaluator`` for a declared stream's query (``trades`` keeps the plain field names, which
+    readiness and the dashboards read): ``stream:<name>:<field>``."""
+    return field if stream == TRADES else f"stream:{stream}:{field}"
+
+
+def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) -> int | None:
+    """The last boundary every shard (of ``stream``'s query) has evaluated and stored, from the clocks the sink
+    writes."""
+    if stream == TRADES:
+        clocks = shard_clocks(stats)
+    else:
+        prefix = stream_stat(stream, "shard_")
+        clocks = [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
     return min(clocks) if len(clocks) == shards else None
 
 
@@ -152,7 +164,8 @@ class RedisAlertSink:
     STREAM_MAXLEN = 1_000_000
     CHUNK = 2_000
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stream: str = TRADES) -> None:
+        self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
         self.redis = make_redis(settings)
         claim_layout(self.redis, self.keys)  # alerts in partitions the dispatchers do not read: refuse
@@ -189,13 +202,14 @@ class RedisAlertSink:
         frame: pd.DataFrame = batch.toPandas()  # runs the whole micro-batch: not the sink's own time
         started = time.perf_counter()
         is_clock = frame["state"] == CLOCK_STATE
-        clocks: dict[FieldT, EncodableT] = {shard_clock_field(sid): int(at) for sid, at in
+        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(sid)): int(at) for sid, at in
                   zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
         pipe = self.redis.pipeline(transaction=False)
         calls = self._queue(pipe, frame_records(frame[~is_clock]))
         # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
         written = sum(int(n) for n in pipe.execute()[:calls]) if calls else 0
-        pipe.hset(self.keys.evaluator_stats, mapping={"last_batch_id": batch_id, "last_batch_at": time.time(), **clocks})
+        pipe.hset(self.keys.evaluator_stats, mapping={stream_stat(self.stream, "last_batch_id"): batch_id,
+                                                      stream_stat(self.stream, "last_batch_at"): time.time(), **clocks})
         pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
         pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
         pipe.execute()

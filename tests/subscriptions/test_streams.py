@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import redis
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
-from core.streams import TRADES
+from core.streams import TRADES, Attribute, StreamSchema
+from evaluator.spark.registry import decode_registry
 from ingest.kafka import topic_end_offsets
-from subscriptions import admin
+from subscriptions import admin, streams
 from subscriptions.db import session_factory
 from subscriptions.streams import PUBLISHER_PREFIX, StreamService
 from tests.users import api_client, new_user
@@ -101,3 +105,48 @@ def test_removing_a_used_attribute_is_refused_with_the_subscriptions(cli: Settin
                                            f"#{ids[2]} busy": set()}
         assert service.used_by("other") == {}
         assert service.get(TRADES).topic == cli.events_topic
+
+
+def _registry(settings: Settings) -> tuple[dict[str, dict], int]:
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = RedisKeys(settings)
+    raw = client.hgetall(keys.stream_schemas)
+    return {name: json.loads(payload) for name, payload in raw.items()}, int(client.get(keys.streams_version) or 0)
+
+
+def test_every_stream_change_rewrites_the_registry_the_evaluator_reads(settings: Settings) -> None:
+    with session_factory(settings.database_url)() as session:
+        service = StreamService(session, settings)
+        service.ensure_builtin()
+        schemas, first = _registry(settings)
+        assert set(schemas) == {TRADES} and first >= 1
+        hosts = StreamSchema(name="hosts", attributes=(Attribute(name="cpu"),), retention_ms=60_000, partitions=1)
+        service.create(hosts)
+        schemas, second = _registry(settings)
+        assert decode_registry({k: json.dumps(v) for k, v in schemas.items()})[0]["hosts"] == hosts
+        assert second > first
+        service.add_attribute("hosts", Attribute(name="mem", required=False))
+        schemas, third = _registry(settings)
+        assert [a["name"] for a in schemas["hosts"]["attributes"]] == ["cpu", "mem"] and third > second
+        service.delete("hosts")
+        schemas, fourth = _registry(settings)
+        assert set(schemas) == {TRADES} and fourth > third
+
+
+def test_streams_work_while_redis_is_down_and_the_registry_follows_once_it_answers(settings: Settings) -> None:
+    down = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})  # nothing listens on port 1
+    hosts = StreamSchema(name="hosts", attributes=(Attribute(name="cpu"),), retention_ms=60_000, partitions=1)
+    with session_factory(settings.database_url)() as session:
+        started = time.monotonic()
+        StreamService(session, down).create(hosts)  # the database is the truth: no error
+        assert time.monotonic() - started < 5
+        assert _registry(settings) == ({}, 0)
+        streams._REGISTRY.clear()  # a new process (or REGISTRY_CHECK_S later): the first use publishes
+        StreamService(session, settings).get("hosts")
+    assert set(_registry(settings)[0]) == {TRADES, "hosts"}
+    redis.Redis.from_url(settings.redis_url).delete(RedisKeys(settings).streams_version,
+                                                    RedisKeys(settings).stream_schemas)  # Redis lost its data
+    with session_factory(settings.database_url)() as session:
+        streams._REGISTRY[(settings.redis_url, settings.redis_key())] = (True, time.monotonic() - 60)
+        StreamService(session, settings).streams()
+    assert set(_registry(settings)[0]) == {TRADES, "hosts"}

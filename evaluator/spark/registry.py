@@ -1,0 +1,98 @@
+"""The stream registry as the evaluator's driver reads it: every declared stream's schema, from Redis.
+
+Written by ``subscriptions.streams.publish_registry`` (a hash name -> ``StreamSchema`` JSON, rewritten
+with a version counter in one transaction). :func:`decode_registry` is pure; :class:`RegistryReader`
+reads the hash only when the version moved. ``trades`` is always there: a deployment whose web
+app has not published yet (or a Redis that lost the registry) still evaluates it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from pydantic import ValidationError
+from redis import Redis, RedisError
+
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from core.stream_names import TRADES
+from core.streams import StreamSchema, trades_schema
+from evaluator.streams import StreamShape
+
+log = structlog.get_logger("evaluator")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def decode_registry(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> tuple[dict[str, StreamSchema], dict[str, str]]:
+    """The registry hash (name -> schema JSON) as schemas by name, and the reason for each entry it could not read."""
+    schemas: dict[str, StreamSchema] = {}
+    problems: dict[str, str] = {}
+    for name, payload in raw.items():
+        stream = _text(name)
+        try:
+            schema = StreamSchema.model_validate_json(payload)
+        except (ValidationError, ValueError) as exc:
+            problems[stream] = f"unreadable schema: {str(exc)[:300]}"
+            continue
+        if schema.name != stream:
+            problems[stream] = f"the schema under {stream!r} names the stream {schema.name!r}"
+            continue
+        schemas[stream] = schema
+    return schemas, problems
+
+
+def checkpoint_of(settings: Settings, stream: str) -> Path:
+    """A stream's query's checkpoint: ``trades`` keeps today's, every other stream one under ``streams/<name>``."""
+    return settings.checkpoint_path if stream == TRADES else settings.checkpoint_path / "streams" / stream
+
+
+def query_attributes(settings: Settings, schema: StreamSchema) -> tuple[str, ...]:
+    """The attribute columns of a stream's query: those its checkpoint's state was built with, then the schema's
+    new ones. A removed attribute keeps its column (always empty from then on), so state never has to shrink and
+    every compatible change keeps the stream's windows. Recorded beside the checkpoint."""
+    record = checkpoint_of(settings, schema.name) / "attributes.json"
+    before: list[str] = json.loads(record.read_text()) if record.exists() else []
+    columns = (*before, *(a for a in schema.attribute_names if a not in before))
+    if list(columns) != before:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(list(columns)))
+    return columns
+
+
+def shape_of(schema: StreamSchema) -> StreamShape:
+    return StreamShape(schema.name, schema.attribute_names,
+                       frozenset(a.name for a in schema.attributes if not a.required), schema.dimension_names)
+
+
+@dataclass
+class RegistryReader:
+    """Reads the registry when its version moved; keeps the last one read while Redis does not answer."""
+
+    redis: Redis
+    keys: RedisKeys
+    settings: Settings
+    version: int | None = None
+    schemas: dict[str, StreamSchema] | None = None
+
+    def read(self) -> dict[str, StreamSchema]:
+        """Every declared stream's schema (``trades`` always)."""
+        try:
+            raw_version = self.redis.get(self.keys.streams_version)
+            version = int(raw_version) if raw_version is not None else 0
+            if version != self.version or self.schemas is None:
+                schemas, problems = decode_registry(self.redis.hgetall(self.keys.stream_schemas))  # type: ignore[arg-type]
+                for stream, problem in problems.items():
+                    log.warning("stream_schema_unreadable", stream=stream, problem=problem)
+                self.version, self.schemas = version, schemas
+        except RedisError as exc:
+            log.warning("stream_registry_unreadable", reason=f"{type(exc).__name__}: {exc}")
+        schemas = dict(self.schemas or {})
+        schemas.setdefault(TRADES, trades_schema(self.settings))
+        return schemas

@@ -1,0 +1,120 @@
+"""Streams as the evaluator sees them: the registry's schemas, and each stream's share of the catalog.
+
+The web app and the admin CLI publish every declared stream's schema to Redis (the stream
+registry, ``subscriptions.streams.publish_registry``); the Spark adapter decodes it
+(``evaluator.spark.registry``) into the :class:`StreamShape` this pure code needs. Each stream has its own
+streaming query (``evaluator.spark.streams``), whose shards evaluate only the subscriptions
+whose ``Condition.stream`` names that stream: :class:`StreamCatalogs` derives that share of
+the catalog from the whole one, following the whole one's changes in time proportional to
+them (the share has the whole catalog's versions, so a shard's catch-up by
+``Catalog.changes_since`` works unchanged).
+
+Optional attributes. A record may omit an optional attribute: the parser takes a missing
+value as 0 in the pane's sum and events and leaves it out of the pane's min and max (0 when
+the pane has none), and COUNT(*) counts the record. So COUNT(*) and SUM of an optional
+attribute are exact; an aggregate that needs to know which events carried the value (AVG,
+MIN, MAX, LAST, QUANTILE, ...) is not, and :func:`refusal` keeps such subscriptions out of the
+stream's share (logged and counted), so the evaluator never alerts on a wrong value.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.stream_names import TRADES
+from evaluator.catalog import Catalog, CatalogChange
+from evaluator.spec import Condition, SubscriptionSpec
+
+#: Aggregates exact on an optional attribute whose missing values count as 0 (see the module doc).
+EXACT_ON_OPTIONAL = frozenset({"SUM"})
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """What the evaluator needs of a stream's schema (``core.streams.StreamSchema``; built by the Spark adapter)."""
+
+    name: str
+    attributes: tuple[str, ...]
+    optional: frozenset[str] = frozenset()
+    dimensions: tuple[str, ...] = ()
+
+
+def refusal(condition: Condition, schema: StreamShape | None) -> str | None:
+    """Why the stream's query cannot evaluate ``condition`` exactly (None: it can). ``schema`` None: ``trades``
+    before any registry was read (its conditions are checked against its attributes by the language)."""
+    if condition.where or condition.key_prefix is not None:
+        return "dimension filters and key prefixes are not evaluated yet (docs/evaluator-streams.md, limits)"
+    if schema is None:
+        return None
+    named = [(term.aggregate, term.attribute) for term in condition.terms if term.attribute]
+    if condition.percent_of:
+        named.append(("LAST", condition.percent_of))
+    for aggregate, attribute in named:
+        if attribute not in schema.attributes:
+            return f"stream {schema.name!r} has no attribute {attribute!r}"
+        if attribute in schema.optional and aggregate not in EXACT_ON_OPTIONAL:
+            return (f"{aggregate}({attribute}): {attribute!r} is optional on stream {schema.name!r}, and only "
+                    f"{', '.join(sorted(EXACT_ON_OPTIONAL))} and COUNT(*) are exact over events that may lack it")
+    dimensions = set(schema.dimensions)
+    unknown = [d for d, _ in condition.where if d not in dimensions]
+    if unknown:
+        return f"stream {schema.name!r} has no dimension {unknown[0]!r}"
+    return None
+
+
+def _on(spec: SubscriptionSpec, stream: str) -> bool:
+    return spec.condition.stream == stream
+
+
+@dataclass
+class StreamCatalogs:
+    """Each stream's share of the catalog, derived from the whole catalog and kept in step with it.
+
+    ``schema`` is the stream's (None for ``trades`` read before any registry: every condition on it is
+    taken as exact). Shares are cached by the whole catalog's version; a share follows the whole catalog's
+    changes one by one when it can, else is rebuilt from the whole catalog.
+    """
+
+    keep: int = 1_000
+    _shares: dict[tuple[str, StreamShape | None], tuple[int, Catalog]] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)  # subscription id -> why it is not evaluated
+
+    def share(self, whole: Catalog, stream: str, schema: StreamShape | None = None) -> Catalog:
+        held = self._shares.get((stream, schema))
+        if held is not None and held[0] == whole.version:
+            return held[1]
+        changes = whole.changes_since(held[1].version) if held is not None else None
+        if held is not None and changes is not None:
+            share = held[1]
+            for change in changes:
+                share = share.applied(self._filtered(change, stream, schema), self.keep)
+        else:
+            for sid in [sid for sid in self.refused if whole.get(sid) is None]:
+                del self.refused[sid]
+            share = Catalog(whole.version, [s for s in whole.subscriptions if self._admitted(s, stream, schema)])
+        self._shares[(stream, schema)] = (whole.version, share)
+        return share
+
+    def _admitted(self, spec: SubscriptionSpec, stream: str, schema: StreamShape | None) -> bool:
+        if not _on(spec, stream):
+            return False
+        reason = refusal(spec.condition, schema)
+        if reason is None:
+            self.refused.pop(spec.id, None)
+            return True
+        self.refused[spec.id] = reason
+        return False
+
+    def _filtered(self, change: CatalogChange, stream: str, schema: StreamShape | None) -> CatalogChange:
+        """``change`` as the stream's share sees it: upserts of other streams' (or refused) subscriptions are removals."""
+        for sid in change.removals:
+            self.refused.pop(sid, None)
+        kept = tuple(s for s in change.upserts if self._admitted(s, stream, schema))
+        dropped = tuple(s.id for s in change.upserts if s not in kept)
+        return CatalogChange(change.version, kept, (*change.removals, *dropped))
+
+
+def is_builtin(stream: str) -> bool:
+    return stream == TRADES

@@ -1,0 +1,69 @@
+"""The evaluator's view of streams (``evaluator.streams``): the registry decoder, and each stream's share of the
+catalog, followed change by change, against a rebuild from the whole catalog (the brute-force oracle)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from core.streams import Attribute, Dimension, StreamSchema
+from evaluator.catalog import Catalog, CatalogChange
+from evaluator.spark.registry import decode_registry, shape_of
+from evaluator.spec import SubscriptionSpec
+from evaluator.streams import StreamCatalogs, refusal
+from subscriptions.language import parse_condition
+
+SCHEMA = StreamSchema(name="hosts", attributes=(Attribute(name="price"), Attribute(name="volume", required=False)),
+                      dimensions=(Dimension(name="region"),), retention_ms=60_000, partitions=1)
+HOSTS = shape_of(SCHEMA)
+
+
+def test_decode_registry_keeps_what_it_can_read() -> None:
+    raw = {b"hosts": SCHEMA.model_dump_json().encode(), b"broken": b"{", b"other": SCHEMA.model_dump_json().encode()}
+    schemas, problems = decode_registry(raw)
+    assert schemas == {"hosts": SCHEMA}
+    assert set(problems) == {"broken", "other"} and "names the stream 'hosts'" in problems["other"]
+
+
+def test_refusal_names_what_cannot_be_exact() -> None:
+    on_hosts = {"stream": "hosts"}
+    assert refusal(dataclasses.replace(parse_condition("SUM(volume) OVER 5s > 1"), **on_hosts), HOSTS) is None
+    assert refusal(dataclasses.replace(parse_condition("COUNT(*) OVER 5s > 1"), **on_hosts), HOSTS) is None
+    assert refusal(dataclasses.replace(parse_condition("AVG(price) OVER 5s > 1"), **on_hosts), HOSTS) is None
+    assert "optional" in refusal(dataclasses.replace(parse_condition("MAX(volume) OVER 5s > 1"), **on_hosts), HOSTS)
+    assert "not evaluated yet" in refusal(
+        dataclasses.replace(parse_condition("SUM(price) OVER 5s > 1"), where=(("region", ("eu",)),)), None)
+
+
+CONDITIONS = [parse_condition(text) for text in ("COUNT(*) OVER 5s > 1", "SUM(volume) OVER 5s > 1",
+                                                  "MAX(volume) OVER 5s > 1", "AVG(price) OVER 5s > 1")]
+
+
+@st.composite
+def spec(draw: st.DrawFn) -> SubscriptionSpec:
+    condition = dataclasses.replace(draw(st.sampled_from(CONDITIONS)), stream=draw(st.sampled_from(["trades", "hosts"])))
+    return SubscriptionSpec(draw(st.integers(1, 8)), condition)
+
+
+@given(st.lists(st.tuples(st.lists(spec(), max_size=3), st.lists(st.integers(1, 8), max_size=2)), max_size=12),
+       st.integers(0, 12))
+@hypothesis_settings(max_examples=150, deadline=None)
+def test_a_stream_share_follows_the_whole_catalog(changes: list, read_every: int) -> None:
+    whole = Catalog.empty()
+    shares = StreamCatalogs(keep=5)
+    for step, (upserts, removals) in enumerate(changes, 1):
+        whole = whole.applied(CatalogChange(whole.version + 1, tuple({s.id: s for s in upserts}.values()),
+                                            tuple(removals)), keep=5)
+        if read_every and step % read_every:
+            continue
+        for stream, schema in (("trades", None), ("hosts", HOSTS)):
+            share = shares.share(whole, stream, schema)
+            expected = {s.id: s for s in whole.subscriptions if s.condition.stream == stream
+                        and refusal(s.condition, schema) is None}
+            assert share.version == whole.version
+            assert {s.id: s for s in share.subscriptions} == expected
+        assert shares.refused == {s.id: refusal(s.condition, HOSTS) for s in whole.subscriptions
+                                  if s.condition.stream == "hosts" and refusal(s.condition, HOSTS) is not None}

@@ -1,0 +1,123 @@
+"""A declared stream's parser and shard operator, batch by batch, with the state store held in memory (no Spark:
+what Spark adds -- the shuffle, the state store's files -- is tested in tests/evaluator/spark/test_streams.py).
+
+The query of a stream is restarted with a new optional attribute on the same state: its windows and firing
+state carry on (no second firing, no resolution) and the new attribute is aggregated from then on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import redis
+
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from core.streams import Attribute, Dimension, StreamSchema
+from evaluator.catalog import Catalog
+from evaluator.spark import operator
+from evaluator.spark.operator import ShardProcessor
+from evaluator.spark.registry import query_attributes, shape_of
+from evaluator.spark.stream_parse import StreamPaneParser
+from evaluator.spec import Condition, SubscriptionSpec
+from subscriptions.language import parse_condition
+from subscriptions.service import publish_catalog
+
+HOSTS = StreamSchema(name="hosts", attributes=(Attribute(name="cpu", min=0), Attribute(name="mem", min=0)),
+                     dimensions=(Dimension(name="region"),), retention_ms=60_000, partitions=1)
+WITH_DISK = HOSTS.model_copy(update={"attributes": (*HOSTS.attributes, Attribute(name="disk", required=False))})
+SHARDS = (0,)
+T0 = 1_700_000_000_000
+
+
+class _Value:
+    def __init__(self) -> None:
+        self.value: tuple | None = None
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple | None:
+        return self.value
+
+    def update(self, value: tuple) -> None:
+        self.value = value
+
+
+class _Map:
+    def __init__(self) -> None:
+        self.values: dict[tuple, tuple] = {}
+
+    def getValue(self, key: tuple) -> tuple | None:
+        return self.values.get(key)
+
+    def updateValue(self, key: tuple, value: tuple) -> None:
+        self.values[key] = value
+
+    def removeKey(self, key: tuple) -> None:
+        self.values.pop(key, None)
+
+
+class Handle:
+    """The state of one shard, as Spark's state store keeps it between batches and across restarts."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, Any] = {}
+
+    def getValueState(self, name: str, schema: object) -> _Value:
+        return self.states.setdefault(name, _Value())
+
+    def getMapState(self, name: str, key: object, value: object) -> _Map:
+        return self.states.setdefault(name, _Map())
+
+
+def on_hosts(text: str, **changes: object) -> Condition:
+    data = json.loads(json.dumps(parse_condition(text).to_dict()).replace('"price"', '"cpu"')
+                      .replace('"volume"', '"mem"'))
+    return Condition.from_dict({**data, "stream": "hosts", **changes})
+
+
+def batch(settings: Settings, schema: StreamSchema, records: list[dict], beat: int | None) -> pd.DataFrame:
+    """The parser's output for ``records`` (and a heartbeat at ``beat``) on the stream's one partition."""
+    values = [json.dumps(r).encode() for r in records]
+    if beat is not None:
+        values.append(json.dumps({"kind": "heartbeat", "partition": 0, "ts": beat}).encode())
+    raw = pd.DataFrame({"topic": "t", "partition": 0, "offset": range(len(values)), "value": pd.Series(values),
+                        "value_bytes": pd.Series([len(v) for v in values], dtype=object),
+                        "value_sha256": pd.Series([None] * len(values), dtype=object), "now": T0 + 600_000})
+    parser = StreamPaneParser(settings, SHARDS, schema, query_attributes(settings, schema))
+    parsed = parser.parse(raw)
+    return parser._frame(parsed.events(), parsed.progress)
+
+
+def run(processor: ShardProcessor, frame: pd.DataFrame) -> list[dict]:
+    out = pd.concat(list(processor.handleInputRows((0,), iter([frame]), None)), ignore_index=True)
+    return [r for r in out.to_dict("records") if r["state"] != "clock"]
+
+
+def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_state(settings: Settings,
+                                                                                     tmp_path: Any) -> None:
+    settings = settings.model_copy(update={"checkpoint_dir": tmp_path / "cp", "max_window_ms": 20_000})
+    client = redis.Redis.from_url(settings.redis_url)
+    busy = SubscriptionSpec(1, on_hosts("COUNT(*) OVER 5s >= 3"))
+    heavy = SubscriptionSpec(2, on_hosts("SUM(volume) OVER 5s > 100"))
+    disk = SubscriptionSpec(3, on_hosts("SUM(volume) OVER 5s > 10", attribute="disk"))
+    trades = SubscriptionSpec(4, parse_condition("COUNT(*) OVER 5s >= 1"))  # another stream's: never here
+    assert publish_catalog(client, RedisKeys(settings), Catalog(1, [busy, heavy, disk, trades]))
+    operator._SHARDS.clear()
+    handle = Handle()
+    first = ShardProcessor(settings, 1, SHARDS, shape_of(HOSTS), query_attributes(settings, HOSTS))
+    first.init(handle)
+    out = run(first, batch(settings, HOSTS, [{"key": "H1", "ts": T0 + i * 300, "cpu": 1, "mem": 40}
+                                             for i in range(5)], T0 + 4_000))
+    assert {(r["subscription_id"], r["key"], r["state"]) for r in out} == {(1, "H1", "firing"), (2, "H1", "firing")}
+
+    operator._SHARDS.clear()  # a restarted query on another worker: the state store only
+    second = ShardProcessor(settings, 1, SHARDS, shape_of(WITH_DISK), query_attributes(settings, WITH_DISK))
+    assert second.config.attributes == ("cpu", "mem", "disk")
+    second.init(handle)
+    out = run(second, batch(settings, WITH_DISK, [{"key": "H1", "ts": T0 + 4_000 + i * 300, "cpu": 1, "mem": 40,
+                                                   "disk": 6} for i in range(5)], T0 + 8_000))
+    assert [(r["subscription_id"], r["key"], r["state"], r["value"]) for r in out] == [(3, "H1", "firing", 24.0)]
+    # at +5 s the window [0, 5 s) holds the 5 earlier events (no disk: 0) and 4 later ones (6 each): 24
