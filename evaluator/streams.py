@@ -22,6 +22,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.stream_names import TRADES
 from evaluator.catalog import Catalog, CatalogChange
@@ -39,6 +40,12 @@ class StreamShape:
     attributes: tuple[str, ...]
     optional: frozenset[str] = frozenset()
     dimensions: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, schema: Any) -> StreamShape:
+        """From a ``core.streams.StreamSchema`` (duck-typed: the evaluator's pure code does not import it)."""
+        return cls(schema.name, tuple(schema.attribute_names),
+                   frozenset(a.name for a in schema.attributes if not a.required), tuple(schema.dimension_names))
 
 
 def refusal(condition: Condition, schema: StreamShape | None) -> str | None:

@@ -32,6 +32,7 @@ from core.settings import Settings
 from core.streams import StreamSchema
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import Condition, SubscriptionSpec
+from evaluator.streams import StreamShape, refusal
 from subscriptions.accounts import lock_owner
 from subscriptions.channel_kinds import UnknownKindError, endpoint_kind, secret_kinds
 from subscriptions.errors import FieldError, Forbidden, NotFound
@@ -200,6 +201,10 @@ def checked_condition(text: str, settings: Settings, stream: StreamSchema | None
     filtered = parse_filtered(text, stream)
     check_window(filtered.condition, settings.pane_ms, settings.max_window_ms, settings.quantile_max_window_ms,
                  settings.tuple_max_events)
+    # What the evaluator would leave out (and so never alert on) is refused here, not stored silently.
+    why = refusal(filtered.condition, StreamShape.of(stream) if stream is not None else None)
+    if why is not None:
+        raise ConditionError(f"not evaluated yet: {why}")
     return filtered
 
 

@@ -67,8 +67,7 @@ def query_attributes(settings: Settings, schema: StreamSchema) -> tuple[str, ...
 
 
 def shape_of(schema: StreamSchema) -> StreamShape:
-    return StreamShape(schema.name, schema.attribute_names,
-                       frozenset(a.name for a in schema.attributes if not a.required), schema.dimension_names)
+    return StreamShape.of(schema)
 
 
 @dataclass
