@@ -6,8 +6,8 @@ built-in ``trades`` stream is declared on first use of a new database and keeps
 ``settings.events_topic``, so everything reading that topic today is unchanged.
 
 A change to a declared stream goes through ``core.streams.check_compatible`` with
-the fields each subscription on the stream uses; until subscriptions name a
-stream, every subscription is on ``trades`` (:func:`stream_of`).
+the fields each subscription on the stream uses (:func:`fields_used`); a subscription's stream is
+its condition's (:func:`stream_of`, ``trades`` by default).
 
 Every change (and, in each process, the first use and any use after Redis lost the registry or was
 down) rewrites the *stream registry* in Redis (:func:`publish_registry`): the evaluator starts, stops
