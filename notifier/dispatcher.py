@@ -210,15 +210,19 @@ class Dispatcher:
         error = self.last_error.pop((partition, entry_id), None)
         reason = (f"not dispatched after {attempts} deliveries (dispatcher_max_deliveries "
                   f"{self.settings.dispatcher_max_deliveries}): {error or 'its dispatcher failed or died each time'}")
+        self._dead_letter(partition, entry_id, fields, reason)
+        UNDELIVERABLE.inc()
+        TRANSITIONS.labels("undeliverable").inc()
+        log.error("undeliverable_transition_dead_lettered", entry_id=entry_id, partition=partition, reason=reason)
+
+    def _dead_letter(self, partition: int, entry_id: str, fields: dict[str, str], reason: str) -> None:
+        """Move an entry to the partition's dead letters with ``reason`` and acknowledge it, in one transaction."""
         raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
         pipe = self.redis.pipeline(transaction=True)  # both keys in the partition's slot
         pipe.xadd(self.keys.alerts_dead_of(partition), {"entry_id": entry_id, "reason": reason, "entry": raw},
                   maxlen=HISTORY_LENGTH, approximate=True)
         pipe.xack(self.keys.alerts_stream_of(partition), NOTIFIER_GROUP, entry_id)
         pipe.execute()
-        UNDELIVERABLE.inc()
-        TRANSITIONS.labels("undeliverable").inc()
-        log.error("undeliverable_transition_dead_lettered", entry_id=entry_id, partition=partition, reason=reason)
 
     def _buffer(self, partition: int, entries: _Entries) -> int:
         """Add read or claimed entries to their groups; returns how many were new to the buffer."""
@@ -250,12 +254,7 @@ class Dispatcher:
             return alert
         except (KeyError, ValueError, TypeError, RecursionError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            raw = json.dumps(fields)[: self.settings.dead_letter_raw_bytes]
-            pipe = self.redis.pipeline(transaction=True)  # both keys in the partition's slot
-            pipe.xadd(self.keys.alerts_dead_of(partition), {"entry_id": entry_id, "reason": reason, "entry": raw},
-                      maxlen=HISTORY_LENGTH, approximate=True)
-            pipe.xack(self.keys.alerts_stream_of(partition), NOTIFIER_GROUP, entry_id)
-            pipe.execute()
+            self._dead_letter(partition, entry_id, fields, reason)
             TRANSITIONS.labels("malformed").inc()
             log.error("malformed_transition_dead_lettered", entry_id=entry_id, reason=reason)
             return None

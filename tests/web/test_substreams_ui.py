@@ -5,7 +5,6 @@ the evaluator does not evaluate yet is refused live."""
 
 from __future__ import annotations
 
-import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from core.settings import Settings
@@ -13,21 +12,9 @@ from evaluator.spec import Condition
 from ingest.kafka import ensure_topics
 from subscriptions.db import session_factory
 from subscriptions.models import Subscription
-from tests.users import PASSWORD, new_user
+from tests.users import new_user
+from tests.web.test_streams_ui import _sign_in, settings  # noqa: F401 - stream topics of the test's own
 from tests.web.test_ui import browser, page, server  # noqa: F401 - the browser, its page and a live server
-
-
-@pytest.fixture
-def settings(settings: Settings) -> Settings:
-    """Stream topics of this test's own (the broker is shared by the test session)."""
-    return settings.model_copy(update={"stream_topic_prefix": f"{settings.events_topic}.stream."})
-
-
-def _sign_in(browser_page: Page, url: str, email: str) -> None:
-    browser_page.goto(url + "/login")
-    browser_page.get_by_label("E-mail").fill(email)
-    browser_page.get_by_label("Password").fill(PASSWORD)
-    browser_page.get_by_role("button", name="Sign in").click()
 
 
 def test_a_subscriber_creates_a_subscription_on_a_declared_stream(
