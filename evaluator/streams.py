@@ -87,6 +87,7 @@ class StreamCatalogs:
     keep: int = 1_000
     _shares: dict[tuple[str, StreamShape | None], tuple[int, Catalog]] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)  # subscription id -> why it is not evaluated
+    _refused_on: dict[int, str] = field(default_factory=dict)  # subscription id -> the stream that refused it
 
     def share(self, whole: Catalog, stream: str, schema: StreamShape | None = None) -> Catalog:
         held = self._shares.get((stream, schema))
@@ -99,25 +100,34 @@ class StreamCatalogs:
                 share = share.applied(self._filtered(change, stream, schema), self.keep)
         else:
             for sid in [sid for sid in self.refused if whole.get(sid) is None]:
-                del self.refused[sid]
+                self._forget(sid)
             share = Catalog(whole.version, [s for s in whole.subscriptions if self._admitted(s, stream, schema)])
         self._shares[(stream, schema)] = (whole.version, share)
         return share
 
+    def _forget(self, sid: int) -> None:
+        self.refused.pop(sid, None)
+        self._refused_on.pop(sid, None)
+
     def _admitted(self, spec: SubscriptionSpec, stream: str, schema: StreamShape | None) -> bool:
         if not _on(spec, stream):
+            # Moved to another stream: a refusal this stream recorded is stale (the shares follow the same
+            # changes in any order, so the other stream may have admitted it already).
+            if self._refused_on.get(spec.id) == stream:
+                self._forget(spec.id)
             return False
         reason = refusal(spec.condition, schema)
         if reason is None:
-            self.refused.pop(spec.id, None)
+            self._forget(spec.id)
             return True
         self.refused[spec.id] = reason
+        self._refused_on[spec.id] = stream
         return False
 
     def _filtered(self, change: CatalogChange, stream: str, schema: StreamShape | None) -> CatalogChange:
         """``change`` as the stream's share sees it: upserts of other streams' (or refused) subscriptions are removals."""
         for sid in change.removals:
-            self.refused.pop(sid, None)
+            self._forget(sid)
         kept = tuple(s for s in change.upserts if self._admitted(s, stream, schema))
         dropped = tuple(s.id for s in change.upserts if s not in kept)
         return CatalogChange(change.version, kept, (*change.removals, *dropped))

@@ -48,6 +48,20 @@ def spec(draw: st.DrawFn) -> SubscriptionSpec:
     return SubscriptionSpec(draw(st.integers(1, 8)), condition)
 
 
+def test_a_refusal_is_forgotten_once_the_subscription_moves_to_a_stream_that_evaluates_it() -> None:
+    """Found by hypothesis in CI: the refusal was recorded by hosts' share after trades' share had admitted the
+    moved subscription, and stayed, so stats listed an evaluated subscription as not evaluated."""
+    shares, whole = StreamCatalogs(keep=5), Catalog.empty()
+    for stream in ("trades", "hosts"):
+        shares.share(whole, stream, HOSTS if stream == "hosts" else None)
+    refused = dataclasses.replace(parse_condition("MAX(volume) OVER 5s > 1"), stream="hosts")
+    whole = whole.applied(CatalogChange(1, (SubscriptionSpec(1, refused),), ()), keep=5)
+    whole = whole.applied(CatalogChange(2, (SubscriptionSpec(1, CONDITIONS[0]),), ()), keep=5)
+    for stream in ("trades", "hosts"):  # both shares catch up over both changes: trades' first
+        shares.share(whole, stream, HOSTS if stream == "hosts" else None)
+    assert shares.refused == {}
+
+
 @given(st.lists(st.tuples(st.lists(spec(), max_size=3), st.lists(st.integers(1, 8), max_size=2)), max_size=12),
        st.integers(0, 12))
 @hypothesis_settings(max_examples=150, deadline=None)
