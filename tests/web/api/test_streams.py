@@ -6,7 +6,11 @@ Real components throughout: the web app, Tansu, the database (SQLite and Postgre
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -248,10 +252,25 @@ def own_broker(settings: Settings, tmp_path) -> Iterator[tuple[Settings, object]
         broker.stop()
 
 
-def test_backpressure_answers_429_with_retry_after(own_broker: tuple[Settings, object],
-                                                   request: pytest.FixtureRequest) -> None:
-    import threading
+@dataclass
+class Stalled:
+    """A live web app whose Kafka stopped with a batch of two records in flight, unacknowledged."""
 
+    client: Any  # httpx.Client, signed in as an operator
+    publisher: dict[str, str]  # the publisher token's header
+    producer: Any  # the app's StreamProducer
+    waiting: threading.Thread  # the request holding the batch (answers 503 once the delivery timeout passes)
+    first: list  # its response, once it answered
+
+
+RECORD = {"key": "A", "ts": 1, "price": 1, "volume": 1}
+
+
+@contextmanager
+def stalled_producer(own_broker: tuple[Settings, object], request: pytest.FixtureRequest,
+                     publish_first: bool = False) -> Iterator[Stalled]:
+    """Serve the app on ``own_broker``, stop the broker (after one acknowledged batch if ``publish_first``) and
+    send a batch of two that stays in flight: the state backpressure is about."""
     import httpx
 
     from tests.servers import serving
@@ -263,23 +282,31 @@ def test_backpressure_answers_429_with_retry_after(own_broker: tuple[Settings, o
     ensure_topics(settings)
     _, token = new_user(settings, role="operator")
     app = create_app(settings)
-    record = {"key": "A", "ts": 1, "price": 1, "volume": 1}
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as client:
         client.headers["Authorization"] = f"Bearer {token}"
         created = client.post("/api/publisher-tokens", json={"name": "p", "streams": ["trades"]})
         publisher = {"Authorization": f"Bearer {created.json()['token']}"}
-        assert client.post("/api/streams/trades/events", json=[record], headers=publisher).status_code == 202
+        if publish_first:
+            assert client.post("/api/streams/trades/events", json=[RECORD], headers=publisher).status_code == 202
         broker.stop()  # type: ignore[attr-defined]  # nothing is acknowledged from now on
         first: list[httpx.Response] = []
         waiting = threading.Thread(target=lambda: first.append(
-            client.post("/api/streams/trades/events", json=[record, record], headers=publisher)))
+            client.post("/api/streams/trades/events", json=[RECORD, RECORD], headers=publisher)))
         waiting.start()
         producer = None
-        while producer is None or producer.in_flight[0] == 0:  # the first batch is in flight, unacknowledged
+        while producer is None or producer.in_flight[0] == 0:  # the batch is in flight, unacknowledged
             producer = app.state.stream_producer
             waiting.join(0.01)
             assert waiting.is_alive(), first[0].text
-        busy = client.post("/api/streams/trades/events", json=[record], headers=publisher)
+        yield Stalled(client, publisher, producer, waiting, first)
+
+
+def test_backpressure_answers_429_with_retry_after(own_broker: tuple[Settings, object],
+                                                   request: pytest.FixtureRequest) -> None:
+    with stalled_producer(own_broker, request, publish_first=True) as stalled:
+        client, publisher, producer, waiting, first = (stalled.client, stalled.publisher, stalled.producer,
+                                                       stalled.waiting, stalled.first)
+        busy = client.post("/api/streams/trades/events", json=[RECORD], headers=publisher)
         assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
         assert "retry after 1 s" in busy.json()["detail"]
         waiting.join()

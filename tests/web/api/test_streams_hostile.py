@@ -14,7 +14,7 @@ from core.settings import Settings
 from ingest.kafka import ensure_topics
 from tests.ingest.test_publisher import read_topic
 from tests.users import api_client, new_user
-from tests.web.api.test_streams import _publish, _token, limited, own_broker  # noqa: F401 - fixtures
+from tests.web.api.test_streams import _publish, _token, limited, own_broker, stalled_producer  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -53,40 +53,13 @@ def test_a_full_producer_refuses_before_judging_the_batch(own_broker: tuple[Sett
     (Judging 10,000 records takes a CPU core 0.2-0.5 s; while Kafka is away every retry paid it for its 429.)
     A broken body tells the order: refused (429) before it is parsed (422).
     """
-    import threading
-
-    import httpx
-
-    from tests.servers import serving
-    from web.app import create_app
-
-    settings, broker = own_broker
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in backpressure")
-    ensure_topics(settings)
-    _, token = new_user(settings, role="operator")
-    app = create_app(settings)
-    record = {"key": "A", "ts": 1, "price": 1, "volume": 1}
-    with serving(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        created = client.post("/api/publisher-tokens", json={"name": "p", "streams": ["trades"]})
-        publisher = {"Authorization": f"Bearer {created.json()['token']}"}
-        broker.stop()  # type: ignore[attr-defined]  # nothing is acknowledged from now on
-        first: list[httpx.Response] = []
-        waiting = threading.Thread(target=lambda: first.append(
-            client.post("/api/streams/trades/events", json=[record, record], headers=publisher)))
-        waiting.start()
-        producer = None
-        while producer is None or producer.in_flight[0] == 0:  # the first batch fills the producer
-            producer = app.state.stream_producer
-            waiting.join(0.01)
-            assert waiting.is_alive(), first[0].text
-        broken = client.post("/api/streams/trades/events", content=b"[" + b"1," * 1_000 + b"nope]",
-                             headers={**publisher, "Content-Type": "application/json"})
+    with stalled_producer(own_broker, request) as stalled:  # the first batch fills the producer
+        broken = stalled.client.post("/api/streams/trades/events", content=b"[" + b"1," * 1_000 + b"nope]",
+                                     headers={**stalled.publisher, "Content-Type": "application/json"})
         assert broken.status_code == 429, broken.text
         assert broken.headers["Retry-After"] == "1"
-        waiting.join()
-        assert first[0].status_code == 503
+        stalled.waiting.join()
+        assert stalled.first[0].status_code == 503
 
 
 def test_an_array_over_the_record_limit_is_refused_without_parsing_it_all(
