@@ -20,7 +20,7 @@ import struct
 import numpy as np
 
 from evaluator.panerows import PaneRows
-from evaluator.shard import Delta
+from evaluator.shard import Delta, join_parts, split_parts
 
 _RUNNING_PARTS = 8  # evaluator.panestore.RunningWindows.to_parts: meta, keys, ids, starts, counts, sums, mins, maxs
 
@@ -42,20 +42,6 @@ def widened_rows(rows: PaneRows, n: int) -> PaneRows:
 
 def widened_delta(delta: Delta, n: int) -> Delta:
     return dataclasses.replace(delta, rows=widened_rows(delta.rows, n))
-
-
-def _split(blob: bytes) -> list[bytes]:
-    (count,) = struct.unpack_from("<I", blob)
-    sizes = struct.unpack_from(f"<{count}Q", blob, 4)
-    offset, parts = 4 + 8 * count, []
-    for size in sizes:
-        parts.append(blob[offset : offset + size])
-        offset += size
-    return parts
-
-
-def _join(parts: list[bytes]) -> bytes:
-    return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
 
 
 def snapshot_attributes(blob: bytes) -> int:
@@ -86,9 +72,9 @@ def widened_snapshot(blob: bytes, n: int) -> bytes:
     """A shard snapshot with zero columns appended up to ``n`` attributes (the same bytes when it has ``n``)."""
     if snapshot_attributes(blob) == n:
         return blob
-    parts = _split(blob)
+    parts = split_parts(blob)
     running, (values, pending, meta) = parts[:-3], parts[-3:]
     if len(running) != _RUNNING_PARTS:
         raise ValueError(f"unexpected snapshot layout: {len(running)} parts of running windows")
-    return _join([*_widened_running(running, n), _widened_values(values, n),
+    return join_parts([*_widened_running(running, n), _widened_values(values, n),
                   widened_rows(PaneRows.from_bytes(pending), n).to_bytes(), meta])

@@ -281,6 +281,22 @@ def _key_order(flip: Flip) -> tuple:
     return flip[:4]
 
 
+def join_parts(parts: list[bytes]) -> bytes:
+    """A snapshot's framing: the part count, each part's length, then the parts."""
+    return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
+
+
+def split_parts(blob: bytes) -> list[bytes]:
+    """The parts :func:`join_parts` framed."""
+    (count,) = struct.unpack_from("<I", blob)
+    sizes = struct.unpack_from(f"<{count}Q", blob, 4)
+    offset, parts = 4 + 8 * count, []
+    for size in sizes:
+        parts.append(blob[offset : offset + size])
+        offset += size
+    return parts
+
+
 class ShardEvaluator:
     def __init__(self, config: ShardConfig) -> None:
         self.config = config
@@ -912,16 +928,11 @@ class ShardEvaluator:
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale,
                 "lifecycle": self.lifecycle.to_json()}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
-        return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
+        return join_parts(parts)
 
     @classmethod
     def from_snapshot(cls, config: ShardConfig, blob: bytes) -> ShardEvaluator:
-        (n,) = struct.unpack_from("<I", blob)
-        sizes = struct.unpack_from(f"<{n}Q", blob, 4)
-        offset, parts = 4 + 8 * n, []
-        for size in sizes:
-            parts.append(blob[offset : offset + size])
-            offset += size
+        parts = split_parts(blob)
         shard = cls(config)
         shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3])
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms,
