@@ -671,6 +671,35 @@ def short(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
+def start_stack(name: str) -> tuple[Path, Settings, Callable[[], None]]:
+    """A Tansu broker and a Redis on free ports in a fresh work directory, the settings for them, and their stop."""
+    work = Path(tempfile.mkdtemp(prefix=f"tocsin-{name}-"))
+    kafka_port, redis_port = free_port(), free_port()
+    broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
+    redis_server = start_redis(redis_port, work / "redis", work / "redis.log")
+    base = Settings(
+        kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
+        events_topic=f"{name}-events", dead_letter_topic=f"{name}-dead", event_partitions=4,
+        data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
+    )
+
+    def stop() -> None:
+        broker.stop()
+        redis_server.stop()
+
+    return work, base, stop
+
+
+def publish_feed(base: Settings, n_keys: int, rate: int, seconds: int) -> tuple[list[str], int, int, float]:
+    """Publish the benchmark's feed to ``base.events_topic``: its keys, start time, records and seconds taken."""
+    keys = key_names(n_keys)
+    start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
+    create_event_topic(base, base.events_topic)
+    total_rows, publish_s = publish(base, base.events_topic, stream(n_keys, rate, seconds, start_ms))
+    print(f"published {total_rows:,} records in {publish_s:.1f} s", file=sys.stderr, flush=True)
+    return keys, start_ms, total_rows, publish_s
+
+
 def main() -> None:
     default_cap = Settings.model_fields["source_max_records_per_trigger"].default
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -714,20 +743,8 @@ def main() -> None:
 
     load_before = psutil.getloadavg()
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    work = Path(tempfile.mkdtemp(prefix="tocsin-bench-pipeline-"))
-    kafka_port, redis_port = free_port(), free_port()
-    broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
-    redis_server = start_redis(redis_port, work / "redis", work / "redis.log")
-    base = Settings(
-        kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
-        events_topic="bench-events", dead_letter_topic="bench-dead", event_partitions=4,
-        data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
-    )
-    keys = key_names(args.keys)
-    start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
-    create_event_topic(base, base.events_topic)
-    total_rows, publish_s = publish(base, base.events_topic, stream(args.keys, args.rate, args.seconds, start_ms))
-    print(f"published {total_rows:,} records in {publish_s:.1f} s", file=sys.stderr, flush=True)
+    _, base, stop_stack = start_stack("bench")  # topics bench-events, bench-dead (the peers' table reads them)
+    keys, start_ms, total_rows, publish_s = publish_feed(base, args.keys, args.rate, args.seconds)
     churn_topic, churn_rows = "bench-churn", 0
     if args.churn:
         create_event_topic(base, churn_topic)
@@ -770,8 +787,7 @@ def main() -> None:
     finally:
         if spark is not None:
             spark.stop()
-        broker.stop()
-        redis_server.stop()
+        stop_stack()
     load_after = psutil.getloadavg()
     report(args, runs, results, peers, live, total_rows, publish_s, begun, load_before, load_after)
 

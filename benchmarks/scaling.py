@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,18 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.capacity import Costs, batch_rate, executor_us_per_event, measure, tables
 from benchmarks.pipeline import (
     SECOND,
-    WINDOWS,
     Row,
-    create_event_topic,
-    key_names,
-    publish,
+    publish_feed,
+    start_stack,
     stream,
     subscriptions,
     throughput_run,
 )
 from benchmarks.report import print_tables
 from core.settings import Settings
-from devstack.services import free_port, start_redis, start_tansu
 from devstack.spark_cluster import SparkCluster
 from evaluator.catalog import Catalog
 from evaluator.shard import group_subscriptions
@@ -108,30 +104,17 @@ def main() -> None:
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = psutil.getloadavg()
     costs = measure(args.quick)  # before any JVM starts: one core, nothing else of ours running
-    work = Path(tempfile.mkdtemp(prefix="tocsin-bench-scaling-"))
-    kafka_port, redis_port = free_port(), free_port()
-    broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
-    redis_server = start_redis(redis_port, work / "redis", work / "redis.log")
+    work, base, stop_stack = start_stack("scaling")
     results: dict[int, dict] = {}
     try:
-        base = Settings(
-            kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
-            events_topic="scaling-events", dead_letter_topic="scaling-dead", event_partitions=4,
-            data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
-        )
-        keys = key_names(args.keys)
-        start_ms = (int(time.time() * 1000) // 3_600_000 - 24) * 3_600_000  # in the past: never ahead of the clock
-        create_event_topic(base, base.events_topic)
-        total_rows, publish_s = publish(base, base.events_topic, stream(args.keys, args.rate, args.seconds, start_ms))
-        print(f"published {total_rows:,} records in {publish_s:.1f} s", file=sys.stderr, flush=True)
+        keys, start_ms, total_rows, _ = publish_feed(base, args.keys, args.rate, args.seconds)
         specs = subscriptions(args.subscriptions, keys, args.rate)
         for workers in [int(w) for w in args.workers.split(",") if w]:
             row = Row(f"{workers} worker{'s' if workers > 1 else ''}", specs, base.events_topic, "collective",
                       args.cap, args.keys)
             results[workers] = run_row(base, work, workers, args.memory, row, total_rows, args.budget)
     finally:
-        broker.stop()
-        redis_server.stop()
+        stop_stack()
     shape = (rows_per_event(args.keys, args.rate, args.seconds, start_ms), len(group_subscriptions(Catalog(1, specs))))
     report(args, costs, shape, results, begun, load_before, psutil.getloadavg())
 
