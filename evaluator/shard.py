@@ -69,6 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
@@ -873,6 +874,52 @@ class ShardEvaluator:
         self._trusted = False  # the incremental state was not kept up to date
         self._maybe_free += self.running.clear_dirty().tolist()
         return flips
+
+    def held_rows(self, keep: Callable[[str], bool]) -> PaneRows:
+        """The pane rows this shard holds for the keys ``keep`` admits: the store's panes (with the retained events
+        of their panes) and the pending ones. Fed to a fresh shard with the same progress and brought to the same
+        clock, they give it the windows and retained events this one has for those keys (a view's warm-up,
+        ``evaluator.substreams``)."""
+        n = len(self.config.attributes)
+        live = self.running.store.live
+        names = np.array(self.running.keys.names, dtype=object)
+        ids = np.unique(live.ids)
+        admitted = np.zeros(max(len(names), 1), dtype=bool)
+        admitted[ids] = np.fromiter((keep(names[i]) for i in ids.tolist()), dtype=bool, count=ids.size)
+        panes = live.take(np.flatnonzero(admitted[live.ids]))
+        keys = names[panes.ids]
+        # Events join the first stored row of their (key, pane); older ones (kept for LAST beyond the horizon)
+        # are in no window still to come and are left out.
+        pane = self.config.pane_ms
+        event_keys, event_ts, event_values = [], [], []
+        for key, events in self.values.keys.items():
+            if keep(key):
+                ts, vals = events.live()
+                event_keys.append(np.full(ts.size, key, dtype=object))
+                event_ts.append(ts)
+                event_values.append(vals)
+        rows = PaneRows(keys, panes.starts, panes.counts, panes.sums, panes.mins, panes.maxs,
+                        np.zeros(len(panes) + 1, dtype=np.int64), np.empty(0, dtype=np.int64),
+                        np.empty((n, 0), dtype=np.float64))
+        if event_ts and len(panes):
+            row_index = pd.MultiIndex.from_arrays([keys, panes.starts])
+            first = np.flatnonzero(~row_index.duplicated())
+            ts = np.concatenate(event_ts)
+            where = pd.MultiIndex.from_arrays([np.concatenate(event_keys), (ts // pane) * pane])
+            owner = np.full(ts.size, -1, dtype=np.int64)
+            found = row_index[first].get_indexer(where)
+            owner[found >= 0] = first[found[found >= 0]]
+            kept = np.flatnonzero(owner >= 0)
+            order = kept[np.lexsort((ts[kept], owner[kept]))]
+            offsets = np.zeros(len(panes) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(owner[order], minlength=len(panes)), out=offsets[1:])
+            rows = PaneRows(keys, panes.starts, panes.counts, panes.sums, panes.mins, panes.maxs, offsets, ts[order],
+                            np.concatenate(event_values, axis=1)[:, order])
+        pending = self.pending
+        if len(pending):
+            mask = np.fromiter((keep(k) for k in pending.keys.tolist()), dtype=bool, count=len(pending))
+            pending = pending.select(mask)
+        return PaneRows.concat([rows, pending], n)
 
     # -- catching up and persisting -------------------------------------------------------------------
 

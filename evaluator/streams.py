@@ -9,12 +9,13 @@ the catalog from the whole one, following the whole one's changes in time propor
 them (the share has the whole catalog's versions, so a shard's catch-up by
 ``Catalog.changes_since`` works unchanged).
 
-Optional attributes. A record may omit an optional attribute: the parser takes a missing
-value as 0 in the pane's sum and events and leaves it out of the pane's min and max (0 when
-the pane has none), and COUNT(*) counts the record. So COUNT(*) and SUM of an optional
-attribute are exact; an aggregate that needs to know which events carried the value (AVG,
-MIN, MAX, LAST, QUANTILE, ...) is not, and :func:`refusal` keeps such subscriptions out of the
-stream's share (logged and counted), so the evaluator never alerts on a wrong value.
+Optional attributes, dimension filters and key prefixes. A condition is over its *view*
+(``evaluator.views``): the events passing its ``WHERE`` filters and key prefix and carrying every
+optional attribute it names; each shard evaluates each view in use on its own
+(``evaluator.substreams``). So every aggregate of an optional attribute is exact (over the events
+that carry it), and :func:`refusal` refuses only what a stream does not have (an attribute or a
+dimension it does not declare: a subscription left over from a schema the registry no longer
+holds), logged and counted, so the evaluator never alerts on a value it cannot compute.
 
 Pure: no I/O.
 """
@@ -27,9 +28,6 @@ from typing import Any
 from core.stream_names import TRADES
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.spec import Condition, SubscriptionSpec
-
-#: Aggregates exact on an optional attribute whose missing values count as 0 (see the module doc).
-EXACT_ON_OPTIONAL = frozenset({"SUM"})
 
 
 @dataclass(frozen=True)
@@ -49,21 +47,16 @@ class StreamShape:
 
 
 def refusal(condition: Condition, schema: StreamShape | None) -> str | None:
-    """Why the stream's query cannot evaluate ``condition`` exactly (None: it can). ``schema`` None: ``trades``
-    before any registry was read (its conditions are checked against its attributes by the language)."""
-    if condition.where or condition.key_prefix is not None:
-        return "dimension filters and key prefixes are not evaluated yet (docs/evaluator-streams.md, limits)"
+    """Why the stream's query cannot evaluate ``condition`` (None: it can). ``schema`` None: ``trades`` before any
+    registry was read (its conditions are checked against its attributes by the language)."""
     if schema is None:
         return None
-    named = [(term.aggregate, term.attribute) for term in condition.terms if term.attribute]
+    named = [term.attribute for term in condition.terms if term.attribute]
     if condition.percent_of:
-        named.append(("LAST", condition.percent_of))
-    for aggregate, attribute in named:
+        named.append(condition.percent_of)
+    for attribute in named:
         if attribute not in schema.attributes:
             return f"stream {schema.name!r} has no attribute {attribute!r}"
-        if attribute in schema.optional and aggregate not in EXACT_ON_OPTIONAL:
-            return (f"{aggregate}({attribute}): {attribute!r} is optional on stream {schema.name!r}, and only "
-                    f"{', '.join(sorted(EXACT_ON_OPTIONAL))} and COUNT(*) are exact over events that may lack it")
     dimensions = set(schema.dimensions)
     unknown = [d for d, _ in condition.where if d not in dimensions]
     if unknown:

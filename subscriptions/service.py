@@ -204,7 +204,7 @@ def checked_condition(text: str, settings: Settings, stream: StreamSchema | None
     # What the evaluator would leave out (and so never alert on) is refused here, not stored silently.
     why = refusal(filtered.condition, StreamShape.of(stream) if stream is not None else None)
     if why is not None:
-        raise ConditionError(f"not evaluated yet: {why}")
+        raise ConditionError(f"the evaluator cannot evaluate it: {why}")
     return filtered
 
 

@@ -51,16 +51,13 @@ def stream_choices(streams: list[StreamSchema]) -> list[dict[str, Any]]:
 
 
 def examples(stream: StreamSchema) -> list[str]:
-    """A few conditions on ``stream`` that the evaluator evaluates (the placeholder and the help show them).
-
-    No WHERE filter and no AVG/MIN/MAX of an optional attribute: those are refused until the evaluator evaluates
-    them (``evaluator.streams.refusal``).
-    """
-    required = [a.name for a in stream.attributes if a.required]
-    texts = [f"AVG({required[0]}) OVER 5m > 100", f"MAX({required[0]}) - MIN({required[0]}) OVER 30m > 3%"] \
-        if required else []
-    texts.append(f"SUM({stream.attribute_names[-1]}) OVER 1m > 1000")
-    texts.append("COUNT(*) OVER 1m > 10")
+    """A few conditions on ``stream`` (the placeholder and the help show them): over its first attribute, and,
+    when it has dimensions, one filtered on the first."""
+    first = stream.attribute_names[0]
+    texts = [f"AVG({first}) OVER 5m > 100", f"MAX({first}) - MIN({first}) OVER 30m > 3%",
+             f"SUM({stream.attribute_names[-1]}) OVER 1m > 1000", "COUNT(*) OVER 1m > 10"]
+    if stream.dimensions:
+        texts.append(f"AVG({first}) OVER 5m > 100 WHERE {stream.dimensions[0].name} = 'example'")
     return texts
 
 

@@ -32,15 +32,15 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from core.settings import Settings
 from core.stream_names import TRADES
-from evaluator.evolution import widened_delta, widened_snapshot
 from evaluator.preview import PreviewAnswer
-from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
+from evaluator.shard import BatchStats, ShardConfig
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows, shard_of
 from evaluator.spark.registry import checkpoint_of
 from evaluator.spark.sink import clock_record
 from evaluator.streams import StreamShape
+from evaluator.substreams import SubstreamDelta, SubstreamShard
 from ingest.model import ATTRIBUTES
 
 PREVIEW_ANSWER_TTL_S = 60
@@ -48,7 +48,7 @@ PREVIEW_ANSWER_TTL_S = 60
 #: Each worker process's copies of the shards it has run, by (checkpoint, shard id, attributes), least recently
 #: used first (a stream whose attributes changed restarts its query on the same checkpoint: its old copies are
 #: not reused).
-_SHARDS: dict[tuple[str, int, tuple[str, ...]], ShardEvaluator] = {}
+_SHARDS: dict[tuple[str, int, tuple[str, ...]], SubstreamShard] = {}
 _SHARDS_KEPT = 16
 
 
@@ -57,7 +57,8 @@ def _owned(shard: int, shard_ids: tuple[int, ...], key: str) -> bool:
 
 
 class ShardProcessor(StatefulProcessor):
-    """transformWithStateInPandas keyed by shard: one :class:`ShardEvaluator` per shard."""
+    """transformWithStateInPandas keyed by shard: one :class:`SubstreamShard` per shard (a declared stream's keeps
+    its pane rows per cell, so dimension filters, key prefixes and optional attributes are views of it)."""
 
     def __init__(self, settings: Settings, partitions: int, shard_ids: tuple[int, ...] = (),
                  stream: StreamShape | None = None, columns: tuple[str, ...] | None = None) -> None:
@@ -80,6 +81,8 @@ class ShardProcessor(StatefulProcessor):
             value_retention_ms=settings.quantile_max_window_ms,
             tuple_max_events=settings.tuple_max_events,
         )
+        self.optional = stream.optional if stream is not None else frozenset()
+        self.cells = stream is not None  # a declared stream's parser writes cell rows (evaluator.views)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.clock = handle.getValueState(
@@ -88,21 +91,21 @@ class ShardProcessor(StatefulProcessor):
         self.log = handle.getMapState("log", StructType([StructField("epoch", LongType())]),
                                       StructType([StructField("delta", BinaryType())]))
 
-    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[ShardEvaluator, str]:
+    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[SubstreamShard, str]:
         """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot."""
         cached = _SHARDS.pop((self.checkpoint, shard, self.config.attributes), None)
         if cached is not None and base_epoch <= cached.epoch <= epoch:
             evaluator, how = cached, "cached" if cached.epoch == epoch else "caught_up"
         else:
             base = self.base.get() if self.base.exists() else None
-            width = len(self.config.attributes)  # state written before the stream gained attributes is widened
-            evaluator = (ShardEvaluator.from_snapshot(self.config, widened_snapshot(base[0], width)) if base
-                         else ShardEvaluator(self.config))
+            # state written before the stream gained attributes is widened as it is read
+            evaluator = (SubstreamShard.from_snapshot(self.config, base[0], self.optional, self.cells) if base
+                         else SubstreamShard(self.config, self.optional, self.cells))
             evaluator.epoch, how = base_epoch, "rebuilt"
         for missed in range(evaluator.epoch + 1, epoch + 1):
             entry = self.log.getValue((missed,))
             assert entry is not None, f"shard {shard}: batch {missed} is missing from the change log"
-            evaluator.replay(widened_delta(Delta.from_bytes(entry[0]), len(self.config.attributes)))
+            evaluator.replay(SubstreamDelta.from_bytes(entry[0], len(self.config.attributes)))
         evaluator.epoch = epoch
         return evaluator, how
 
@@ -167,7 +170,7 @@ class ShardProcessor(StatefulProcessor):
         records.append(clock_record(shard, evaluator.evaluated_at or 0))
         yield pd.DataFrame.from_records(records)
 
-    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: ShardEvaluator,
+    def _answer_previews(self, source: CatalogSource, shard: int, evaluator: SubstreamShard,
                          stream: str = TRADES) -> None:
         """Answer the web app's condition previews on ``stream`` (this query's) this shard has not answered yet
         (see ``web.conditions``)."""

@@ -25,6 +25,7 @@ from core.settings import Settings
 from evaluator.panerows import PaneRows
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
+from evaluator.views import key_of
 from ingest.model import ATTRIBUTES, MAX_TS, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
 
@@ -300,7 +301,8 @@ class PaneParser:
         ends = np.r_[first[1:], len(ts)]
         group = np.repeat(np.arange(len(first)), ends - first)
         pane_keys = np.asarray(uniques, dtype=object)[codes[first]]
-        shards = np.array([shard_of(k, self.shard_ids) for k in uniques], dtype=np.int64)  # per key, not per pane
+        shards = np.array([shard_of(key_of(k), self.shard_ids) for k in uniques],  # per key (of a cell: views), not
+                          dtype=np.int64)                                                # per pane
         sums = pd.DataFrame(values).groupby(group, sort=False).sum()  # NaN (a missing optional value) skipped
         panes = pd.DataFrame({"key": pane_keys, "pane_start": pane[first], "count": ends - first})
         for a in self.attributes:

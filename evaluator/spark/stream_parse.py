@@ -11,7 +11,9 @@ record is refused here exactly when a publisher would have been told it is inval
   with the validator's field-level reason and ``stream <name>: <topic>[<partition>]@<offset>`` as source;
 - accepted events dated beyond the batch clock + ``max_future_skew_ms`` are dead letters, as for trades;
 - accepted wire records are read into columns by Arrow's JSON reader; a missing optional attribute is a
-  NaN, which the pane stage leaves out (see ``evaluator.streams``).
+  NaN, which the pane stage leaves out (see ``evaluator.streams``);
+- each event's key becomes its cell's (``evaluator.views``: its dimension values and the optional attributes
+  it carries), so every view of the stream can be had from the pane rows; shards still go by the key.
 
 Pure apart from what :class:`PaneParser` does around :meth:`parse` (dead letters, stats).
 """
@@ -29,6 +31,7 @@ from core.settings import Settings
 from core.streams import RecordLimits as StreamLimits
 from core.streams import StreamSchema, StreamValidator
 from evaluator.spark.parse import PaneParser, ParsedRecords
+from evaluator.views import cell_suffix
 from ingest.model import DeadLetter, Heartbeat, RecordLimits, parse_record
 
 _KIND = b'"kind"'
@@ -44,6 +47,7 @@ class StreamPaneParser(PaneParser):
         super().__init__(settings, shard_ids)
         self.schema = schema.wire()
         self.attributes = columns if columns is not None else self.schema.attribute_names
+        self.required = frozenset(a.name for a in self.schema.attributes if a.required)
         self._validator: StreamValidator | None = None  # built in the worker (pydantic models do not pickle)
 
     def __getstate__(self) -> dict:
@@ -111,12 +115,14 @@ class StreamPaneParser(PaneParser):
                              refused)
 
     def _columns(self, records: list[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """Keys, times and attribute columns (NaN: a missing optional value) of valid wire records."""
+        """Cell keys (``evaluator.views``), times and attribute columns (NaN: a missing optional value) of valid
+        wire records."""
         if not records:
             return (np.empty(0, dtype=object), np.empty(0, dtype=np.int64),
                     {a: np.empty(0, dtype=np.float64) for a in self.attributes})
+        dimensions = self.schema.dimension_names
         schema = pa.schema([("key", pa.string()), ("ts", pa.int64()),
-                            *((a, pa.float64()) for a in self.attributes)])
+                            *((a, pa.float64()) for a in self.attributes), *((d, pa.string()) for d in dimensions)])
         table = pa_json.read_json(
             io.BytesIO("\n".join(records).encode("utf-8")),
             read_options=pa_json.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, records)))),
@@ -125,6 +131,17 @@ class StreamPaneParser(PaneParser):
         keys = table.column("key").to_numpy().astype(object)
         ts = table.column("ts").to_numpy().astype(np.int64)
         columns = {a: table.column(a).to_numpy(zero_copy_only=False).astype(np.float64) for a in self.attributes}
+        optional = [a for a in self.attributes if a not in self.required]
+        if dimensions or optional:
+            cells = pd.DataFrame({**{f"d{i}": table.column(d).to_numpy(zero_copy_only=False).astype(object)
+                                     for i, d in enumerate(dimensions)},
+                                  **{f"a{i}": ~np.isnan(columns[a]) for i, a in enumerate(optional)}})
+            codes, distinct = pd.MultiIndex.from_frame(cells).factorize()
+            suffixes = np.array([cell_suffix({d: v for d, v in zip(dimensions, cell[:len(dimensions)], strict=True)
+                                              if isinstance(v, str)},
+                                             [a for a, has in zip(optional, cell[len(dimensions):], strict=True) if has])
+                                 for cell in distinct.tolist()], dtype=object)
+            keys = keys + suffixes[codes]
         return keys, ts, columns
 
 

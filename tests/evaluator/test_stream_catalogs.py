@@ -28,18 +28,22 @@ def test_decode_registry_keeps_what_it_can_read() -> None:
     assert set(problems) == {"broken", "other"} and "names the stream 'hosts'" in problems["other"]
 
 
-def test_refusal_names_what_cannot_be_exact() -> None:
+def test_refusal_names_what_the_stream_lacks() -> None:
     on_hosts = {"stream": "hosts"}
-    assert refusal(dataclasses.replace(parse_condition("SUM(volume) OVER 5s > 1"), **on_hosts), HOSTS) is None
-    assert refusal(dataclasses.replace(parse_condition("COUNT(*) OVER 5s > 1"), **on_hosts), HOSTS) is None
-    assert refusal(dataclasses.replace(parse_condition("AVG(price) OVER 5s > 1"), **on_hosts), HOSTS) is None
-    assert "optional" in refusal(dataclasses.replace(parse_condition("MAX(volume) OVER 5s > 1"), **on_hosts), HOSTS)
-    assert "not evaluated yet" in refusal(
-        dataclasses.replace(parse_condition("SUM(price) OVER 5s > 1"), where=(("region", ("eu",)),)), None)
+    for text in ("SUM(volume) OVER 5s > 1", "COUNT(*) OVER 5s > 1", "AVG(price) OVER 5s > 1",
+                 "MAX(volume) OVER 5s > 1"):  # an optional attribute's aggregates are over the events carrying it
+        assert refusal(dataclasses.replace(parse_condition(text), **on_hosts), HOSTS) is None
+    filtered = dataclasses.replace(parse_condition("LAST(volume) OVER 5s > 1"), where=(("region", ("eu",)),),
+                                   key_prefix="web-", **on_hosts)
+    assert refusal(filtered, HOSTS) is None  # views (evaluator.views)
+    assert refusal(dataclasses.replace(filtered, where=(("zone", ("a",)),)), HOSTS) == (
+        "stream 'hosts' has no dimension 'zone'")
+    assert refusal(dataclasses.replace(filtered, attribute="cpu"), HOSTS) == "stream 'hosts' has no attribute 'cpu'"
 
 
 CONDITIONS = [parse_condition(text) for text in ("COUNT(*) OVER 5s > 1", "SUM(volume) OVER 5s > 1",
                                                   "MAX(volume) OVER 5s > 1", "AVG(price) OVER 5s > 1")]
+CONDITIONS.append(dataclasses.replace(CONDITIONS[2], where=(("zone", ("a",)),)))  # hosts has no dimension zone
 
 
 @st.composite
@@ -54,7 +58,7 @@ def test_a_refusal_is_forgotten_once_the_subscription_moves_to_a_stream_that_eva
     shares, whole = StreamCatalogs(keep=5), Catalog.empty()
     for stream in ("trades", "hosts"):
         shares.share(whole, stream, HOSTS if stream == "hosts" else None)
-    refused = dataclasses.replace(parse_condition("MAX(volume) OVER 5s > 1"), stream="hosts")
+    refused = dataclasses.replace(CONDITIONS[-1], stream="hosts")
     whole = whole.applied(CatalogChange(1, (SubscriptionSpec(1, refused),), ()), keep=5)
     whole = whole.applied(CatalogChange(2, (SubscriptionSpec(1, CONDITIONS[0]),), ()), keep=5)
     for stream in ("trades", "hosts"):  # both shares catch up over both changes: trades' first

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from core.settings import Settings
 from core.streams import Attribute, Dimension, RecordLimits, StreamSchema, StreamValidator
-from evaluator.spark.parse import pane_rows
+from evaluator.spark.parse import pane_rows, shard_of
 from evaluator.spark.stream_parse import StreamPaneParser
+from evaluator.views import cell_suffix, key_of
 from ingest.model import Heartbeat
 
 NOW = 1_700_000_000_000
@@ -35,7 +36,7 @@ def raw_frame(values: list[bytes], partitions: list[int] | None = None) -> pd.Da
 
 
 def reference(values: list[bytes], partitions: list[int]) -> tuple[list, dict[int, int], list[tuple[int, str]]]:
-    """Record by record: events (row, key, ts, values or NaN), progress per partition, (row, reason) of rejects."""
+    """Record by record: events (row, cell key (evaluator.views), ts, values or NaN), progress per partition, (row, reason) of rejects."""
     validator = StreamValidator(HOSTS.wire(), RecordLimits.of(SETTINGS))
     skew = SETTINGS.max_future_skew_ms
     events, progress, dead = [], {}, []
@@ -59,7 +60,10 @@ def reference(values: list[bytes], partitions: list[int]) -> tuple[list, dict[in
             dead.append((row, "ahead"))
             continue
         progress[partition] = max(progress.get(partition, wire["ts"]), wire["ts"])
-        events.append((row, wire["key"], wire["ts"],
+        cell = wire["key"] + cell_suffix({d: wire[d] for d in HOSTS.dimension_names if wire.get(d) is not None},
+                                         [a.name for a in HOSTS.attributes
+                                          if not a.required and wire.get(a.name) is not None])
+        events.append((row, cell, wire["ts"],
                        *(math.nan if wire.get(a) is None else float(wire[a]) for a in HOSTS.attribute_names)))
     return events, progress, dead
 
@@ -88,6 +92,9 @@ def test_stream_parse_equals_the_record_by_record_reference(values: list[bytes])
     for i, a in enumerate(HOSTS.attribute_names):
         np.testing.assert_array_equal(parsed.values[a], np.array([e[3 + i] for e in events], dtype=np.float64))
     assert parsed.progress == progress
+    frame = StreamPaneParser(SETTINGS, SHARDS, HOSTS)._frame(parsed.events(), {})
+    for cell, shard in zip(frame["key"], frame["shard"], strict=True):  # a key's cells go to the key's shard
+        assert shard == shard_of(key_of(cell), SHARDS)
     assert len(parsed.dead) == len(dead)
     for letter, (row, reason) in zip(parsed.dead, dead, strict=True):
         assert letter.source == f"stream hosts: tocsin.stream.hosts[{partitions[row]}]@{row}"

@@ -3,6 +3,7 @@ exactly as the brute-force oracle says; streams added, changed and removed while
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -38,6 +39,11 @@ TRADES_TEXTS = ["COUNT(*) OVER 5s > 8", "SUM(volume) OVER 10s > 600", "AVG(price
                 "MAX(price) - MIN(price) OVER 10s > 8%"]
 HOSTS_TEXTS = ["COUNT(*) OVER 5s > 6", "SUM(volume) OVER 10s > 500", "MIN(price) OVER 5s < 92",
                "QUANTILE(price, 0.9) OVER 5s > 104", "LAST(price) - AVG(price) OVER 5s > 2"]
+# Views of hosts (evaluator/views.py): (condition, dimension filter, key prefix); the oracle sees only their events.
+VIEW_CONDITIONS = [("COUNT(*) OVER 5s > 3", (("region", ("eu",)),), None),
+                   ("AVG(price) OVER 5s > 101", (("region", ("us",)),), None),
+                   ("SUM(volume) OVER 10s > 150", (), "K0"),
+                   ("MAX(price) OVER 5s > 103", (("region", ("eu", "us")),), "K1")]
 
 
 def on_hosts(condition: Condition) -> Condition:
@@ -100,7 +106,10 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
     ensure_topics(run, {hosts_topic: 2, topic_name("idle", run): 2})
     trades_specs = [SubscriptionSpec(i, parse_condition(t)) for i, t in enumerate(TRADES_TEXTS, 1)]
     hosts_specs = [SubscriptionSpec(100 + i, parse_condition(t)) for i, t in enumerate(HOSTS_TEXTS, 1)]
-    publish_catalog(run, *trades_specs, *(SubscriptionSpec(s.id, on_hosts(s.condition)) for s in hosts_specs))
+    view_specs = [SubscriptionSpec(200 + i, dataclasses.replace(parse_condition(t), where=where, key_prefix=prefix))
+                  for i, (t, where, prefix) in enumerate(VIEW_CONDITIONS, 1)]
+    publish_catalog(run, *trades_specs,
+                    *(SubscriptionSpec(s.id, on_hosts(s.condition)) for s in (*hosts_specs, *view_specs)))
     trades_events = generated_stream(seed=3, n=800)
     hosts = host_records(seed=5, n=800)
     last_trades = publish(run, trades_events)
@@ -127,7 +136,16 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
     assert {s for s, *_ in expected_hosts} == {s.id for s in hosts_specs}
     assert alerts(run, {s.id for s in trades_specs}) == expected_trades
     assert alerts(run, {s.id for s in hosts_specs}) == expected_hosts
-    assert len(transitions(run)) == len(expected_trades) + len(expected_hosts)  # once each
+    expected_views: set[tuple] = set()
+    for spec in view_specs:  # each over its view's events only
+        condition = dataclasses.replace(spec.condition, where=(), key_prefix=None)
+        mine = [h[:4] for h in hosts if all(h[4] in values for _, values in spec.condition.where)
+                and h[0].startswith(spec.condition.key_prefix or "")]
+        found = oracle(mine, [SubscriptionSpec(spec.id, condition)], last_hosts, run.pane_ms, HORIZON)
+        assert found, f"{spec.condition} never fires: the test would show nothing"
+        expected_views |= found
+    assert alerts(run, {s.id for s in view_specs}) == expected_views
+    assert len(transitions(run)) == len(expected_trades) + len(expected_hosts) + len(expected_views)  # once each
 
     letters = [json.loads(v) for v in read_topic(run, run.dead_letter_topic)]
     on_hosts_topic = [d for d in letters if d["source"].startswith(f"stream hosts: {hosts_topic}[")]
