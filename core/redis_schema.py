@@ -14,7 +14,7 @@
 - ``history:<subscription>``: a Stream of the subscription's newest transitions
   (``HISTORY_LENGTH``), for its alert history;
 - ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards (in ``stats:evaluator`` a declared
-  stream's query has fields of its own, :func:`stream_stat`);
+  stream's query has fields of its own, :func:`stream_stat`: shard clocks, start, failures);
 - ``policy:<subscription>``: per key, what the subscriber was last told, and
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
@@ -88,6 +88,13 @@ def stream_shard_clocks(stats: dict[str, str], stream: str) -> list[int]:
         return shard_clocks(stats)
     prefix = stream_stat(stream, "shard_")
     return [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
+
+
+#: Fields (:func:`stream_stat`) the stream supervisor writes for a declared stream's query: when it last started
+#: (wall time), and while it keeps failing ``{"failures": in a row, "since": the first one's wall time, "error"}``
+#: as JSON (removed once the query has run well for a while, its schema changed or the stream is gone).
+QUERY_STARTED_AT = "query_started_at"
+QUERY_FAILING = "query_failing"
 
 
 def partition_tag(settings: Settings, name: str) -> str:
