@@ -13,7 +13,8 @@
 - ``firing:<subscription>``: a hash key -> latest firing transition;
 - ``history:<subscription>``: a Stream of the subscription's newest transitions
   (``HISTORY_LENGTH``), for its alert history;
-- ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards;
+- ``counters:<subscription>`` and ``stats:evaluator``: counters for dashboards (in ``stats:evaluator`` a declared
+  stream's query has fields of its own, :func:`stream_stat`: shard clocks, start, failures);
 - ``policy:<subscription>``: per key, what the subscriber was last told, and
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
@@ -37,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.settings import Settings
+from core.stream_names import TRADES
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
@@ -72,6 +74,27 @@ def shard_clock_field(shard: int) -> str:
 def shard_clocks(stats: dict[str, str]) -> list[int]:
     """Every shard's last evaluated boundary, from the ``stats:evaluator`` hash."""
     return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+
+
+def stream_stat(stream: str, field: str) -> str:
+    """A field of ``stats:evaluator`` for a declared stream's query (``trades`` keeps the plain field names, which
+    readiness and the dashboards read): ``stream:<name>:<field>``."""
+    return field if stream == TRADES else f"stream:{stream}:{field}"
+
+
+def stream_shard_clocks(stats: dict[str, str], stream: str) -> list[int]:
+    """Every shard's last evaluated boundary of ``stream``'s query, from the ``stats:evaluator`` hash."""
+    if stream == TRADES:
+        return shard_clocks(stats)
+    prefix = stream_stat(stream, "shard_")
+    return [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
+
+
+#: Fields (:func:`stream_stat`) the stream supervisor writes for a declared stream's query: when it last started
+#: (wall time), and while it keeps failing ``{"failures": in a row, "since": the first one's wall time, "error"}``
+#: as JSON (removed once the query has run well for a while, its schema changed or the stream is gone).
+QUERY_STARTED_AT = "query_started_at"
+QUERY_FAILING = "query_failing"
 
 
 def partition_tag(settings: Settings, name: str) -> str:

@@ -185,6 +185,10 @@ class Settings(BaseSettings):
     watchdog_catalog_s: float = Field(
         60.0, gt=0, description="shards behind a published catalog version they cannot reach this long: 'catalog'"
     )
+    watchdog_stream_failures: int = Field(
+        3, ge=1, description="failures in a row of a declared stream's query (each restarted with backoff) that fire "
+                             "'stream' (as does its shard clock still for watchdog_stall_s while its topic grows)"
+    )
     operator_endpoint_ids: list[int] = Field(
         default_factory=list, description="endpoints (made as an operator) the dead man's switch notifies"
     )

@@ -3,10 +3,12 @@
 One web process at a time (a Redis lock per period) samples every
 ``dashboard_sample_s``: Kafka log ends against what the evaluator has read (lag,
 input rate), the evaluator's micro-batch time and its candidates against exact
-matches, the Celery queue, delivery outcomes and dead letters. Samples go to a
+matches, the Celery queue, delivery outcomes and dead letters; and per declared stream
+(``streams``) its query's slowest shard clock against its topic's log ends, and its
+query's start and failures as the evaluator's stream supervisor records them. Samples go to a
 capped Redis list the dashboard charts read, so every web process shows the same.
 The sampling process then lets the dead man's switch judge the samples
-(``web.watchdog``). Log ends come over one long-lived Kafka client per process.
+(``web.watchdog``). Log ends come over one long-lived Kafka client per process and topic.
 """
 
 from __future__ import annotations
@@ -30,8 +32,18 @@ from sqlalchemy.orm import Session
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import broker_client
 from core.redis_replies import text_hash
-from core.redis_schema import RedisKeys, celery_queue_keys, shard_clocks
+from core.redis_schema import (
+    QUERY_FAILING,
+    QUERY_STARTED_AT,
+    RedisKeys,
+    celery_queue_keys,
+    shard_clocks,
+    stream_shard_clocks,
+    stream_stat,
+)
 from core.settings import Settings
+from core.stream_names import TRADES
+from core.streams import topic_name
 from evaluator.catalog import Catalog
 from evaluator.shard import group_subscriptions
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
@@ -58,14 +70,22 @@ _probes: dict[tuple[str, str], LogEndProbe] = {}
 _probes_lock = threading.Lock()
 
 
-def log_ends(settings: Settings) -> dict[int, int]:
-    """The event topic's log ends, over this process's one client for that broker and topic."""
+def log_ends(settings: Settings, topic: str | None = None) -> dict[int, int]:
+    """A topic's log ends (the event topic's by default), over this process's one client for that broker and topic."""
+    topic = topic or settings.events_topic
     with _probes_lock:  # one question at a time per client (kafka-python clients are not thread-safe)
-        probe = _probes.get((settings.kafka_bootstrap, settings.events_topic))
+        probe = _probes.get((settings.kafka_bootstrap, topic))
         if probe is None:
-            probe = _probes[(settings.kafka_bootstrap, settings.events_topic)] = LogEndProbe(
-                settings, settings.events_topic, STREAM_PROBE_TIMEOUT_S)
+            probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings, topic, STREAM_PROBE_TIMEOUT_S)
         return probe.ends()
+
+
+def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
+    """Close the clients of stream topics no longer sampled (their streams were deleted)."""
+    with _probes_lock:
+        for key in [k for k in _probes if k[0] == settings.kafka_bootstrap
+                    and k[1].startswith(settings.stream_topic_prefix) and k[1] not in keep]:
+            _probes.pop(key).close()
 
 
 def close_probes() -> None:
@@ -89,6 +109,30 @@ def _json_field(raw: dict[str, str], name: str) -> dict | None:
     except (KeyError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def stream_samples(settings: Settings, client: redis.Redis, evaluator: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per declared stream (``trades`` aside: the sample's own fields are its), for the dead man's switch: the
+    slowest shard clock of its query, its topic's log end (None when Kafka did not answer), and, when the
+    evaluator's stream supervisor recorded them, when its query last started and its failures in a row."""
+    declared = sorted(name for name in text_hash(client.hgetall(RedisKeys(settings).stream_schemas)) if name != TRADES)
+    streams: dict[str, dict[str, Any]] = {}
+    for name in declared:
+        topic = topic_name(name, settings)
+        try:
+            log_end: int | None = sum(log_ends(settings, topic).values())
+        except Exception:  # noqa: BLE001 - unknown this time (the rules read a missing log end as no news)
+            log_end = None
+        stream: dict[str, Any] = {"clock": min(stream_shard_clocks(evaluator, name), default=None), "log_end": log_end}
+        started = _number(evaluator, stream_stat(name, QUERY_STARTED_AT))
+        if started:
+            stream["started_at"] = started
+        failing = _json_field(evaluator, stream_stat(name, QUERY_FAILING))
+        if failing:
+            stream["failing"] = failing
+        streams[name] = stream
+    _close_stream_probes(settings, {topic_name(name, settings) for name in declared})
+    return streams
 
 
 def collect_sample(settings: Settings, client: redis.Redis, previous: dict | None) -> dict[str, Any]:
@@ -127,6 +171,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         sample["kafka"] = "ok"
     except Exception as exc:  # noqa: BLE001 - the dashboard shows the broker as unreachable
         sample.update(log_end=None, lag=None, kafka=f"error: {exc}")
+    sample["streams"] = stream_samples(settings, client, evaluator)
     if previous:
         dt = max(now - previous["t"], 1e-3)
 

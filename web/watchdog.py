@@ -3,7 +3,7 @@
 An alerting platform's worst failure is silence, and a silent evaluator writes
 nothing that could trip an alert of its own. So the web app's sampler (one
 process at a time, under the sampler lock) judges every dashboard sample
-against five rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
+against six rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 - ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
   (``watchdog_startup_s`` after the job starts) while records kept arriving (the
@@ -19,7 +19,12 @@ against five rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
   older than the one published, because a change or snapshot no reader can decode
   (or a lost one) stops them from reaching it: subscription edits, new
   subscriptions and deletions silently do not take effect, so an operator must know
-  (stuck readers keep their mark fresh; a stale one, left by readers that are gone, does not fire).
+  (stuck readers keep their mark fresh; a stale one, left by readers that are gone, does not fire);
+- ``stream``: a declared stream's own query (``trades`` is the rules above) is stalled, as ``stalled``
+  says of its slowest shard clock and its topic's log ends (its query's last start counting as a job
+  start), or has failed ``watchdog_stream_failures`` times in a row (the evaluator's stream supervisor
+  restarts it with backoff and records the failures): its subscriptions are silent. One incident for
+  all such streams; its detail names each.
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
@@ -49,7 +54,7 @@ from notifier.notification import build_notification, notification_id
 
 log = structlog.get_logger("watchdog")
 
-RULES = ("stalled", "degraded", "restarting", "down", "catalog")
+RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream")
 #: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
 REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
 STREAM_COUNTERS = ("late_events_applied", *REFUSAL_COUNTERS)
@@ -151,6 +156,33 @@ def catalog(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
     return RuleStatus(True, since, detail)
 
 
+def _of_stream(samples: list[dict], name: str) -> list[dict]:
+    """The samples of one declared stream's query, in the shape ``stalled`` reads (those taken while it was declared)."""
+    return [{"t": s["t"], **s["streams"][name]} for s in samples if name in (s.get("streams") or {})]
+
+
+def stream(samples: list[dict], starts: list[float], settings: Settings, now: float) -> RuleStatus:
+    """A declared stream's query failing again and again, or its slowest shard clock still while its topic grows."""
+    latest = (samples[-1].get("streams") or {}) if samples else {}
+    found: list[tuple[float, str]] = []
+    for name in sorted(latest):
+        failing = latest[name].get("failing") or {}
+        failures = failing.get("failures")
+        if isinstance(failures, int) and failures >= settings.watchdog_stream_failures:
+            since = failing.get("since")
+            found.append((since if isinstance(since, int | float) else now,
+                          f"stream {name}: its query failed {failures} times in a row "
+                          f"(last: {str(failing.get('error') or 'no error given')[:200]})"))
+            continue
+        started = latest[name].get("started_at")
+        stuck = stalled(_of_stream(samples, name), [*starts, *([started] if started else [])], settings, now)
+        if stuck.firing:
+            found.append((stuck.since if stuck.since is not None else now, f"stream {name}: {stuck.detail}"))
+    if not found:
+        return RuleStatus(False)
+    return RuleStatus(True, min(since for since, _ in found), "; ".join(detail for _, detail in found))
+
+
 def samples_needed(settings: Settings) -> int:
     """How many of the newest samples the rules look at: their longest span, within the history kept."""
     span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
@@ -166,6 +198,7 @@ def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: 
         "restarting": restarting(starts, settings, now),
         "down": down(samples, settings, now),
         "catalog": catalog(samples, settings, now),
+        "stream": stream(samples, starts, settings, now),
     }
 
 

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from redis.typing import EncodableT, FieldT
 
 from core.redis_client import make_redis, run_script
-from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks
+from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, stream_shard_clocks, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.transition import KINDS, STATES, Transition
@@ -39,20 +39,10 @@ def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
             "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
 
 
-def stream_stat(stream: str, field: str) -> str:
-    """A field of ``stats:evaluator`` for a declared stream's query (``trades`` keeps the plain field names, which
-    readiness and the dashboards read): ``stream:<name>:<field>``."""
-    return field if stream == TRADES else f"stream:{stream}:{field}"
-
-
 def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) -> int | None:
     """The last boundary every shard (of ``stream``'s query) has evaluated and stored, from the clocks the sink
     writes."""
-    if stream == TRADES:
-        clocks = shard_clocks(stats)
-    else:
-        prefix = stream_stat(stream, "shard_")
-        clocks = [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
+    clocks = stream_shard_clocks(stats, stream)
     return min(clocks) if len(clocks) == shards else None
 
 

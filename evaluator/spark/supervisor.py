@@ -12,10 +12,16 @@ own: an idle, late or poisoned stream holds back no other. Every ``TOCSIN_STREAM
   checkpoint: the shards keep their windows and firing state, widened to new attributes
   (``evaluator.evolution``; the query's attributes only grow, see ``registry.query_attributes``);
 - restarts a failed query after a backoff (1 s, doubling, at most ``MAX_BACKOFF_S``) while the others run.
+
+What operators need to hear about goes to ``stats:evaluator`` (``core.redis_schema.stream_stat`` fields): when
+each query last started (``QUERY_STARTED_AT``) and, while a query keeps failing, its failures in a row, since
+when and the last error (``QUERY_FAILING``), which the web app's dead man's switch turns into the ``stream``
+incident (``web.watchdog.stream``). A query that ran ``MAX_BACKOFF_S`` without failing clears it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +30,9 @@ import structlog
 from prometheus_client import Gauge
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
+from redis import RedisError
 
+from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema
@@ -46,6 +54,8 @@ class _Stream:
     failures: int = 0
     retry_at: float = 0.0
     started_at: float = 0.0
+    failing_since: float | None = None  # wall time of the first of the failures in a row
+    earlier_failures: int = 0  # of those, the ones an earlier run of the job recorded
 
 
 class StreamSupervisor:
@@ -58,6 +68,7 @@ class StreamSupervisor:
         self.clock = clock
         self.streams: dict[str, _Stream] = {}
         self.failures = 0
+        self.stats, self.keys = registry.redis, registry.keys
 
     def queries(self) -> dict[str, StreamingQuery]:
         return {name: s.query for name, s in self.streams.items() if s.query is not None}
@@ -67,24 +78,26 @@ class StreamSupervisor:
         for name in [n for n in self.streams if n not in declared]:
             self._stop(name, "stream_query_stopped", reason="the stream is no longer declared")
             del self.streams[name]
+            self._record(name, forget=(QUERY_FAILING, QUERY_STARTED_AT))
         now = self.clock()
         for name, schema in sorted(declared.items()):
             held = self.streams.get(name)
             if held is None:
                 held = self.streams[name] = _Stream(schema)
+                self._adopt(name, held)
             elif held.schema != schema:
                 self._stop(name, "stream_query_restarting", reason="the stream's schema changed")
-                held.schema, held.failures, held.retry_at = schema, 0, 0.0
+                held.schema, held.retry_at = schema, 0.0
+                self._recovered(name, held)
             elif held.query is not None and not held.query.isActive:
                 error = held.query.exception()
-                held.query, held.failures = None, held.failures + 1
-                held.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** (held.failures - 1))
+                held.query = None
                 self.failures += 1
                 STREAM_RESTARTS.set(self.failures)
-                log.warning("stream_query_failed", stream=name, error=str(error)[:500] if error else "stopped",
-                            retry_in_s=round(held.retry_at - now, 1))
-            elif held.query is not None and held.failures and now - held.started_at >= MAX_BACKOFF_S:
-                held.failures = 0  # ran well for a while: the next failure is retried at once again
+                self._failed(name, held, now, "stream_query_failed", str(error)[:500] if error else "stopped")
+            elif held.query is not None and (held.failures or held.failing_since is not None) \
+                    and now - held.started_at >= MAX_BACKOFF_S:
+                self._recovered(name, held)  # ran well for a while: the next failure is retried at once again
             if held.query is None and now >= held.retry_at:
                 self._start(name, held, now)
         STREAM_QUERIES.set(sum(1 for s in self.streams.values() if s.query is not None))
@@ -94,13 +107,54 @@ class StreamSupervisor:
             held.query = self.start(self.spark, self.settings, held.schema)
             held.started_at = now
         except Exception as exc:  # noqa: BLE001 - e.g. its topic is not there yet: retried with backoff
-            held.failures += 1
-            held.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** (held.failures - 1))
-            log.warning("stream_query_not_started", stream=name, error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                        retry_in_s=round(held.retry_at - now, 1))
+            self._failed(name, held, now, "stream_query_not_started", f"{type(exc).__name__}: {str(exc)[:300]}")
             return
+        self._record(name, write={QUERY_STARTED_AT: time.time()})
         log.info("stream_query_started", stream=name, attributes=list(held.schema.attribute_names),
                  checkpoint=str(checkpoint_of(self.settings, name)))
+
+    def _failed(self, name: str, held: _Stream, now: float, event: str, error: str) -> None:
+        """One more failure in a row: retried after the backoff, and recorded for the dead man's switch."""
+        held.failures += 1
+        held.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** (held.failures - 1))
+        if held.failing_since is None:
+            held.failing_since = time.time()
+        in_a_row = held.earlier_failures + held.failures
+        log.warning(event, stream=name, error=error, failures=in_a_row, retry_in_s=round(held.retry_at - now, 1))
+        self._record(name, write={QUERY_FAILING: json.dumps(
+            {"failures": in_a_row, "since": held.failing_since, "error": error[:300]})})
+
+    def _recovered(self, name: str, held: _Stream) -> None:
+        if held.failures or held.failing_since is not None:
+            held.failures, held.failing_since, held.earlier_failures = 0, None, 0
+            self._record(name, forget=(QUERY_FAILING,))
+
+    def _adopt(self, name: str, held: _Stream) -> None:
+        """Failures in a row an earlier run of the job recorded go on counting (so a job restart neither hides
+        nor re-announces them); they are cleared as this run's would be, once the query has run well a while."""
+        try:
+            raw = self.stats.hget(self.keys.evaluator_stats, stream_stat(name, QUERY_FAILING))
+        except RedisError:
+            return
+        if not raw:
+            return
+        try:
+            earlier = json.loads(raw)
+            held.earlier_failures, held.failing_since = int(earlier["failures"]), float(earlier["since"])
+        except (ValueError, TypeError, KeyError):
+            return  # unreadable: this run counts afresh (and overwrites it at its first failure)
+
+    def _record(self, name: str, write: dict[str, float | str] | None = None, forget: tuple[str, ...] = ()) -> None:
+        """Set or remove the stream's query fields of ``stats:evaluator``; Redis trouble costs the record only."""
+        try:
+            pipe = self.stats.pipeline()
+            if write:
+                pipe.hset(self.keys.evaluator_stats, mapping={stream_stat(name, f): v for f, v in write.items()})
+            if forget:
+                pipe.hdel(self.keys.evaluator_stats, *(stream_stat(name, f) for f in forget))
+            pipe.execute()
+        except RedisError as exc:
+            log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _stop(self, name: str, event: str, **fields: str) -> None:
         held = self.streams.get(name)

@@ -4,16 +4,18 @@ ones restart with a doubling backoff while the others run."""
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
-from core.redis_schema import RedisKeys
+from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
 from evaluator.spark.registry import RegistryReader, query_attributes
-from evaluator.spark.supervisor import StreamSupervisor
+from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
 from subscriptions.streams import publish_registry
 
 
@@ -96,3 +98,59 @@ def test_a_query_keeps_its_attribute_columns_and_only_appends(settings: Settings
     assert query_attributes(run, schema("s", Attribute(name="y"), Attribute(name="z", required=False))) == (
         "x", "y", "z")  # x removed: its column stays (always empty), so the state never shrinks
     assert query_attributes(run, schema("other")) == ("x",)
+
+
+def test_failures_in_a_row_reach_redis_until_the_query_runs_well_again(settings: Settings) -> None:
+    """What the dead man's switch reads (``web.watchdog.stream``): each start, and the failures in a row with the
+    first one's time and the last error; a job restart goes on counting them; a recovery or a deletion clears them."""
+    client, keys = redis.Redis.from_url(settings.redis_url, decode_responses=True), RedisKeys(settings)
+    clock = [0.0]
+    start = Starter(refuse={"b"})
+
+    def supervisor() -> StreamSupervisor:
+        return StreamSupervisor(None, settings, RegistryReader(client, keys, settings), start,  # type: ignore[arg-type]
+                                clock=lambda: clock[0])
+
+    def field_of(stream: str, name: str) -> str | None:
+        return client.hget(keys.evaluator_stats, stream_stat(stream, name))
+
+    publish_registry(client, keys, [trades_schema(settings), schema("a"), schema("b")])
+    job, before = supervisor(), time.time()
+    job.poll()
+    a = start.started[0]
+    assert float(field_of("a", QUERY_STARTED_AT) or 0) >= before and field_of("a", QUERY_FAILING) is None
+    for now in (0.0, 1.0, 3.0):  # b cannot start (1 s, 2 s backoff); a fails once, is restarted
+        clock[0] = now
+        job.poll()
+        if now == 0.0:
+            a.isActive, a.error = False, "boom"
+    failing = json.loads(field_of("b", QUERY_FAILING) or "{}")
+    assert failing["failures"] == 3 and before <= failing["since"] <= time.time()
+    assert failing["error"] == "RuntimeError: topic not there yet"
+    assert json.loads(field_of("a", QUERY_FAILING) or "{}")["failures"] == 1
+
+    clock[0] = 3.0 + MAX_BACKOFF_S  # a ran well for a while since its restart (at 3 s): cleared
+    job.poll()
+    assert field_of("a", QUERY_FAILING) is None and json.loads(field_of("b", QUERY_FAILING) or "{}")["failures"] == 4
+
+    restarted = supervisor()  # the job restarts: b's failures go on counting, from the same first one
+    clock[0] = 200.0
+    restarted.poll()
+    again = json.loads(field_of("b", QUERY_FAILING) or "{}")
+    assert again["failures"] == 5 and again["since"] == failing["since"]
+
+    start.refuse.clear()
+    clock[0] = 300.0
+    restarted.poll()
+    assert "b" in restarted.queries() and field_of("b", QUERY_FAILING) is not None, "not well for long yet"
+    clock[0] = 300.0 + MAX_BACKOFF_S
+    restarted.poll()
+    assert field_of("b", QUERY_FAILING) is None
+
+    start.refuse.add("a")
+    restarted.queries()["a"].isActive = False
+    restarted.poll()
+    assert field_of("a", QUERY_FAILING) is not None
+    publish_registry(client, keys, [trades_schema(settings), schema("b")])  # a deleted: its fields go
+    restarted.poll()
+    assert field_of("a", QUERY_FAILING) is None and field_of("a", QUERY_STARTED_AT) is None

@@ -140,3 +140,79 @@ def test_catalog_fires_once_the_shards_were_behind_an_unreachable_version_for_th
     assert status.firing and status.since == 1_000.0
     assert "version 7 of 9 published" in status.detail and "stops at version 7" in status.detail
     assert evaluate(history, [], settings, 1_061.0)["catalog"].firing
+
+
+def _streams(history: list[dict], **streams) -> list[dict]:
+    """Declared streams in each sample: name -> f(i) giving the stream's entry (None: not declared then)."""
+    for i, sample in enumerate(history):
+        entries = {name: f(i) for name, f in streams.items()}
+        sample["streams"] = {name: entry for name, entry in entries.items() if entry is not None}
+    return history
+
+
+def _moving(i: int) -> dict:
+    return {"clock": 1_000 * i, "log_end": 10 * i}
+
+
+def test_a_stream_whose_clock_stops_while_its_topic_grows_fires_stream_naming_only_it() -> None:
+    from web.watchdog import stream
+    history = _streams(_samples(100), hosts=lambda i: {"clock": 1_000 * min(i, 40), "log_end": 10 * i},
+                       busy=_moving, idle=lambda i: {"clock": 7, "log_end": 3})  # hosts' clock stops at t = 1080
+    statuses = evaluate(history, [900.0], SETTINGS, history[-1]["t"])
+    status = statuses["stream"]
+    assert status.firing and status.since == 1_080.0
+    assert status.detail == "stream hosts: shard clock stuck at 40000 while 590 records arrived"
+    assert [rule for rule, s in statuses.items() if s.firing] == ["stream"], "trades is healthy"
+    assert not stream(history[:70], [900.0], SETTINGS, history[69]["t"]).firing, "not yet at 59 s of stillness"
+    assert stream(history[:71], [900.0], SETTINGS, history[70]["t"]).firing
+
+
+def test_a_stream_declared_or_restarted_lately_gets_the_startup_allowance() -> None:
+    from web.watchdog import stream
+    never = lambda i: None if i < 50 else {"clock": None, "log_end": 10 * i}  # noqa: E731 - declared at t = 1100
+    history = _streams(_samples(150), new=never)
+    assert stream(history[:81], [900.0], SETTINGS, history[80]["t"]).detail.startswith(
+        "stream new: no shard has evaluated yet while"), "60 s with records and no evaluation"
+    started = _streams(_samples(200), new=lambda i: None if never(i) is None else {**never(i), "started_at": 1_100.0})
+    assert not stream(started[:190], [900.0], SETTINGS, started[189]["t"]).firing, "a query's first batch may be slow"
+    assert stream(started, [900.0], SETTINGS, 1_100.0 + 301).firing, "but not for ever"
+    job = _streams(_samples(200), new=never)  # the whole job restarted: every stream query with it
+    assert not stream(job, [job[-1]["t"] - 100], SETTINGS, job[-1]["t"]).firing
+
+
+def test_a_stream_query_failing_again_and_again_fires_with_its_error() -> None:
+    from web.watchdog import stream
+    failing = {"failures": 3, "since": 1_010.0, "error": "StreamingQueryException: checkpoint unreadable"}
+    history = _streams(_samples(20), bad=lambda i: {**_moving(i), "failing": failing}, good=_moving)
+    status = stream(history, [900.0], SETTINGS, history[-1]["t"])
+    assert status.firing and status.since == 1_010.0
+    assert status.detail == "stream bad: its query failed 3 times in a row (last: StreamingQueryException: checkpoint unreadable)"
+    twice = _streams(_samples(20), bad=lambda i: {**_moving(i), "failing": {**failing, "failures": 2}})
+    assert not stream(twice, [900.0], SETTINGS, twice[-1]["t"]).firing, "a restart or two is what backoff is for"
+    recovered = _streams(_samples(20), bad=lambda i: {**_moving(i), **({"failing": failing} if i < 19 else {})})
+    assert not stream(recovered, [900.0], SETTINGS, recovered[-1]["t"]).firing, "the supervisor cleared it"
+    assert not stream(_streams(_samples(20), bad=lambda i: {**_moving(i), "failing": {"failures": "many"}}),
+                      [900.0], SETTINGS, 1_040.0).firing, "an unreadable record is no failure"
+
+
+def test_one_stream_incident_names_every_bad_stream_from_the_earliest() -> None:
+    from web.watchdog import stream
+    history = _streams(_samples(100), a=lambda i: {"clock": 5, "log_end": 10 * i},  # stuck since t = 1000
+                       b=lambda i: {**_moving(i), "failing": {"failures": 9, "since": 1_150.0, "error": "boom"}},
+                       c=lambda i: {"clock": 5, "log_end": None if i % 2 else 10 * i})  # Kafka answers every other time
+    status = stream(history, [900.0], SETTINGS, history[-1]["t"])
+    assert status.firing and status.since == 1_000.0
+    assert status.detail.startswith("stream a: shard clock stuck at 5 while 990 records arrived; "
+                                    "stream b: its query failed 9 times in a row (last: boom); stream c: ")
+    assert "stream" not in {r for r, s in evaluate(_samples(100), [900.0], SETTINGS, 1_198.0).items() if s.firing}, \
+        "samples without streams (taken before any was declared) fire nothing"
+
+
+@given(st.lists(st.integers(0, 50), min_size=60, max_size=120), st.integers(1, 25))
+def test_an_idle_stream_or_one_whose_clock_keeps_moving_never_fires(arrivals: list[int], every: int) -> None:
+    """Records arrive in bursts; one clock moves at least every ``every`` samples (< 60 s), the other topic is idle."""
+    from web.watchdog import stream
+    ends = [sum(arrivals[: i + 1]) for i in range(len(arrivals))]
+    history = _streams(_samples(len(arrivals)), live=lambda i: {"clock": i // every, "log_end": ends[i]},
+                       idle=lambda i: {"clock": None if i < 5 else 1, "log_end": 0})
+    assert not stream(history, [900.0], SETTINGS, history[-1]["t"]).firing
