@@ -367,6 +367,10 @@ class Settings(BaseSettings):
                              "(more: 429 before the body is read), so one token cannot queue ahead of everyone")
     publish_retry_after_s: int = Field(1, ge=1, description="the Retry-After of a 429 under backpressure")
     publish_linger_ms: int = Field(5, ge=0, description="how long the producer waits to fill a batch to Kafka")
+    publish_heartbeat_ms: int = Field(
+        1_000, ge=0, description="at most this often, the web process sends a heartbeat at the newest event time it "
+                                 "published to a stream to every partition of its topic, so a stream published over "
+                                 "HTTP with few keys still moves every partition's clock (0: never)")
     publish_delivery_timeout_ms: int = Field(
         30_000, ge=1_000, description="how long a record may wait for Kafka's acknowledgement before the request "
                                       "that carried it answers 503 (the publisher retries: at least once)")

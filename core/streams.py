@@ -40,6 +40,7 @@ from core.stream_names import TRADES
 
 #: Field names of the wire form; ``kind`` marks heartbeat records on the same topics.
 WIRE_KEY, WIRE_TIME, RESERVED = "key", "ts", "kind"
+_WIRE_TS = rf'^\{{"{WIRE_KEY}":"[^"]*","{WIRE_TIME}":(?P<ts>[0-9]+)'  # how every wire record starts
 #: Latest event time: 9999-12-31T23:59:59.999Z (as ``ingest.model.MAX_TS``).
 MAX_TS = 253_402_300_799_999
 KEY_CHARS = r"[A-Za-z0-9._:\-/]"
@@ -286,6 +287,14 @@ class ValidatedBatch:
     @property
     def accepted(self) -> int:
         return len(self.records)
+
+    @property
+    def newest_ts(self) -> int | None:
+        """The newest event time of the accepted records (read off their wire form, which starts key, ts)."""
+        if not self.records:
+            return None
+        ts = pc.extract_regex(pa.array(self.records, pa.string()), _WIRE_TS).field("ts")
+        return int(pc.max(pc.cast(ts, pa.int64())).as_py())
 
 
 class DuplicateField(ValueError):

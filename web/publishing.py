@@ -17,6 +17,13 @@ size limits can eventually pass. A request
 answers once Kafka acknowledged (``acks=all``) every record of its batch, or
 after ``publish_delivery_timeout_ms`` with the number not acknowledged.
 
+Heartbeats. The evaluator's clock for a stream is its slowest partition's newest event time, and an
+HTTP publisher cannot write to a partition its keys do not hash to: a stream with a few keys on many
+partitions would never close a window. So once a batch is stored, the process sends a heartbeat at the
+batch's newest event time to every partition of the stream's topic (what ``ingest``'s publishers do
+for the demo streams), at most once per ``publish_heartbeat_ms`` per stream; the poller sends the
+newest time a paced round held back, so the last batch before a pause is never left out.
+
 Publishing's blocking work (the token's database check, judging a batch, producing it) runs on an
 executor of its own, ``publish_threads`` threads (:func:`publishing_executor`), never on the thread
 pool the UI's sync endpoints share: a publishing flood queues behind publishing only.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,6 +51,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from prometheus_client import Counter, Gauge
 
 from core.settings import Settings
+from ingest.model import Heartbeat
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +59,8 @@ PUBLISHED = Counter("tocsin_publish_records_total", "Records published over HTTP
                     ["stream", "outcome"])
 REFUSED_BATCHES = Counter("tocsin_publish_backpressure_total", "Publish requests refused with 429 (backpressure)")
 IN_FLIGHT = Gauge("tocsin_publish_inflight_records", "Records this process holds that Kafka has not acknowledged")
+HEARTBEATS = Counter("tocsin_publish_heartbeats_total", "Heartbeats the web process sent for streams published over "
+                     "HTTP (one per partition)", ["stream"])
 DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
                             "Rejects of published batches that Kafka did not take on the dead-letter topic")
 
@@ -64,6 +75,17 @@ class Backpressure(Exception):
     def __init__(self, retry_after_s: int, why: str = "the publisher is busy") -> None:
         super().__init__(f"{why}: retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Clock:
+    """A stream's heartbeats: the newest event time stored, the newest sent, when the last round went."""
+
+    stream: str
+    partitions: int
+    newest: int = 0
+    sent: int = 0
+    round_at: float = float("-inf")
 
 
 @dataclass
@@ -160,6 +182,7 @@ class StreamProducer:
         self._requests: dict[int, int] = {}  # publisher token id -> requests in progress
         self._token_records = max(1, int(settings.publish_queue_max_messages * settings.publish_token_share))
         self._token_bytes = max(1, int(settings.publish_max_inflight_bytes * settings.publish_token_share))
+        self._clocks: dict[str, _Clock] = {}  # topic -> its heartbeats (see the module doc)
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="publish-acks", daemon=True)
         self._poller.start()
@@ -172,6 +195,37 @@ class StreamProducer:
     def _poll(self) -> None:
         while not self._closed.is_set():
             self.producer.poll(0.05)
+            self._beat()
+
+    def published(self, stream: str, topic: str, partitions: int, newest_ts: int) -> None:
+        """Records of ``stream`` up to event time ``newest_ts`` are stored: its partitions' heartbeats may move."""
+        with self._lock:
+            clock = self._clocks.setdefault(topic, _Clock(stream, partitions))
+            clock.partitions = partitions
+            clock.newest = max(clock.newest, newest_ts)
+        self._beat()
+
+    def _beat(self) -> None:
+        """A heartbeat round for every stream whose newest time moved, unless it had one in the last interval."""
+        interval = self.settings.publish_heartbeat_ms / 1000
+        if not interval:
+            return
+        now = time.monotonic()
+        with self._lock:
+            due = [(topic, clock.stream, clock.partitions, clock.newest) for topic, clock in self._clocks.items()
+                   if clock.newest > clock.sent and now - clock.round_at >= interval]
+            for topic, *_rest, newest in due:
+                self._clocks[topic].sent, self._clocks[topic].round_at = newest, now
+        for topic, stream, partitions, newest in due:
+            try:
+                for partition in range(partitions):
+                    self.producer.produce(topic, Heartbeat(partition=partition, ts=newest).to_json(),
+                                          partition=partition)
+                HEARTBEATS.labels(stream).inc(partitions)
+            except (BufferError, KafkaException) as exc:  # the next batch's round carries the time on
+                log.warning("publish_heartbeat_failed", topic=topic, error=str(exc))
+                with self._lock:
+                    self._clocks[topic].sent = 0
 
     def _refusal(self, records: int, size: int, token: int) -> str | None:
         """Why a batch of ``records`` records and ``size`` bytes of ``token`` is not admitted now (None: it is)."""

@@ -26,6 +26,11 @@ def read_topic(settings: Settings, topic: str) -> list[bytes]:
     return values
 
 
+def events_on(settings: Settings, topic: str) -> list[dict]:
+    """The records on ``topic`` without the heartbeats (publishers send them to every partition)."""
+    return [record for record in map(json.loads, read_topic(settings, topic)) if "kind" not in record]
+
+
 def test_replay_routes_bad_rows_to_dead_letter(settings: Settings, tmp_path: Path, monkeypatch) -> None:
     ensure_topics(settings)
     csv = tmp_path / "trades.csv"

@@ -17,7 +17,7 @@ import pytest
 from core.settings import Settings
 from devstack.services import free_port
 from ingest.kafka import ensure_topics
-from tests.ingest.test_publisher import read_topic
+from tests.ingest.test_publisher import events_on
 from tests.users import new_user
 from web.publishing import StreamProducer
 
@@ -82,7 +82,7 @@ def test_a_dead_letter_topic_kafka_refuses_does_not_make_stored_records_look_uns
     body = answer.json()
     assert body["accepted"] == 2 and [r["index"] for r in body["rejected"]] == [1]
     assert body["dead_letter_error"].startswith("1 of 1 rejects could not be dead-lettered"), body
-    assert sorted(json.loads(v)["key"] for v in read_topic(settings, settings.events_topic)) == ["A", "B"]
+    assert sorted(e["key"] for e in events_on(settings, settings.events_topic)) == ["A", "B"]
 
 
 @pytest.fixture

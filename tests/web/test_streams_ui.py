@@ -3,8 +3,6 @@ declare a stream (field errors first), evolve it, issue a publisher token and pu
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
@@ -13,7 +11,7 @@ from core.settings import Settings
 from ingest.kafka import ensure_topics
 from subscriptions.db import session_factory
 from subscriptions.streams import StreamService
-from tests.ingest.test_publisher import read_topic
+from tests.ingest.test_publisher import events_on
 from tests.users import PASSWORD, api_client, new_user
 from tests.web.test_ui import browser, page, server  # noqa: F401 - the browser, its page and a live server
 
@@ -102,7 +100,7 @@ def test_an_operator_declares_a_stream_issues_a_publisher_token_and_publishes_wi
     assert answer.status_code == 202, answer.text
     assert answer.json() == {"accepted": 2, "rejected": [
         {"index": 1, "reason": "cpu: Input should be less than or equal to 100"}]}
-    on_topic = sorted((json.loads(v) for v in read_topic(settings, f"{settings.stream_topic_prefix}hosts")),
+    on_topic = sorted(events_on(settings, f"{settings.stream_topic_prefix}hosts"),
                       key=lambda r: r["key"])
     assert on_topic == [{"key": "db-1", "ts": 1767342602500, "cpu": 7, "mem": 20, "disk": 93.5, "region": None},
                         {"key": "web-1", "ts": 1767346200000, "cpu": 42.5, "mem": 61, "disk": None, "region": "eu"}]

@@ -354,6 +354,8 @@ async def _publish(request: Request, settings: Settings, producer: StreamProduce
                                 headers={"Retry-After": str(settings.publish_retry_after_s)})
         if delivery.dead_failed:  # the records are stored: a 503 would have them sent (and stored) again
             dead_letter_error = dead_letters_failed(stream.name, delivery)
+        if batch.accepted:
+            producer.published(stream.name, stream.topic, int(stream.schema["partitions"]), batch.newest_ts or 0)
     PUBLISHED.labels(stream.name, "accepted").inc(batch.accepted)
     PUBLISHED.labels(stream.name, "rejected").inc(len(batch.rejected))
     return PublishOut(accepted=batch.accepted, dead_letter_error=dead_letter_error,

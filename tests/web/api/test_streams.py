@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from ingest.kafka import ensure_topics, topic_end_offsets
-from tests.ingest.test_publisher import read_topic
+from tests.ingest.test_publisher import events_on, read_topic
 from tests.users import api_client, new_user
 
 HOSTS = {"name": "hosts", "key_field": "host", "time_field": "time", "time_format": "iso8601",
@@ -94,9 +95,9 @@ def test_two_streams_with_different_schemas_published_and_read_back(operator: Te
         answer = _publish(publisher, "trades", [host])
         assert answer.json()["accepted"] == 0 and "key: Field required" in answer.json()["rejected"][0]["reason"]
 
-    on_trades = sorted((json.loads(v) for v in read_topic(settings, settings.events_topic)), key=lambda e: e["key"])
+    on_trades = sorted(events_on(settings, settings.events_topic), key=lambda e: e["key"])
     assert on_trades == [trade, {**trade, "key": "MSFT", "price": 410}]  # the wire form is the Event's
-    on_hosts = sorted((json.loads(v) for v in read_topic(settings, hosts["topic"])), key=lambda e: e["key"])
+    on_hosts = sorted(events_on(settings, hosts["topic"]), key=lambda e: e["key"])
     assert on_hosts == [
         {"key": "db-1", "ts": 1_767_340_800_000, "cpu": 7, "mem": None, "region": None},
         {"key": "web-1", "ts": 1_767_342_600_250, "cpu": 42.5, "mem": 1e9, "region": "eu"},
@@ -106,6 +107,36 @@ def test_two_streams_with_different_schemas_published_and_read_back(operator: Te
     assert sorted(d["source"] for d in dead) == ["stream hosts: HTTP record 0", "stream trades: HTTP record 0"]
     letter = next(d for d in dead if d["source"].startswith("stream hosts"))
     assert "host: Field required" in letter["reason"] and json.loads(letter["raw"]) == trade
+
+
+def test_http_publishing_moves_every_partition_of_the_stream_by_heartbeats(operator: TestClient,
+                                                                          settings: Settings) -> None:
+    """One key lands on one partition; the others' clocks would never move and no window of the stream would
+    close. After each stored batch every partition gets a heartbeat at the batch's newest time, paced to one
+    round per TOCSIN_PUBLISH_HEARTBEAT_MS, and the newest time a paced round held back still goes out."""
+    created = operator.post("/api/streams", json={**HOSTS, "name": "paced", "partitions": 3})
+    assert created.status_code == 201, created.text
+    topic = created.json()["topic"]
+    record = {"host": "web-1", "time": "2026-01-02T09:30:00Z", "cpu": 1}
+    with _publisher(settings, _token(operator, "paced")) as publisher:
+        assert _publish(publisher, "paced", [record, {**record, "time": "2026-01-02T09:30:02Z"}]).status_code == 202
+        assert _publish(publisher, "paced", [{**record, "time": "2026-01-02T09:30:05Z"}]).status_code == 202
+        first, last = 1_767_346_202_000, 1_767_346_205_000
+
+        def beats() -> dict[int, list[int]]:
+            found: dict[int, list[int]] = {}
+            for value in read_topic(settings, topic):
+                beat = json.loads(value)
+                if beat.get("kind") == "heartbeat":
+                    found.setdefault(beat["partition"], []).append(beat["ts"])
+            return found
+
+        deadline = time.monotonic() + 10
+        while beats() != {p: [first, last] for p in range(3)} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # each partition: the first batch's newest time at once, the second's (paced) after the interval
+        assert beats() == {p: [first, last] for p in range(3)}
+    assert [e["ts"] for e in events_on(settings, topic)] == [1_767_346_200_000, first, last]
 
 
 def test_a_publisher_token_publishes_to_its_streams_only_and_reads_nothing(operator: TestClient,

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from ingest.kafka import ensure_topics
-from tests.ingest.test_publisher import read_topic
+from tests.ingest.test_publisher import events_on, read_topic
 from tests.users import api_client, new_user
 from tests.web.api.test_streams import _publish, _token, limited, own_broker, stalled_producer  # noqa: F401 - fixtures
 
@@ -43,7 +43,7 @@ def test_a_record_ahead_of_the_clock_is_refused_not_accepted_then_dropped(publis
     assert [r["index"] for r in body["rejected"]] == [1, 2, 3]
     assert all(r["reason"].startswith("ts: ") and "ahead of the server's clock" in r["reason"]
                for r in body["rejected"]), body
-    assert [json.loads(v)["key"] for v in read_topic(settings, settings.events_topic)] == ["A"]
+    assert [e["key"] for e in events_on(settings, settings.events_topic)] == ["A"]
 
 
 def test_a_full_producer_refuses_before_judging_the_batch(own_broker: tuple[Settings, object],  # noqa: F811
