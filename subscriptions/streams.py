@@ -260,6 +260,9 @@ class StreamService:
     def update(self, name: str, schema: StreamSchema) -> Stream:
         """Replace a stream's schema with a compatible one (``IncompatibleChange`` otherwise)."""
         stream = self.get(name)
+        if name == TRADES and schema != self.schema_of(stream):
+            raise IncompatibleChange("the built-in 'trades' stream's schema is fixed (the evaluator's trades path is "
+                                     "built for it): declare a stream of your own for other attributes")
         check_compatible(self.schema_of(stream), schema, self.used_by(name))
         stream.schema = schema.model_dump(mode="json")
         stream.version += 1

@@ -68,6 +68,8 @@ class ShardProcessor(StatefulProcessor):
         self.settings = settings
         self.shard_ids = shard_ids  # the parser's hash partitioning: which keys each shard owns (NO DATA)
         self.stream = stream
+        # What the query evaluates: trades' attributes are fixed (a condition naming another is left out, logged)
+        self.shape = stream if stream is not None else StreamShape(TRADES, ATTRIBUTES)
         self.stream_name = stream.name if stream is not None else TRADES
         self.checkpoint = str(checkpoint_of(settings, self.stream_name))
         self.config = ShardConfig(
@@ -127,7 +129,7 @@ class ShardProcessor(StatefulProcessor):
         progress = {int(p): int(t) for p, t in newest.items()}
         stats = BatchStats()
         source = shared_catalog_source(self.settings)
-        catalog = source.share(self.stream_name, self.stream)
+        catalog = source.share(self.stream_name, self.shape)
         transitions, delta = evaluator.step(pane_rows(frame[~is_progress], self.config.attributes), progress, catalog,
                                             stats)
         evaluated = time.perf_counter()

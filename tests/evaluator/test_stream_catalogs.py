@@ -13,7 +13,8 @@ from core.streams import Attribute, Dimension, StreamSchema
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.spark.registry import decode_registry, shape_of
 from evaluator.spec import SubscriptionSpec
-from evaluator.streams import StreamCatalogs, refusal
+from evaluator.streams import StreamCatalogs, StreamShape, refusal
+from ingest.model import ATTRIBUTES
 from subscriptions.language import parse_condition
 
 SCHEMA = StreamSchema(name="hosts", attributes=(Attribute(name="price"), Attribute(name="volume", required=False)),
@@ -39,6 +40,10 @@ def test_refusal_names_what_the_stream_lacks() -> None:
     assert refusal(dataclasses.replace(filtered, where=(("zone", ("a",)),)), HOSTS) == (
         "stream 'hosts' has no dimension 'zone'")
     assert refusal(dataclasses.replace(filtered, attribute="cpu"), HOSTS) == "stream 'hosts' has no attribute 'cpu'"
+    trades = StreamShape("trades", ATTRIBUTES)  # what the trades query evaluates (evaluator.spark.operator)
+    assert refusal(parse_condition("SUM(volume) OVER 5s > 1"), trades) is None
+    assert refusal(dataclasses.replace(parse_condition("SUM(volume) OVER 5s > 1"), attribute="vwap"), trades) == (
+        "stream 'trades' has no attribute 'vwap'")
 
 
 CONDITIONS = [parse_condition(text) for text in ("COUNT(*) OVER 5s > 1", "SUM(volume) OVER 5s > 1",

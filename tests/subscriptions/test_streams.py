@@ -92,17 +92,21 @@ def test_clear_errors(cli: Settings, capsys: pytest.CaptureFixture) -> None:
 
 def test_removing_a_used_attribute_is_refused_with_the_subscriptions(cli: Settings,
                                                                      capsys: pytest.CaptureFixture) -> None:
+    assert _run(capsys, "create-stream", "m", "--attribute", "x", "--attribute", "y")[0] == 0
     _, token = new_user(cli)
     with api_client(cli, token) as client:
-        ids = [client.post("/api/subscriptions", json={"name": name, "condition": condition}).json()["id"]
-               for name, condition in (("swing", "MAX(price) - MIN(price) OVER 30m > 3%"),
-                                       ("flow", "SUM(volume) OVER 5m > 2e6"), ("busy", "COUNT(*) OVER 1m > 10"))]
-    code, _, err = _run(capsys, "remove-attribute", TRADES, "price")
+        ids = [client.post("/api/subscriptions", json={"name": name, "stream": "m", "condition": condition}
+                           ).json()["id"]
+               for name, condition in (("swing", "MAX(x) - MIN(x) OVER 30m > 3%"),
+                                       ("flow", "SUM(y) OVER 5m > 2e6"), ("busy", "COUNT(*) OVER 1m > 10"))]
+    code, _, err = _run(capsys, "remove-attribute", "m", "x")
     assert code == 3 and f"used by subscriptions: #{ids[0]} swing" in err and "flow" not in err
+    code, _, err = _run(capsys, "remove-attribute", TRADES, "price")  # trades' schema is the evaluator's own
+    assert code == 3 and "schema is fixed" in err
     with session_factory(cli.database_url)() as session:
         service = StreamService(session, cli)
-        assert service.used_by(TRADES) == {f"#{ids[0]} swing": {"price"}, f"#{ids[1]} flow": {"volume"},
-                                           f"#{ids[2]} busy": set()}
+        assert service.used_by("m") == {f"#{ids[0]} swing": {"x"}, f"#{ids[1]} flow": {"y"},
+                                        f"#{ids[2]} busy": set()}
         assert service.used_by("other") == {}
         assert service.get(TRADES).topic == cli.events_topic
 

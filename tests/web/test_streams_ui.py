@@ -66,18 +66,19 @@ def test_an_operator_declares_a_stream_issues_a_publisher_token_and_publishes_wi
     expect(page.locator("#notice")).to_contain_text("attribute disk added (version 2)")
     expect(page.locator('[data-stream-detail="hosts"] [data-attribute="disk"]')).to_contain_text("≤ 100")
 
-    with api_client(settings, api_token) as api:  # a subscription on trades uses volume
-        made = api.post("/api/subscriptions", json={"name": "big volume", "condition": "SUM(volume) OVER 1m > 100"})
+    with api_client(settings, api_token) as api:  # a subscription on hosts uses cpu
+        made = api.post("/api/subscriptions", json={"name": "hot", "stream": "hosts",
+                                                    "condition": "AVG(cpu) OVER 1m > 90"})
         assert made.status_code == 201, made.text
         sid = made.json()["id"]
     page.reload()
-    volume = page.locator('[data-stream-detail="trades"] [data-attribute="volume"]')
-    expect(volume.locator(".used-by")).to_have_text(f"#{sid} big volume")
+    cpu = page.locator('[data-stream-detail="hosts"] [data-attribute="cpu"]')
+    expect(cpu.locator(".used-by")).to_have_text(f"#{sid} hot")
     page.once("dialog", lambda dialog: dialog.accept())
-    volume.get_by_role("button", name="Remove").click()
+    cpu.get_by_role("button", name="Remove").click()
     expect(page.locator("#refusal")).to_contain_text("used by subscriptions")
-    expect(page.locator("#refusal li")).to_have_text([f"#{sid} big volume"])
-    expect(page.locator('[data-stream-detail="trades"] [data-attribute="volume"]')).to_have_count(1)
+    expect(page.locator("#refusal li")).to_have_text([f"#{sid} hot"])
+    expect(page.locator('[data-stream-detail="hosts"] [data-attribute="cpu"]')).to_have_count(1)
 
     tokens = page.locator("#create-publisher-token")
     tokens.get_by_label("Token name").fill("collector")
@@ -145,9 +146,14 @@ def test_stream_pages_are_for_operators_with_the_csrf_token_and_show_field_error
         assert clash.status_code == 422 and 'data-field="form">&#39;kind&#39; is reserved' in clash.text
         taken = client.post("/streams", data={"csrf_token": csrf, "name": "trades", "attributes": "price"})
         assert taken.status_code == 409 and "a stream named &#39;trades&#39; exists already" in taken.text
-        last = client.post("/streams/trades/attributes/price/remove", data={"csrf_token": csrf}, follow_redirects=False)
-        assert last.status_code == 303  # price is used by no subscription
-        last = client.post("/streams/trades/attributes/volume/remove", data={"csrf_token": csrf})
+        fixed = client.post("/streams/trades/attributes/price/remove", data={"csrf_token": csrf})
+        assert fixed.status_code == 409 and "schema is fixed" in fixed.text  # the evaluator's built-in path
+        solo = client.post("/streams", data={"csrf_token": csrf, "name": "solo", "attributes": "cpu\nmem"},
+                           follow_redirects=False)
+        assert solo.status_code == 303, solo.text
+        last = client.post("/streams/solo/attributes/mem/remove", data={"csrf_token": csrf}, follow_redirects=False)
+        assert last.status_code == 303  # mem is used by no subscription
+        last = client.post("/streams/solo/attributes/cpu/remove", data={"csrf_token": csrf})
         assert last.status_code == 422 and "at least 1 item" in last.text  # a stream keeps one attribute
         missing = client.post("/streams/trades/attributes/nope/remove", data={"csrf_token": csrf},
                               headers={"Accept": "text/html"})

@@ -172,52 +172,59 @@ def test_a_publisher_token_publishes_to_its_streams_only_and_reads_nothing(opera
 
 def test_schema_evolution_add_live_and_refuse_removing_a_used_attribute(operator: TestClient,
                                                                         settings: Settings) -> None:
-    subscription = operator.post("/api/subscriptions", json={"name": "big volume",
-                                                             "condition": "SUM(volume) OVER 1m > 100"})
+    assert operator.post("/api/streams", json=HOSTS).status_code == 201
+    assert operator.post("/api/streams", json=HOSTS).status_code == 409
+    subscription = operator.post("/api/subscriptions", json={"name": "hot", "stream": "hosts",
+                                                             "condition": "AVG(cpu) OVER 1m > 90"})
     assert subscription.status_code == 201, subscription.text
     sid = subscription.json()["id"]
-    trades = operator.get("/api/streams/trades").json()["schema"]
-    token = _token(operator, "trades")
-    with _publisher(settings, token) as publisher:
-        with_vwap = {"key": "A", "ts": 1, "price": 1, "volume": 1, "vwap": 2.5}
-        assert "vwap: Extra inputs are not permitted" in _publish(publisher, "trades", [with_vwap]).json()[
+    hosts = operator.get("/api/streams/hosts").json()["schema"]
+    record = {"host": "web-1", "time": "2026-01-02T09:30:00Z", "cpu": 5}
+    with _publisher(settings, _token(operator, "hosts")) as publisher:
+        with_disk = {**record, "disk": 2.5}
+        assert "disk: Extra inputs are not permitted" in _publish(publisher, "hosts", [with_disk]).json()[
             "rejected"][0]["reason"]
 
-        added = operator.put("/api/streams/trades", json={
-            **trades, "attributes": [*trades["attributes"], {"name": "vwap", "unit": "USD", "required": False}]})
+        added = operator.put("/api/streams/hosts", json={
+            **hosts, "attributes": [*hosts["attributes"], {"name": "disk", "unit": "%", "required": False}]})
         assert added.status_code == 200, added.text
         assert added.json()["version"] == 2
         # The change applies to the next request: the new attribute is accepted, older producers still are.
-        answer = _publish(publisher, "trades", [with_vwap, {"key": "B", "ts": 2, "price": 1, "volume": 1}])
-        assert answer.json() == {"accepted": 2, "rejected": []}
+        assert _publish(publisher, "hosts", [with_disk, record]).json() == {"accepted": 2, "rejected": []}
 
-    required = operator.put("/api/streams/trades", json={
-        **trades, "attributes": [*trades["attributes"], {"name": "bid", "required": True}]})
+    required = operator.put("/api/streams/hosts", json={
+        **hosts, "attributes": [*hosts["attributes"], {"name": "bid", "required": True}]})
     assert required.status_code == 409 and "must be optional" in required.json()["detail"]
-    removed = operator.put("/api/streams/trades", json={**trades, "attributes": trades["attributes"][:1]})
+    removed = operator.put("/api/streams/hosts", json={**hosts, "attributes": hosts["attributes"][1:]})
     assert removed.status_code == 409
-    assert removed.json()["subscriptions"] == [f"#{sid} big volume"]
-    assert "volume" in removed.json()["detail"]
-    altered = operator.put("/api/streams/trades", json={
-        **trades, "attributes": [trades["attributes"][0], {"name": "volume", "min": 10}]})
-    assert altered.status_code == 409 and altered.json()["subscriptions"] == [f"#{sid} big volume"]
-    unused = operator.put("/api/streams/trades", json={
-        **trades, "attributes": [{"name": "price", "min": 0, "unit": "USD"}, trades["attributes"][1]]})
-    assert unused.status_code == 200 and unused.json()["version"] == 3  # price is used by no subscription
-    moved = operator.put("/api/streams/trades", json={**trades, "key_field": "symbol"})
+    assert removed.json()["subscriptions"] == [f"#{sid} hot"]
+    assert "cpu" in removed.json()["detail"]
+    altered = operator.put("/api/streams/hosts", json={
+        **hosts, "attributes": [{"name": "cpu", "min": 10}, hosts["attributes"][1]]})
+    assert altered.status_code == 409 and altered.json()["subscriptions"] == [f"#{sid} hot"]
+    unused = operator.put("/api/streams/hosts", json={  # mem is used by no subscription
+        **hosts, "attributes": [hosts["attributes"][0], {"name": "mem", "unit": "GB", "required": False}]})
+    assert unused.status_code == 200 and unused.json()["version"] == 3
+    moved = operator.put("/api/streams/hosts", json={**hosts, "key_field": "name"})
     assert moved.status_code == 409 and "key_field cannot change" in moved.json()["detail"]
-    assert operator.delete("/api/streams/trades").status_code == 409
-
-    assert operator.post("/api/streams", json=HOSTS).status_code == 201
-    assert operator.post("/api/streams", json=HOSTS).status_code == 409
     kept = operator.put("/api/streams/hosts", json={  # what the body leaves out stays as declared
-        "name": "hosts", "attributes": [*HOSTS["attributes"], {"name": "disk", "required": False}]})
+        "name": "hosts", "attributes": [*hosts["attributes"], {"name": "load", "required": False}]})
     assert kept.status_code == 200, kept.text
     assert kept.json()["schema"]["key_field"] == "host" and kept.json()["schema"]["partitions"] == 2
     assert kept.json()["schema"]["dimensions"] == [{"name": "region", "max_length": 256, "required": False}]
     assert operator.put("/api/streams/hosts", json={**HOSTS, "name": "other"}).status_code == 409
+    assert operator.delete("/api/streams/hosts").status_code == 409  # the subscription uses it
+    assert operator.delete(f"/api/subscriptions/{sid}").status_code == 204
     assert operator.delete("/api/streams/hosts").status_code == 204
     assert operator.get("/api/streams/hosts").status_code == 404
+
+    # trades is the evaluator's built-in path: its schema is fixed, and it cannot be deleted
+    trades = operator.get("/api/streams/trades").json()["schema"]
+    for attributes in ([*trades["attributes"], {"name": "vwap", "required": False}], trades["attributes"][:1]):
+        refused = operator.put("/api/streams/trades", json={**trades, "attributes": attributes})
+        assert refused.status_code == 409 and "schema is fixed" in refused.json()["detail"]
+    assert operator.put("/api/streams/trades", json=trades).status_code == 200  # the same schema: no change
+    assert operator.delete("/api/streams/trades").status_code == 409
 
 
 def test_declarations_are_validated_field_by_field(operator: TestClient) -> None:
