@@ -104,11 +104,12 @@ class SubstreamDelta:
     views: dict[View, Delta] = field(default_factory=dict)
     created: list[View] = field(default_factory=list)
     dropped: list[View] = field(default_factory=list)
+    cells: bool = False  # the shard's layout: a declared stream's always writes the framed form
     legacy: bool = False  # read from a base-only delta
 
     def to_bytes(self) -> bytes:
-        if not self.views and not self.created and not self.dropped:
-            return self.base.to_bytes()
+        if not self.cells and not self.views and not self.created and not self.dropped:
+            return self.base.to_bytes()  # trades without views: as written before views
         order = list(self.views)
         meta = {"views": [v.to_json() for v in order], "created": [v.to_json() for v in self.created],
                 "dropped": [v.to_json() for v in self.dropped]}
@@ -182,7 +183,7 @@ class SubstreamShard:
         nothing = Catalog(catalog.version)
         transitions, base = self.base.step(rows, progress,
                                            Catalog.empty() if self.cells else shares.get(View(), nothing), stats)
-        delta = SubstreamDelta(base, created=created)
+        delta = SubstreamDelta(base, created=created, cells=self.cells)
         for view, evaluator in self.views.items():
             more, delta.views[view] = evaluator.step(rows_in(rows, view), progress, shares.get(view, nothing), stats)
             transitions += more

@@ -193,3 +193,32 @@ def test_a_new_view_has_the_retained_events_of_its_cells_for_last() -> None:
     assert shard.base.evaluated_at == 2_000
     fired, _ = shard.step(cell_rows(tick), progress_of(tick, progress_of(early, {})), catalog)
     assert [(t.key, t.state, t.value) for t in fired] == [("a1", "firing", 3.0)]  # x's newest event carrying w
+
+
+def test_a_declared_streams_delta_without_views_replays_as_its_own_not_as_one_from_before_views() -> None:
+    """Found by hypothesis: a declared stream's delta written while no view was in use had the bytes of a delta
+    from before views, so a copy replaying it put the base's cell rows into a whole-stream view: once a
+    subscription came, it fired per cell ('a1\\x1f[{"d":"x"},...]', with that cell's sum) instead of per key."""
+    first = SubstreamShard(CONFIG, OPTIONAL, cells=True)
+    batches = [[("a1", 0, "x", 1.0, 0.0), ("a1", 0, "y", 2.0, None)], [("b1", 0, "x", 3.0, 0.0), ("a1", 1_000, None, 0.0, None)],
+               [("b1", 1_000, None, 0.0, None)]]
+    asked = Catalog.empty().applied(CatalogChange(1, (SubscriptionSpec(1, Condition(Aggregate.SUM, "v", 2 * PANE,
+                                                                                    low=0.0)),)))
+    progress: dict[int, int] = {}
+    for batch in batches[:2]:
+        progress = progress_of(batch, progress)
+        _, delta = first.step(cell_rows(batch), progress, Catalog.empty())
+    copy = SubstreamShard(CONFIG, OPTIONAL, cells=True)
+    copy.replay(SubstreamDelta.from_bytes(first_delta_bytes(batches[:1]), len(ATTRS)))
+    copy.replay(SubstreamDelta.from_bytes(delta.to_bytes(), len(ATTRS)))
+    progress = progress_of(batches[2], progress)
+    got, _ = first.step(cell_rows(batches[2]), progress, asked)
+    taken, _ = copy.step(cell_rows(batches[2]), progress, asked)
+    assert [(t.key, t.value) for t in taken] == [(t.key, t.value) for t in got] == [("a1", 3.0), ("b1", 3.0)]
+
+
+def first_delta_bytes(batches: list[list[Event]]) -> bytes:
+    """The delta bytes of a fresh declared-stream shard's first batch."""
+    shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
+    batch = batches[0]
+    return shard.step(cell_rows(batch), progress_of(batch, {}), Catalog.empty())[1].to_bytes()
