@@ -138,7 +138,10 @@ def main() -> None:
         try:
             settings = Settings(kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
                                 database_url=f"sqlite:///{work / 'tocsin.db'}", data_dir=work / "var",
-                                events_topic="bench.events", dead_letter_topic="bench.dead", dashboard_sample_s=3600)
+                                events_topic="bench.events", dead_letter_topic="bench.dead", dashboard_sample_s=3600,
+                                # no heartbeats (at most one per partition a second), so the topic's offsets count
+                                # exactly the events accepted
+                                publish_heartbeat_ms=0)
             ensure_topics(settings)
             from subscriptions.db import session_factory
             from subscriptions.streams import StreamService
