@@ -27,6 +27,19 @@ _topic_ids = itertools.count()
 # A test that waits for an info line asks for it: ``monkeypatch.setenv("TOCSIN_LOG_LEVEL", "INFO")``.
 os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
 
+#: Tests that run a JVM (the shared SparkSession, an evaluator or a whole platform in a child process). infra/test
+#: runs the suite on two pytest-xdist workers (``--dist loadgroup``): these all go to one of them, one JVM at a time
+#: on two cores, while the other worker takes the rest, which mostly waits on servers, SMTP and browsers.
+JVM_PATHS = ("tests/evaluator/spark/", "tests/evaluator/cluster/", "tests/devstack/", "tests/benchmarks/",
+             "tests/test_e2e.py", "tests/rediscluster/test_job.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if ("spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")
+                or item.get_closest_marker("jvm") or item.nodeid.startswith(JVM_PATHS)):
+            item.add_marker(pytest.mark.xdist_group("jvm"))
+
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

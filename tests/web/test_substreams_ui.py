@@ -153,6 +153,7 @@ def test_a_subscriber_creates_a_subscription_on_a_declared_stream(
         f"#{stored.id} Hot web hosts in eu")
 
 
+@pytest.mark.jvm
 @pytest.mark.slow  # the evaluator's JVM and its first batches: about a minute more of two cores
 def test_a_subscription_on_a_declared_stream_fires_on_records_published_over_http(
         server: str, page: Page, browser: Browser, settings: Settings, tmp_path: Path) -> None:  # noqa: F811
