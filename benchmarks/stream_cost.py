@@ -1,6 +1,6 @@
 """The fixed cost of a query per stream (docs/evaluator-streams.md, "Cost of a query per stream").
 
-    flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py              # about 6 minutes on two cores
+    flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py              # about 5 minutes on two cores
     flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py --markdown   # ... and the tables as markdown
     python benchmarks/stream_cost.py --quick                                   # smoke run
 
@@ -140,7 +140,7 @@ def phase(name: str, queries: dict, warm_up_s: float, seconds: float) -> dict:
         "name": name, "streams": len(queries) - 1, "wall_s": wall, "cpu_per_s": used.cpu_s / wall,
         "by_role": {r: s / wall for r, s in used.cpu_s_by(role).items()},
         "trades_batches_per_s": len(trades) / wall,
-        "trades_batch_ms": _mean_ms(trades), "trades_events_per_s": sum(p["numInputRows"] for p in trades) / wall,
+        "trades_batch_ms": _mean_ms(trades), "trades_records_per_s": sum(p["numInputRows"] for p in trades) / wall,
         "idle_batches_per_s": idle_batches / wall, "idle_batch_ms": _mean_ms([p for b in idle for p in b]),
     }
 
@@ -226,9 +226,9 @@ def report(args, phases: list[dict], begun: str, load_before, load_after) -> Non
         f"(every {HEARTBEAT_MS} ms per partition), {args.seconds:g} s measured after {args.warm_up:g} s; "
         "tree CPU ms per batch = tree CPU / every query's batches (the feed, Tansu and Redis included)",
         ["phase", "idle stream queries", "tree CPU s/s", *(f"{r} s/s" for r in ROLES), "trades batches/s",
-         "trades batch ms", "trades events/s", "idle batches/s (all)", "idle batch ms", "tree CPU ms per batch"],
+         "trades batch ms", "trades records/s", "idle batches/s (all)", "idle batch ms", "tree CPU ms per batch"],
         [[p["name"], p["streams"], p["cpu_per_s"], *(p["by_role"].get(r, 0.0) for r in ROLES),
-          p["trades_batches_per_s"], p["trades_batch_ms"], p["trades_events_per_s"], p["idle_batches_per_s"],
+          p["trades_batches_per_s"], p["trades_batch_ms"], p["trades_records_per_s"], p["idle_batches_per_s"],
           p["idle_batch_ms"], 1000 * p["cpu_per_s"] / (p["trades_batches_per_s"] + p["idle_batches_per_s"])
           if p["trades_batches_per_s"] + p["idle_batches_per_s"] else float("nan")] for p in phases],
     )]
