@@ -22,6 +22,14 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   per-key quantiles, ~8 % of keys over each) and a key-churn stream (``--churn``:
   ``--churn-turnover`` new keys per event-second, ``--keys`` active at a time, its
   own topic).
+- *Two streams* (issue 15: a query per declared stream, ``--two-streams``): the trades query with the
+  collective mix beside a ``hosts`` stream's query (declared in the stream registry and started by the
+  evaluator's stream supervisor, as in production), both draining their backlog at once with the same
+  cap. ``hosts`` (attributes cpu and mem) carries the same feed relabelled (cpu = price, mem = volume)
+  and the mix's first ``--hosts-subscriptions`` subscriptions over cpu and mem, so both streams' alerts
+  have a known answer: the transitions of the same subscriptions in the single-stream collective row
+  over the same feed. Rows processed per wall second per stream and in total (every counted row over the
+  wall time from the first stream's warm-up to the last batch), tree CPU per record, peak RSS.
 - *Where the time goes*, per row, in µs of task time per record read (both
   cores summed): read (the source's slices), parse (``PaneParser``), the shard
   operator's restore / evaluate / persist, the sink's Redis writes, all kept in
@@ -55,6 +63,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import random
@@ -75,20 +84,24 @@ from kafka.admin import KafkaAdminClient, NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
-from benchmarks.progress import batch_end_s, drain
+from benchmarks.progress import batch_end_s, combined, drain, drain_all
 from benchmarks.report import percentiles, print_tables
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.streams import Attribute, RecordLimits, StreamSchema, StreamValidator, topic_name
 from devstack.services import free_port, start_redis, start_tansu
 from evaluator.catalog import Catalog
 from evaluator.spark.job import build_query
+from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session
+from evaluator.spark.supervisor import StreamSupervisor
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from subscriptions.language import format_condition, parse_condition
 from subscriptions.service import publish_catalog
+from subscriptions.streams import publish_registry
 
 SECOND = 1_000
 WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 1 h
@@ -285,6 +298,34 @@ def event_value(key: str, ts: int, price: float, volume: float) -> bytes:
     return f'{{"key":"{key}","ts":{ts},"price":{price!r},"volume":{volume!r}}}'.encode()
 
 
+def event_reference(key: str, ts: int, price: float, volume: float) -> bytes:
+    return Event(key=key, ts=ts, price=price, volume=volume).to_json()
+
+
+#: The two-stream row's second stream: the feed relabelled (cpu = price, mem = volume), ids past HOSTS_IDS.
+HOSTS = StreamSchema(name="hosts", attributes=(Attribute(name="cpu", unit="%", min=0), Attribute(name="mem", min=0)),
+                     retention_ms=7 * 86_400_000, partitions=4)
+HOSTS_IDS = 1_000_000
+HOSTS_ATTRIBUTES = {"price": "cpu", "volume": "mem"}
+
+
+def host_value(key: str, ts: int, cpu: float, mem: float) -> bytes:
+    """A ``hosts`` record as its producers write it (checked against the stream's validator in :func:`publish`)."""
+    return f'{{"key":"{key}","ts":{ts},"cpu":{cpu!r},"mem":{mem!r}}}'.encode()
+
+
+def host_reference(key: str, ts: int, cpu: float, mem: float) -> bytes:
+    [wire] = StreamValidator(HOSTS, RecordLimits.of(Settings())).validate([host_value(key, ts, cpu, mem)]).records
+    return wire.encode()
+
+
+def on_hosts(specs: tuple[SubscriptionSpec, ...]) -> tuple[SubscriptionSpec, ...]:
+    """The same subscriptions over ``hosts`` (price -> cpu, volume -> mem), their ids ``HOSTS_IDS`` further."""
+    return tuple(SubscriptionSpec(HOSTS_IDS + s.id, dataclasses.replace(
+        s.condition, attribute=HOSTS_ATTRIBUTES.get(s.condition.attribute or "", s.condition.attribute),
+        stream=HOSTS.name), s.keys) for s in specs)
+
+
 def new_producer(bootstrap: str):
     from confluent_kafka import Producer  # comes with quixstreams (the dev extra)
 
@@ -325,20 +366,26 @@ class Sender:
             raise RuntimeError("records left unsent after 60 s")
 
 
-def publish(settings: Settings, topic: str, events: Iterable[tuple], heartbeat_every_ms: int = 500) -> tuple[int, float]:
+Encoder = Callable[[str, int, float, float], bytes]
+
+
+def publish(settings: Settings, topic: str, events: Iterable[tuple], heartbeat_every_ms: int = 500,
+            encode: Encoder = event_value, reference: Encoder = event_reference) -> tuple[int, float]:
     """Publish a stream as it is generated; heartbeats every ``heartbeat_every_ms`` of event time and one
-    30 s past the end so every window closes. Returns (records written, wall seconds)."""
+    30 s past the end so every window closes. ``encode`` writes a record (trades' by default; its first
+    record is checked against ``reference``, the model's own serialisation). Returns (records written,
+    wall seconds)."""
     sender = Sender(settings.kafka_bootstrap, topic)
     started = time.monotonic()
     next_beat, last_ts = None, 0
     for key, ts, price, volume in events:
         if next_beat is None:
-            assert event_value(key, ts, price, volume) == Event(key=key, ts=ts, price=price, volume=volume).to_json()
+            assert encode(key, ts, price, volume) == reference(key, ts, price, volume)
             next_beat = ts + heartbeat_every_ms
         if ts >= next_beat:
             sender.heartbeat(next_beat)
             next_beat += heartbeat_every_ms
-        sender.event(key, ts, price, volume)
+        sender.send(encode(key, ts, price, volume), key.encode())
         last_ts = ts
     sender.heartbeat(last_ts + 30 * SECOND)
     sender.flush()
@@ -388,6 +435,7 @@ class Resources:
         self.rss_mb = tree_rss_mb()
         self._start: dict[int, float] = {}
         self._last: dict[int, float] = {}
+        self._processes: dict[int, psutil.Process] = {}
         self._stop = threading.Event()
         self._sample(first=True)
 
@@ -398,11 +446,23 @@ class Resources:
                 used = times.user + times.system
                 self._last[p.pid] = used
                 self._start.setdefault(p.pid, used if first else 0.0)
+                self._processes.setdefault(p.pid, p)
         self.rss_mb = max(self.rss_mb, tree_rss_mb())
 
     @property
     def cpu_s(self) -> float:
         return sum(used - self._start[pid] for pid, used in self._last.items())
+
+    def cpu_s_by(self, role: Callable[[psutil.Process], str]) -> dict[str, float]:
+        """:attr:`cpu_s` split by each process's ``role`` (asked while the process still runs, else "exited")."""
+        split: dict[str, float] = {}
+        for pid, used in self._last.items():
+            try:
+                name = role(self._processes[pid])
+            except psutil.Error:
+                name = "exited"
+            split[name] = split.get(name, 0.0) + used - self._start[pid]
+        return split
 
     def __enter__(self) -> Resources:
         def run() -> None:
@@ -435,13 +495,18 @@ STAGES = ("read", "parse", "restore", "evaluate", "persist", "sink")
 RESTORES = ("cached", "caught_up", "rebuilt")
 
 
-def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: float) -> dict:
-    tag = row.name.replace(" ", "-").replace(",", "")
-    settings = base.model_copy(update={
+def row_settings(base: Settings, name: str, mode: str, topic: str, cap: int) -> Settings:
+    """A throughput row's own Redis prefix and checkpoint, its mode, topic and cap, a 0 s trigger."""
+    tag = name.replace(" ", "-").replace(",", "").replace("+", "")
+    return base.model_copy(update={
         "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}",
-        "evaluator_mode": row.mode, "events_topic": row.topic,
-        "source_max_records_per_trigger": row.cap, "trigger_interval": "0 seconds",
+        "evaluator_mode": mode, "events_topic": topic,
+        "source_max_records_per_trigger": cap, "trigger_interval": "0 seconds",
     })
+
+
+def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: float) -> dict:
+    settings = row_settings(base, row.name, row.mode, row.topic, row.cap)
     install_catalog(settings, row.specs)
     print(f"{row.name} ...", file=sys.stderr, flush=True)
     with Resources() as rss:
@@ -474,6 +539,84 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "restore_ms": [stats.get(f"restore_{how}_ms_total", 0) / max(stats.get(f"shard_restore_{how}", 0), 1)
                        for how in RESTORES],
     }
+
+
+@dataclass(frozen=True)
+class TwoStreamRow:
+    """The two-stream row: trades' catalog (a collective row's mix) and hosts' (the first of it, on cpu and mem)."""
+
+    name: str
+    trades: tuple[SubscriptionSpec, ...]
+    hosts: tuple[SubscriptionSpec, ...]
+    reference: str  # the single-stream collective row over the same feed and mix ("": none ran)
+    cap: int
+
+
+Digest = tuple[int, int]  # (transitions, sum of their hashes mod 2^64): a multiset, compared in this process
+
+
+def alert_digests(settings: Settings, groups: dict[str, Callable[[int], int | None]]) -> dict[str, Digest]:
+    """Each group's transitions as (subscription, key, state, evaluated_at) in the row's alert streams, digested;
+    a group maps a subscription id to the id it is compared as (None: not in the group)."""
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    digests = dict.fromkeys(groups, (0, 0))
+    for stream_key in RedisKeys(settings).alerts_streams:
+        after = "-"
+        while entries := text_entries(client.xrange(stream_key, after, "+", count=10_000)):
+            for _, fields in entries:
+                alert = json.loads(fields["alert"])
+                for name, as_id in groups.items():
+                    if (sid := as_id(alert["subscription_id"])) is not None:
+                        n, total = digests[name]
+                        seen = hash((sid, alert["key"], alert["state"], alert["evaluated_at"]))
+                        digests[name] = (n + 1, (total + seen) % 2**64)
+            after = "(" + entries[-1][0]
+    return digests
+
+
+def two_stream_run(spark, base: Settings, row: TwoStreamRow, total_rows: int, hosts_rows: int,
+                   budget_s: float, reference: dict | None) -> dict:
+    """Trades and hosts drained at once; hosts declared in the registry and started by the stream supervisor."""
+    settings = row_settings(base, row.name, "collective", base.events_topic, row.cap)
+    install_catalog(settings, row.trades + row.hosts)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = RedisKeys(settings)
+    publish_registry(client, keys, [HOSTS])
+    print(f"{row.name} ...", file=sys.stderr, flush=True)
+    warm_up = min(row.cap, total_rows // 2)
+    with Resources() as used:
+        trades = build_query(spark, settings)
+        supervisor = StreamSupervisor(spark, settings, RegistryReader(client, keys, settings), build_query)
+        supervisor.poll()
+        if "hosts" not in supervisor.queries():
+            trades.stop()
+            raise RuntimeError("the hosts query did not start: see stream_query_not_started in the log")
+        drained = drain_all({"trades": (trades, total_rows, warm_up),
+                             "hosts": (supervisor.queries()["hosts"], hosts_rows, min(row.cap, hosts_rows // 2))},
+                            budget_s)
+    (trades_rate, trades_progress), (hosts_rate, hosts_progress) = drained["trades"], drained["hosts"]
+    stats = _numbers(client.hgetall(keys.evaluator_stats))
+    both = combined([trades_rate, hosts_rate])
+    got = alert_digests(settings, {"trades": lambda i: i if i < HOSTS_IDS else None,
+                                   "hosts": lambda i: i - HOSTS_IDS if i > HOSTS_IDS else None})
+    return {
+        "trades": trades_rate, "hosts": hosts_rate, "total": both,
+        "batches": (len(trades_progress), len(hosts_progress)), "rss_mb": used.rss_mb,
+        "cpu_us": used.cpu_s * 1e6 / max(stats.get("read_rows", 0), 1.0),
+        "alerts": {name: _verdict(got[name], reference, name, both.finished) for name in got},
+    }
+
+
+def _verdict(got: Digest, reference: dict | None, name: str, finished: bool) -> str:
+    """The two-stream row's transitions of one stream against the single-stream row's of the same subscriptions."""
+    if reference is None:
+        return f"{got[0]:,} (no single-stream row)"
+    expected: Digest = reference["digests"][name]
+    if not (finished and reference["finished"]):
+        return f"{got[0]:,} (n/a: budget)"
+    if got == expected:
+        return f"exact ({got[0]:,})"
+    return f"DIFFERS ({got[0]:,} vs {expected[0]:,})"
 
 
 def _is_number(text: str) -> bool:
@@ -718,6 +861,10 @@ def main() -> None:
                         help="subscription counts of the issue-16 mix rows (lifecycle clauses, crossings, CHANGE %%, "
                              "tuple windows, NO DATA), collective and naive")
     parser.add_argument("--churn-turnover", type=int, default=2_000, help="new keys per event-second")
+    parser.add_argument("--two-streams", type=int, default=10_000,
+                        help="subscriptions on trades in the two-stream row (a collective row's mix; 0: no row)")
+    parser.add_argument("--hosts-subscriptions", type=int, default=1_000,
+                        help="the two-stream row: the mix's first this many, over hosts' cpu and mem")
     parser.add_argument("--peer-subscriptions", type=int, default=10_000)
     parser.add_argument("--peer-batch", type=int, default=20_000, help="records per micro-batch of the peers")
     parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
@@ -736,7 +883,7 @@ def main() -> None:
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
-        args.semantics = "300"
+        args.semantics, args.two_streams, args.hosts_subscriptions = "300", 300, 30
         args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
         args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 15
         args.live_heavy_rates, args.live_warm_up = "", 5
@@ -745,6 +892,12 @@ def main() -> None:
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _, base, stop_stack = start_stack("bench")  # topics bench-events, bench-dead (the peers' table reads them)
     keys, start_ms, total_rows, publish_s = publish_feed(base, args.keys, args.rate, args.seconds)
+    hosts_rows = 0
+    if args.two_streams:
+        hosts_topic = topic_name(HOSTS.name, base)
+        create_event_topic(base, hosts_topic)
+        hosts_rows, _ = publish(base, hosts_topic, stream(args.keys, args.rate, args.seconds, start_ms),
+                                encode=host_value, reference=host_reference)
     churn_topic, churn_rows = "bench-churn", 0
     if args.churn:
         create_event_topic(base, churn_topic)
@@ -756,7 +909,7 @@ def main() -> None:
         return Row(name, specs, topic, mode, cap, n_keys)
 
     mix = {n: subscriptions(n, keys, args.rate) for n in {*counts(args.subscriptions), *counts(args.naive),
-                                                          args.peer_subscriptions, args.churn} if n}
+                                                          args.peer_subscriptions, args.churn, args.two_streams} if n}
     runs = [row(f"collective {short(n)}", mix[n]) for n in counts(args.subscriptions)]
     runs += [row(f"naive {short(n)}", mix[n], "naive") for n in counts(args.naive)]
     sweep_n = 10_000 if 10_000 in mix else max(mix)
@@ -769,9 +922,16 @@ def main() -> None:
     if args.churn:
         runs.append(row(f"key churn {short(args.churn)}", mix[args.churn], topic=churn_topic,
                         n_keys=args.keys + args.seconds * args.churn_turnover))
+    two: TwoStreamRow | None = None
+    if args.two_streams:
+        n, m = args.two_streams, min(args.hosts_subscriptions, args.two_streams)
+        single = next((r.name for r in runs if r.specs is mix[n] and r.mode == "collective" and r.cap == args.cap
+                       and r.topic == base.events_topic), "")
+        two = TwoStreamRow(f"trades {short(n)} + hosts {short(m)}", mix[n], on_hosts(mix[n][:m]), single, args.cap)
     peer_specs = mix[args.peer_subscriptions]
     peers: list[tuple[str, float, float]] = []
     results: dict[str, dict] = {}
+    two_result: dict | None = None
     live: dict[str, tuple[LiveRow, dict]] = {}
     spark = None
     try:
@@ -780,6 +940,16 @@ def main() -> None:
         for r in runs:
             results[r.name] = throughput_run(spark, base, r, churn_rows if r.topic == churn_topic else total_rows,
                                              args.budget)
+        if two is not None:
+            reference = None
+            if two.reference:
+                m = len(two.hosts)
+                alone = row_settings(base, two.reference, "collective", base.events_topic, two.cap)
+                reference = {"finished": results[two.reference]["finished"], "rate": results[two.reference]["rate"],
+                             "digests": alert_digests(alone, {"trades": lambda i: i,
+                                                               "hosts": lambda i: i if i <= m else None})}
+            two_result = two_stream_run(spark, base, two, total_rows, hosts_rows, args.budget, reference)
+            two_result["single_rate"] = reference["rate"] if reference else float("nan")
         peers = peer_rows(spark, base, peer_specs, args, total_rows) + peers
         for lr in live_rows(args, keys):
             live[lr.name] = (lr, latency_run(spark, base, lr, args.keys, args.live_warm_up, args.live_seconds,
@@ -789,7 +959,7 @@ def main() -> None:
             spark.stop()
         stop_stack()
     load_after = psutil.getloadavg()
-    report(args, runs, results, peers, live, total_rows, publish_s, begun, load_before, load_after)
+    report(args, runs, results, peers, live, total_rows, publish_s, begun, load_before, load_after, two, two_result)
 
 
 def live_rows(args, keys: list[str]) -> list[LiveRow]:
@@ -810,7 +980,8 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
 
 
 def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[str, tuple[LiveRow, dict]],
-           total_rows: int, publish_s: float, begun: str, load_before, load_after) -> None:
+           total_rows: int, publish_s: float, begun: str, load_before, load_after,
+           two: TwoStreamRow | None = None, two_result: dict | None = None) -> None:
     naive = {id(r.specs): results[r.name]["rate"] for r in runs if r.mode == "naive"}  # by mix, not by size
     tables = [(
         f"Sustained throughput (backlog drain), {args.rate:,} events per event-second, {args.seconds} event-seconds, "
@@ -835,6 +1006,23 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
           "/".join(map(str, x["restores"])), x["evaluate_ms"]]
          for r in runs for x in [results[r.name]]],
     )]
+    if two is not None and two_result is not None:
+        x = two_result
+        tables.append((
+            "Two streams at once (a query per stream): trades with the collective mix beside hosts (the same feed "
+            "relabelled, cpu = price and mem = volume, under the mix's first subscriptions over cpu and mem), both "
+            "draining their backlog from the start; events/s per stream as above, total = both streams' rows after "
+            "their first batch / wall time from the first warm-up to the last batch; alerts: each stream's "
+            "transitions against the same subscriptions' in the single-stream collective row over the same feed",
+            ["row", "trades subscriptions", "hosts subscriptions", "trades events/s", "hosts events/s",
+             "total events/s", "single-stream events/s", "finished trades/hosts", "batches trades/hosts",
+             "trades alerts", "hosts alerts", "tree CPU µs per record", "peak RSS MB"],
+            [[two.name, f"{len(two.trades):,}", f"{len(two.hosts):,}", x["trades"].rate, x["hosts"].rate,
+              x["total"].rate, x["single_rate"], "/".join("yes" if t.finished else "budget"
+                                                          for t in (x["trades"], x["hosts"])),
+              "/".join(map(str, x["batches"])), x["alerts"]["trades"], x["alerts"]["hosts"], x["cpu_us"],
+              x["rss_mb"]]],
+        ))
     tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
               if len(r.specs) == args.peer_subscriptions and r.cap == args.cap and r.topic == "bench-events"
               and not r.name.startswith("high")]

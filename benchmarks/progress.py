@@ -24,10 +24,22 @@ class Throughput:
     counted_rows: int  # the rows after the warm-up, over ``seconds``
     seconds: float
     finished: bool  # the whole stream was processed within the budget
+    since: float = 0.0  # wall time (epoch s) the warm-up ended, and the last counted batch ended (0: unknown)
+    until: float = 0.0
 
     @property
     def rate(self) -> float:
         return self.counted_rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def combined(throughputs: list[Throughput]) -> Throughput:
+    """Several queries that ran at once as one: every counted row over the wall time from the first warm-up's
+    end to the last counted batch's end."""
+    timed = [t for t in throughputs if t.seconds > 0]
+    since = min((t.since for t in timed), default=0.0)
+    until = max((t.until for t in timed), default=0.0)
+    return Throughput(sum(t.rows for t in throughputs), sum(t.counted_rows for t in timed), until - since,
+                      all(t.finished for t in throughputs), since, until)
 
 
 def rate_over(batches: list[tuple[float, int]], warm_up_rows: int, total_rows: int) -> Throughput:
@@ -42,8 +54,9 @@ def rate_over(batches: list[tuple[float, int]], warm_up_rows: int, total_rows: i
                 since = ended
             continue
         counted, until = counted + rows, ended
-    seconds = until - since if since is not None and until is not None else 0.0
-    return Throughput(done, counted, seconds, done >= total_rows)
+    if since is None or until is None:
+        return Throughput(done, counted, 0.0, done >= total_rows)
+    return Throughput(done, counted, until - since, done >= total_rows, since, until)
 
 
 def batch_end_s(progress: dict[str, Any]) -> float:
@@ -61,34 +74,65 @@ def drain(query: Any, total_rows: int, warm_up_rows: int, budget_s: float) -> tu
     Progress is collected while it runs (Spark keeps only the recent batches), then the query is stopped.
     Returns the throughput and the progress of every batch that read rows, in order.
     """
-    seen: dict[int, dict] = {}
-    started, warm_at, warmed = time.monotonic(), None, 0
+    return drain_all({"": (query, total_rows, warm_up_rows)}, budget_s)[""]
+
+
+class _Draining:
+    """One query of :func:`drain_all` and what it has read so far."""
+
+    def __init__(self, query: Any, total_rows: int, warm_up_rows: int) -> None:
+        self.query, self.total_rows, self.warm_up_rows = query, total_rows, warm_up_rows
+        self.seen: dict[int, dict] = {}
+        self.warm_at: float | None = None
+        self.warmed = 0
+        self.active = True
+
+    def collect(self) -> int:
+        for p in self.query.recentProgress:
+            if p["numInputRows"]:
+                self.seen[p["batchId"]] = p
+        return sum(p["numInputRows"] for p in self.seen.values())
+
+    def done(self, started: float, budget_s: float) -> bool:
+        """Whether to stop it now: the whole stream read, or its budget spent (see :func:`drain`)."""
+        if (failed := self.query.exception()) is not None:
+            raise failed
+        done, now = self.collect(), time.monotonic()
+        if self.warm_at is None and done >= self.warm_up_rows:
+            self.warm_at, self.warmed = now, done
+        if done >= self.total_rows or (self.warm_at is None and now - started > WARM_UP_LIMIT_S):
+            return True
+        # past the budget, stop once a batch after the warm-up has completed (a rate to report) or the limit
+        return self.warm_at is not None and now - self.warm_at > budget_s and (
+            done > self.warmed or now - self.warm_at > WARM_UP_LIMIT_S)
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            self.query.stop()
+            self.collect()  # the last batches may have ended after the last poll
+
+    def result(self) -> tuple[Throughput, list[dict]]:
+        progress = [self.seen[b] for b in sorted(self.seen)]
+        batches = [(batch_end_s(p), p["numInputRows"]) for p in progress]
+        return rate_over(batches, self.warm_up_rows, self.total_rows), progress
+
+
+def drain_all(queries: dict[str, tuple[Any, int, int]], budget_s: float) -> dict[str, tuple[Throughput, list[dict]]]:
+    """:func:`drain` for queries running at once, each given as (query, total rows, warm-up rows): each is
+    stopped as soon as it has read its stream or spent its budget, the others keep running."""
+    draining = {name: _Draining(*spec) for name, spec in queries.items()}
+    started = time.monotonic()
     try:
-        while True:
-            if (failed := query.exception()) is not None:
-                raise failed
-            for p in query.recentProgress:
-                if p["numInputRows"]:
-                    seen[p["batchId"]] = p
-            done = sum(p["numInputRows"] for p in seen.values())
-            now = time.monotonic()
-            if warm_at is None and done >= warm_up_rows:
-                warm_at, warmed = now, done
-            if done >= total_rows:
-                break
-            if warm_at is None and now - started > WARM_UP_LIMIT_S:
-                break
-            # past the budget, stop once a batch after the warm-up has completed (a rate to report) or the limit
-            if warm_at is not None and now - warm_at > budget_s and (done > warmed or now - warm_at > WARM_UP_LIMIT_S):
-                break
+        while any(d.active for d in draining.values()):
+            for d in draining.values():
+                if d.active and d.done(started, budget_s):
+                    d.stop()
             time.sleep(0.25)
     finally:
-        query.stop()
-    for p in query.recentProgress:  # the last batches may have ended after the last poll
-        if p["numInputRows"]:
-            seen[p["batchId"]] = p
-    progress = [seen[b] for b in sorted(seen)]
-    return rate_over([(batch_end_s(p), p["numInputRows"]) for p in progress], warm_up_rows, total_rows), progress
+        for d in draining.values():
+            d.stop()
+    return {name: d.result() for name, d in draining.items()}
 
 
 class RowClock:

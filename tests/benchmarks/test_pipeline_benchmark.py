@@ -50,6 +50,14 @@ def test_quick_run_prints_every_table() -> None:
         assert steady == "nan" or 0 <= number(steady) <= number(share), (name, steady, share)  # rebuilds left out
         assert len(restore_ms.split("/")) == 3, (name, restore_ms)
 
+    [two] = table_rows(stdout, "Two streams at once")
+    name, trades_n, hosts_n, trades_rate, hosts_rate, total, single, finished, batches, *alerts, cpu, rss = two
+    assert (name, trades_n, hosts_n, finished) == ("trades 300 + hosts 30", "300", "30", "yes/yes"), two
+    assert all(number(c) > 0 for c in (trades_rate, hosts_rate, total, single, cpu, rss)), two
+    assert all(int(b) >= 2 for b in batches.split("/")), two  # each stream drained in batches of the cap
+    for verdict in alerts:  # each stream's transitions are the single-stream row's for the same subscriptions
+        assert re.fullmatch(r"exact \(\d[\d,]*\)", verdict) and number(verdict[7:-1]) > 0, two
+
     peers = {cells[0]: cells[1:] for cells in table_rows(stdout, "Peers:")}
     assert set(peers) == {"Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"}
     for name, (rate, rss, *ratios) in peers.items():
