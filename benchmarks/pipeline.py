@@ -1023,9 +1023,9 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
               "/".join(map(str, x["batches"])), x["alerts"]["trades"], x["alerts"]["hosts"], x["cpu_us"],
               x["rss_mb"]]],
         ))
+    peer_specs = next((r.specs for r in runs if r.name == f"collective {short(args.peer_subscriptions)}"), None)
     tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
-              if len(r.specs) == args.peer_subscriptions and r.cap == args.cap and r.topic == "bench-events"
-              and not r.name.startswith("high")]
+              if r.specs is peer_specs and r.cap == args.cap and r.topic == "bench-events"]  # the peers' mix only
     tables.append((
         f"Peers: {args.peer_subscriptions:,} subscriptions' thresholds, the same topic and data, rows processed "
         f"per wall second (Tocsin at {args.cap:,} records per batch, peers at {args.peer_batch:,}; peak RSS of "

@@ -58,8 +58,10 @@ def test_quick_run_prints_every_table() -> None:
     for verdict in alerts:  # each stream's transitions are the single-stream row's for the same subscriptions
         assert re.fullmatch(r"exact \(\d[\d,]*\)", verdict) and number(verdict[7:-1]) > 0, two
 
-    peers = {cells[0]: cells[1:] for cells in table_rows(stdout, "Peers:")}
-    assert set(peers) == {"Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"}
+    rows = table_rows(stdout, "Peers:")
+    peers = {cells[0]: cells[1:] for cells in rows}
+    assert sorted(cells[0] for cells in rows) == sorted(  # each once (the issue-16 mix rows were listed too)
+        ["Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"])
     for name, (rate, rss, *ratios) in peers.items():
         assert number(rate) > 0 and number(rss) > 0, (name, rate, rss)
         assert len(ratios) == 2 and all(number(r) > 0 for r in ratios), (name, ratios)
