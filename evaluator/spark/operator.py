@@ -1,4 +1,5 @@
-"""The query's stateful stage: one :class:`ShardEvaluator` per shard, kept in Spark's state store.
+"""The query's stateful stage: one shard per key of the stage (``evaluator.substreams.SubstreamShard``: a
+``ShardEvaluator`` and one more per view its subscriptions use), kept in Spark's state store.
 
 State per shard, in the RocksDB state store: a change log (``log``: batch number
 -> what the batch changed) on top of a periodic snapshot (``base``), and a
