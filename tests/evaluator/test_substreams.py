@@ -222,3 +222,17 @@ def first_delta_bytes(batches: list[list[Event]]) -> bytes:
     shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
     batch = batches[0]
     return shard.step(cell_rows(batch), progress_of(batch, {}), Catalog.empty())[1].to_bytes()
+
+
+def test_a_preview_of_a_view_no_subscription_uses_answers_from_the_stored_cells() -> None:
+    """Previews (the form's "Preview matches now") of a filter nobody subscribes to yet: answered over that
+    view's events, and nothing is left behind (no view is kept)."""
+    shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
+    events = [("a1", 1_000, "x", 5.0, 3.0), ("a1", 1_200, "y", 9.0, None), ("b1", 1_500, "x", 1.0, 4.0),
+              ("b1", 2_500, "y", 0.0, None), ("a1", 2_500, "y", 0.0, None)]
+    shard.step(cell_rows(events), progress_of(events, {}), Catalog.empty())
+    on_x = Condition(Aggregate.SUM, "v", 2 * PANE, low=0.5, where=(("d", ("x",)),))
+    assert shard.preview(on_x) == (2_000, {"a1": 5.0, "b1": 1.0}, 2)
+    assert shard.preview(Condition(Aggregate.MAX, "w", 2 * PANE, low=3.5)) == (2_000, {"b1": 4.0}, 2)
+    assert shard.preview(Condition(Aggregate.SUM, "v", 2 * PANE, low=0.5, key_prefix="b")) == (2_000, {"b1": 1.0}, 1)
+    assert shard.views == {}
