@@ -102,6 +102,19 @@ def _kill_tree(process: ManagedProcess) -> None:
     process.process.wait()
 
 
+def _sweep(directory: Path, timeout_s: float = 10.0) -> None:
+    """SIGKILL whatever still runs in ``directory`` until nothing does: a process that a dying parent forked into a
+    group of its own after :func:`_kill_tree` looked (PySpark's daemon forks its workers), or one still exiting."""
+    deadline = time.monotonic() + timeout_s
+    while left := processes_under(directory):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {left} under {directory} survive SIGKILL")
+        time.sleep(0.05)
+
+
 @dataclass
 class _Worker:
     process: ManagedProcess
@@ -187,6 +200,7 @@ class SparkCluster:
         if worker is None:
             raise ValueError(f"worker {i} is not running")
         _kill_tree(worker.process)
+        _sweep(self.work_dir / f"worker-{i}")
         self._workers[i] = None
 
     def restart_worker(self, i: int) -> None:
