@@ -51,6 +51,20 @@ def evaluating(run: Settings, log_path: Path) -> Iterator[None]:
         job.stop()
 
 
+@contextmanager
+def subscription_form(browser: Browser, server: str, settings: Settings) -> Iterator[Page]:  # noqa: F811
+    """A new subscriber, signed in in a browser context of their own, on the new-subscription form."""
+    subscriber, _ = new_user(settings)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        form_page = context.new_page()
+        _sign_in(form_page, server, subscriber.email)
+        form_page.goto(server + "/subscriptions/new")
+        yield form_page
+    finally:
+        context.close()
+
+
 def publish_hosts(url: str, token: str, run: Settings) -> None:
     """Six seconds of four hosts over HTTP, one record each a second, ending 25 s ago, so every pane is complete once
     they are read (the watermark is the slowest partition's newest time less the allowed delay; HTTP publishers send
@@ -74,12 +88,7 @@ def test_a_subscriber_creates_a_subscription_on_a_declared_stream(
     _sign_in(page, server, operator.email)
     declare_hosts(page)
 
-    subscriber, _ = new_user(settings)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    try:
-        form_page = context.new_page()
-        _sign_in(form_page, server, subscriber.email)
-        form_page.goto(server + "/subscriptions/new")
+    with subscription_form(browser, server, settings) as form_page:
         trades_fields = form_page.locator('[data-stream-fields="trades"]')
         hosts_fields = form_page.locator('[data-stream-fields="hosts"]')
         expect(trades_fields.locator('[data-attribute="volume"]')).to_be_visible()  # trades by default
@@ -134,8 +143,6 @@ def test_a_subscriber_creates_a_subscription_on_a_declared_stream(
         expect(form_page.locator('[data-stream-fields="hosts"]')).to_be_visible()
         form_page.get_by_role("link", name="Subscriptions").click()
         expect(form_page.locator("#subscriptions tbody tr .stream")).to_have_text(["hosts"])
-    finally:
-        context.close()
 
     with session_factory(settings.database_url)() as session:  # stored with its stream and keys (key IN and keys)
         [stored] = session.query(Subscription).all()
@@ -168,12 +175,7 @@ def test_a_subscription_on_a_declared_stream_fires_on_records_published_over_htt
         tokens.get_by_role("button", name="Create publisher token").click()
         token = page.locator("#new-publisher-token").inner_text()
 
-        subscriber, _ = new_user(settings)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        try:
-            form_page = context.new_page()
-            _sign_in(form_page, server, subscriber.email)
-            form_page.goto(server + "/subscriptions/new")
+        with subscription_form(browser, server, settings) as form_page:
             form_page.get_by_label("Stream").select_option("hosts")
             hosts_fields = form_page.locator('[data-stream-fields="hosts"]')
             expect(hosts_fields.locator("[data-attribute]")).to_have_text(["cpu %", "mem MB"])  # offered
@@ -200,5 +202,3 @@ def test_a_subscription_on_a_declared_stream_fires_on_records_published_over_htt
             expect(history.locator("td").nth(2)).to_have_text("firing")
             form_page.get_by_role("link", name="Subscriptions").click()
             expect(form_page.locator("#subscriptions tbody tr .badge.firing")).to_have_text(["1 firing"])
-        finally:
-            context.close()
