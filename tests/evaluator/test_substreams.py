@@ -167,32 +167,32 @@ def test_a_copy_following_deltas_and_snapshots_goes_on_as_the_first(stream: list
         assert first.snapshot() == first.base.snapshot()
 
 
-def test_a_view_new_to_the_shard_sees_the_events_it_filters_from_before_it_was_asked_for() -> None:
-    """A subscription on a new view fires on its first evaluation from events that arrived before it existed."""
+def fired_on_a_new_view(early: list[Event], asked: Condition) -> list[tuple]:
+    """``early`` stored (both partitions report: the panes before 2 s are in the store), then ``asked`` subscribed
+    to (its view is new) and evaluated at the next batch: what fires, as (key, state, value)."""
     shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
-    early = [("a1", 1_000, "x", 5.0, 3.0), ("a1", 1_200, "y", 5.0, None), ("b1", 1_500, "x", 1.0, 4.0),
-             ("b1", 2_500, "y", 0.0, None), ("a1", 2_500, "y", 0.0, None)]  # both partitions: panes before 2 s stored
     shard.step(cell_rows(early), progress_of(early, {}), Catalog.empty())
-    asked = Condition(Aggregate.SUM, "v", 4 * PANE, low=4.0, where=(("d", ("x",)),))
+    assert shard.base.evaluated_at == 2_000
     catalog = Catalog.empty().applied(CatalogChange(1, (SubscriptionSpec(1, asked),)))
     tick = [("b1", 3_000, "y", 0.0, None), ("a1", 3_000, None, 0.0, None)]
-    assert shard.base.evaluated_at == 2_000
     fired, _ = shard.step(cell_rows(tick), progress_of(tick, progress_of(early, {})), catalog)
-    assert [(t.key, t.state, t.value) for t in fired] == [("a1", "firing", 5.0)]  # the y event is not in its view
+    return [(t.key, t.state, t.value) for t in fired]
+
+
+def test_a_view_new_to_the_shard_sees_the_events_it_filters_from_before_it_was_asked_for() -> None:
+    """A subscription on a new view fires on its first evaluation from events that arrived before it existed."""
+    early = [("a1", 1_000, "x", 5.0, 3.0), ("a1", 1_200, "y", 5.0, None), ("b1", 1_500, "x", 1.0, 4.0),
+             ("b1", 2_500, "y", 0.0, None), ("a1", 2_500, "y", 0.0, None)]
+    asked = Condition(Aggregate.SUM, "v", 4 * PANE, low=4.0, where=(("d", ("x",)),))
+    assert fired_on_a_new_view(early, asked) == [("a1", "firing", 5.0)]  # the y event is not in its view
 
 
 def test_a_new_view_has_the_retained_events_of_its_cells_for_last() -> None:
     """LAST needs the events themselves: a new view's warm-up brings its cells' retained events along."""
-    shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
     early = [("a1", 1_000, "x", 1.0, 3.0), ("a1", 1_100, "y", 1.0, 9.0), ("a1", 1_200, "x", 1.0, None),
-             ("b1", 2_500, "y", 1.0, None), ("a1", 2_500, "y", 1.0, None)]  # both partitions: panes before 2 s stored
-    shard.step(cell_rows(early), progress_of(early, {}), Catalog.empty())
+             ("b1", 2_500, "y", 1.0, None), ("a1", 2_500, "y", 1.0, None)]
     asked = Condition(Aggregate.LAST, "w", 4 * PANE, low=2.0, where=(("d", ("x",)),))
-    catalog = Catalog.empty().applied(CatalogChange(1, (SubscriptionSpec(1, asked),)))
-    tick = [("b1", 3_000, "y", 0.0, None), ("a1", 3_000, None, 0.0, None)]
-    assert shard.base.evaluated_at == 2_000
-    fired, _ = shard.step(cell_rows(tick), progress_of(tick, progress_of(early, {})), catalog)
-    assert [(t.key, t.state, t.value) for t in fired] == [("a1", "firing", 3.0)]  # x's newest event carrying w
+    assert fired_on_a_new_view(early, asked) == [("a1", "firing", 3.0)]  # x's newest event carrying w
 
 
 def test_a_declared_streams_delta_without_views_replays_as_its_own_not_as_one_from_before_views() -> None:
@@ -205,23 +205,15 @@ def test_a_declared_streams_delta_without_views_replays_as_its_own_not_as_one_fr
     asked = Catalog.empty().applied(CatalogChange(1, (SubscriptionSpec(1, Condition(Aggregate.SUM, "v", 2 * PANE,
                                                                                     low=0.0)),)))
     progress: dict[int, int] = {}
-    for batch in batches[:2]:
+    copy = SubstreamShard(CONFIG, OPTIONAL, cells=True)
+    for batch in batches[:2]:  # the copy follows the change log
         progress = progress_of(batch, progress)
         _, delta = first.step(cell_rows(batch), progress, Catalog.empty())
-    copy = SubstreamShard(CONFIG, OPTIONAL, cells=True)
-    copy.replay(SubstreamDelta.from_bytes(first_delta_bytes(batches[:1]), len(ATTRS)))
-    copy.replay(SubstreamDelta.from_bytes(delta.to_bytes(), len(ATTRS)))
+        copy.replay(SubstreamDelta.from_bytes(delta.to_bytes(), len(ATTRS)))
     progress = progress_of(batches[2], progress)
     got, _ = first.step(cell_rows(batches[2]), progress, asked)
     taken, _ = copy.step(cell_rows(batches[2]), progress, asked)
     assert [(t.key, t.value) for t in taken] == [(t.key, t.value) for t in got] == [("a1", 3.0), ("b1", 3.0)]
-
-
-def first_delta_bytes(batches: list[list[Event]]) -> bytes:
-    """The delta bytes of a fresh declared-stream shard's first batch."""
-    shard = SubstreamShard(CONFIG, OPTIONAL, cells=True)
-    batch = batches[0]
-    return shard.step(cell_rows(batch), progress_of(batch, {}), Catalog.empty())[1].to_bytes()
 
 
 def test_a_preview_of_a_view_no_subscription_uses_answers_from_the_stored_cells() -> None:
