@@ -43,7 +43,7 @@ from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator, join_parts, split_parts
 from evaluator.spec import Condition, SubscriptionSpec
 from evaluator.transition import Transition
-from evaluator.views import View, rows_in
+from evaluator.views import Cells, View, rows_in
 
 #: Starts a delta or snapshot with views. A base-only one starts with a 4-byte count or length, never all ones.
 MAGIC = b"\xff\xff\xff\xffviews1"
@@ -184,8 +184,10 @@ class SubstreamShard:
         transitions, base = self.base.step(rows, progress,
                                            Catalog.empty() if self.cells else shares.get(View(), nothing), stats)
         delta = SubstreamDelta(base, created=created, cells=self.cells)
+        cells = Cells.of(rows) if self.views and len(rows) else None  # the batch's cells, found once for every view
         for view, evaluator in self.views.items():
-            more, delta.views[view] = evaluator.step(rows_in(rows, view), progress, shares.get(view, nothing), stats)
+            more, delta.views[view] = evaluator.step(rows_in(rows, view, cells), progress, shares.get(view, nothing),
+                                                     stats)
             transitions += more
         delta.dropped = [v for v, e in self.views.items() if not shares.get(v, nothing).subscriptions and not e.firing]
         for view in delta.dropped:

@@ -98,17 +98,32 @@ def key_of(cell: str) -> str:
     return cell.partition(SEP)[0]
 
 
-def rows_in(rows: PaneRows, view: View) -> PaneRows:
+@dataclass(frozen=True)
+class Cells:
+    """The distinct cells of a batch's pane rows, each row's cell and each cell's key: found once per batch and
+    used by every view."""
+
+    names: list[str]
+    of_row: np.ndarray  # index into names, per row
+    keys: np.ndarray  # object array: each cell's key
+
+    @classmethod
+    def of(cls, rows: PaneRows) -> Cells:
+        names, of_row = np.unique(rows.keys.astype(str), return_inverse=True)
+        listed = names.tolist()
+        return cls(listed, of_row, np.array([key_of(c) for c in listed], dtype=object))
+
+
+def rows_in(rows: PaneRows, view: View, cells: Cells | None = None) -> PaneRows:
     """The pane rows of ``view`` among cell rows: its cells' rows, keyed by the key (several rows may share a
-    (key, pane): the shard combines them)."""
+    (key, pane): the shard combines them). ``cells``: the rows' :class:`Cells`, when already found."""
     if not len(rows):
         return rows
-    cells, inverse = np.unique(rows.keys.astype(str), return_inverse=True)
-    admitted = np.fromiter((view.admits(c) for c in cells.tolist()), dtype=bool, count=cells.size)
-    keys = np.array([key_of(c) for c in cells.tolist()], dtype=object)
-    mask = admitted[inverse]
+    cells = cells or Cells.of(rows)
+    admitted = np.fromiter((view.admits(c) for c in cells.names), dtype=bool, count=len(cells.names))
+    mask = admitted[cells.of_row]
     if not mask.any():
         return PaneRows.empty(rows.sums.shape[0])
     kept = rows if mask.all() else rows.select(mask)
-    return PaneRows(keys[inverse[mask]], kept.starts, kept.counts, kept.sums, kept.mins, kept.maxs,
+    return PaneRows(cells.keys[cells.of_row[mask]], kept.starts, kept.counts, kept.sums, kept.mins, kept.maxs,
                     kept.event_offsets, kept.event_ts, kept.event_values)
