@@ -71,23 +71,16 @@ def shard_clock_field(shard: int) -> str:
     return f"shard_{shard}_evaluated_at"
 
 
-def shard_clocks(stats: dict[str, str]) -> list[int]:
-    """Every shard's last evaluated boundary, from the ``stats:evaluator`` hash."""
-    return [int(v) for k, v in stats.items() if k.startswith("shard_") and k.endswith("_evaluated_at")]
+def shard_clocks(stats: dict[str, str], stream: str = TRADES) -> list[int]:
+    """Every shard's last evaluated boundary of ``stream``'s query, from the ``stats:evaluator`` hash."""
+    prefix = stream_stat(stream, "shard_")
+    return [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
 
 
 def stream_stat(stream: str, field: str) -> str:
     """A field of ``stats:evaluator`` for a declared stream's query (``trades`` keeps the plain field names, which
     readiness and the dashboards read): ``stream:<name>:<field>``."""
     return field if stream == TRADES else f"stream:{stream}:{field}"
-
-
-def stream_shard_clocks(stats: dict[str, str], stream: str) -> list[int]:
-    """Every shard's last evaluated boundary of ``stream``'s query, from the ``stats:evaluator`` hash."""
-    if stream == TRADES:
-        return shard_clocks(stats)
-    prefix = stream_stat(stream, "shard_")
-    return [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
 
 
 #: Fields (:func:`stream_stat`) the stream supervisor writes for a declared stream's query: when it last started

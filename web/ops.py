@@ -38,7 +38,6 @@ from core.redis_schema import (
     RedisKeys,
     celery_queue_keys,
     shard_clocks,
-    stream_shard_clocks,
     stream_stat,
 )
 from core.settings import Settings
@@ -123,7 +122,7 @@ def stream_samples(settings: Settings, client: redis.Redis, evaluator: dict[str,
             log_end: int | None = sum(log_ends(settings, topic).values())
         except Exception:  # noqa: BLE001 - unknown this time (the rules read a missing log end as no news)
             log_end = None
-        stream: dict[str, Any] = {"clock": min(stream_shard_clocks(evaluator, name), default=None), "log_end": log_end}
+        stream: dict[str, Any] = {"clock": min(shard_clocks(evaluator, name), default=None), "log_end": log_end}
         started = _number(evaluator, stream_stat(name, QUERY_STARTED_AT))
         if started:
             stream["started_at"] = started

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from redis.typing import EncodableT, FieldT
 
 from core.redis_client import make_redis, run_script
-from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, stream_shard_clocks, stream_stat
+from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.transition import KINDS, STATES, Transition
@@ -42,7 +42,7 @@ def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
 def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) -> int | None:
     """The last boundary every shard (of ``stream``'s query) has evaluated and stored, from the clocks the sink
     writes."""
-    clocks = stream_shard_clocks(stats, stream)
+    clocks = shard_clocks(stats, stream)
     return min(clocks) if len(clocks) == shards else None
 
 
