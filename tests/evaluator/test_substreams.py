@@ -18,7 +18,7 @@ from evaluator.shard import ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.substreams import SubstreamDelta, SubstreamShard
 from evaluator.transition import Transition
-from evaluator.views import View, cell_suffix, rows_in
+from evaluator.views import View, cell_suffix, rows_in, split_cell
 
 ATTRS = ("v", "w")  # w is optional
 OPTIONAL = frozenset({"w"})
@@ -228,3 +228,13 @@ def test_a_preview_of_a_view_no_subscription_uses_answers_from_the_stored_cells(
     assert shard.preview(Condition(Aggregate.MAX, "w", 2 * PANE, low=3.5)) == (2_000, {"b1": 4.0}, 2)
     assert shard.preview(Condition(Aggregate.SUM, "v", 2 * PANE, low=0.5, key_prefix="b")) == (2_000, {"b1": 1.0}, 1)
     assert shard.views == {}
+
+
+def test_a_hostile_dimension_value_cannot_change_a_cells_key_or_view() -> None:
+    """Dimension values are the publisher's text: a separator, quotes or JSON inside one stay inside its value."""
+    for value in ("a\x1fb", 'x"],["w"]]', "\x1f", "é 🚨", ""):
+        cell = "web-1" + cell_suffix({"d": value}, [])
+        assert split_cell(cell) == ("web-1", {"d": value}, frozenset())
+        assert View(where=(("d", (value,)),)).admits(cell)
+        assert not View(where=(("d", ("x",)),)).admits(cell)
+        assert not View(present=("w",)).admits(cell)  # it does not carry w, whatever its value says
