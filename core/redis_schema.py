@@ -26,7 +26,8 @@
 - ``evaluator:starts``: when the evaluator job last started (newest first);
 - ``streams:schemas`` / ``streams:version``: the stream registry, a hash stream name -> ``StreamSchema`` JSON
   and a counter bumped with every rewrite (written by ``subscriptions.streams``, read by the evaluator's
-  stream supervisor, see docs/evaluator-streams.md);
+  stream supervisor, see docs/evaluator-streams.md); ``streams:series:<name>``: a stream's active series
+  (``core.series_limit``, kept by the evaluator's parser);
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
@@ -138,6 +139,10 @@ class RedisKeys:
         self._k = k
         self._tags = [partition_tag(settings, f"p{n}") for n in range(self.partitions)]
         self.layout = k("layout")  # the key layout alerts are written in (see :func:`claim_layout`)
+
+    def series(self, stream: str) -> str:
+        """A stream's active series and their newest event times (``core.series_limit``)."""
+        return self._k("streams", "series", stream)
 
     # -- slot partitions ---------------------------------------------------------------------------
 

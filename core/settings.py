@@ -345,7 +345,14 @@ class Settings(BaseSettings):
                                      "(the built-in 'trades' stream keeps events_topic)")
     stream_default_retention_ms: int = Field(7 * 86_400_000, ge=60_000, description="a new stream's retention")
     max_streams: int = Field(100, ge=1, description="streams a deployment may declare")
+    stream_max_series: int = Field(
+        250_000, ge=1, description="series (keys; for a declared stream, key x dimension values x optional "
+                                   "attributes carried) a stream may have active within max_window_ms: events of "
+                                   "new series beyond it are dead-lettered (core.series_limit)")
     publisher_max_tokens: int = Field(100, ge=0, description="publisher tokens a deployment may hold")
+    publish_series_timeout_s: float = Field(
+        0.5, gt=0, description="how long a publish request waits for Redis to check the series limit; beyond it "
+                               "the evaluator checks alone")
     publish_max_records: int = Field(
         10_000, ge=1, description="records one POST /api/streams/{name}/events may carry (more: 413); the body "
                                   "is also bounded by request_max_bytes")

@@ -124,6 +124,10 @@ class StreamSchema(BaseModel):
     def dimension_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dimensions)
 
+    @property
+    def required_attributes(self) -> frozenset[str]:
+        return frozenset(a.name for a in self.attributes if a.required)
+
     def wire(self) -> StreamSchema:
         """The schema of the records on the topic: key ``key``, time ``ts`` in epoch ms (what Kafka producers write)."""
         return self.model_copy(update={"key_field": WIRE_KEY, "time_field": WIRE_TIME, "time_format": "epoch_ms"})
@@ -287,6 +291,16 @@ class ValidatedBatch:
     @property
     def accepted(self) -> int:
         return len(self.records)
+
+    def refusing(self, reasons: Mapping[int, str], raw: Sequence[str | bytes]) -> ValidatedBatch:
+        """This batch with the accepted records at positions ``reasons`` (position among the accepted -> why)
+        made rejects; ``raw``: the batch's records as sent."""
+        if not reasons:
+            return self
+        keep = [i for i in range(self.accepted) if i not in reasons]
+        made = (Rejected(int(self.indices[i]), why, raw[int(self.indices[i])]) for i, why in reasons.items())
+        return ValidatedBatch(self.indices[keep], [self.keys[i] for i in keep], [self.records[i] for i in keep],
+                              sorted([*self.rejected, *made], key=lambda r: r.index))
 
     @property
     def newest_ts(self) -> int | None:

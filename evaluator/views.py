@@ -18,11 +18,15 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 from evaluator.panerows import PaneRows
 from evaluator.spec import Condition
@@ -127,3 +131,35 @@ def rows_in(rows: PaneRows, view: View, cells: Cells | None = None) -> PaneRows:
     kept = rows if mask.all() else rows.select(mask)
     return PaneRows(cells.keys[cells.of_row[mask]], kept.starts, kept.counts, kept.sums, kept.mins, kept.maxs,
                     kept.event_offsets, kept.event_ts, kept.event_values)
+
+
+def read_wire(records: list[str], attributes: tuple[str, ...], dimensions: tuple[str, ...],
+              required: frozenset[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Valid wire records of a stream (``core.streams.StreamSchema.wire``) read into columns by Arrow's JSON
+    reader: each record's cell key, its time and its ``attributes`` (NaN: a missing optional value, or an attribute
+    the schema no longer declares). ``required``: the attributes every record has; the others make cells."""
+    if not records:
+        return (np.empty(0, dtype=object), np.empty(0, dtype=np.int64),
+                {a: np.empty(0, dtype=np.float64) for a in attributes})
+    arrow_schema = pa.schema([("key", pa.string()), ("ts", pa.int64()),
+                              *((a, pa.float64()) for a in attributes), *((d, pa.string()) for d in dimensions)])
+    table = pa_json.read_json(
+        io.BytesIO("\n".join(records).encode("utf-8")),
+        read_options=pa_json.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, records)))),
+        parse_options=pa_json.ParseOptions(explicit_schema=arrow_schema, unexpected_field_behavior="ignore"),
+    )
+    keys = table.column("key").to_numpy().astype(object)
+    ts = table.column("ts").to_numpy().astype(np.int64)
+    columns = {a: table.column(a).to_numpy(zero_copy_only=False).astype(np.float64) for a in attributes}
+    optional = [a for a in attributes if a not in required]
+    if dimensions or optional:
+        cells = pd.DataFrame({**{f"d{i}": table.column(d).to_numpy(zero_copy_only=False).astype(object)
+                                 for i, d in enumerate(dimensions)},
+                              **{f"a{i}": ~np.isnan(columns[a]) for i, a in enumerate(optional)}})
+        codes, distinct = pd.MultiIndex.from_frame(cells).factorize()
+        suffixes = np.array([cell_suffix({d: v for d, v in zip(dimensions, cell[:len(dimensions)], strict=True)
+                                          if isinstance(v, str)},
+                                         [a for a, has in zip(optional, cell[len(dimensions):], strict=True) if has])
+                             for cell in distinct.tolist()], dtype=object)
+        keys = keys + suffixes[codes]
+    return keys, ts, columns

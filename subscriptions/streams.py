@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
+from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.streams import (
     TRADES,
@@ -297,6 +298,10 @@ class StreamService:
         self.session.delete(stream)
         self.session.commit()
         log.info("stream_deleted", stream=name)
+        try:  # a stream declared again under this name starts with no series counted against its limit
+            SeriesLimit(_registry_client(self.settings), self.settings).forget(name)
+        except RedisError as exc:  # they leave by themselves once older than the horizon
+            log.warning("stream_series_not_forgotten", stream=name, reason=f"{type(exc).__name__}: {exc}")
         self.publish_registry()
 
     # -- publisher tokens --------------------------------------------------------------------------------------

@@ -49,8 +49,12 @@ from typing import TypeVar
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from prometheus_client import Counter, Gauge
+from redis import RedisError
 
+from core.series_limit import SeriesLimit
 from core.settings import Settings
+from core.streams import StreamSchema, ValidatedBatch
+from evaluator.views import read_wire, split_cell
 from ingest.model import Heartbeat
 
 log = structlog.get_logger(__name__)
@@ -63,6 +67,23 @@ HEARTBEATS = Counter("tocsin_publish_heartbeats_total", "Heartbeats the web proc
                      "HTTP (one per partition)", ["stream"])
 DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
                             "Rejects of published batches that Kafka did not take on the dead-letter topic")
+
+
+def within_series_limit(batch: ValidatedBatch, raw: Sequence[str | bytes], schema: StreamSchema,
+                        limit: SeriesLimit) -> ValidatedBatch:
+    """``batch`` with the records of new series beyond the stream's limit (``core.series_limit``) made rejects: the
+    evaluator would dead-letter them, so a 202 must not count them accepted. The series admitted here are admitted
+    for the evaluator too. Redis not answering: the batch as it is (the evaluator still holds the limit)."""
+    if not batch.accepted:
+        return batch
+    cells, ts, _ = read_wire(batch.records, schema.attribute_names, schema.dimension_names, schema.required_attributes)
+    try:
+        refused = limit.refused_events(schema.name, cells, ts)
+    except RedisError as exc:
+        log.warning("series_limit_not_checked", stream=schema.name, reason=f"{type(exc).__name__}: {exc}")
+        return batch
+    return batch.refusing({int(i): limit.reason(schema.name, *split_cell(cells[i])) for i in refused.nonzero()[0]},
+                          raw)
 
 
 T = TypeVar("T")

@@ -57,7 +57,8 @@ log = structlog.get_logger("watchdog")
 RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream")
 #: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
 REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
-STREAM_COUNTERS = ("late_events_applied", *REFUSAL_COUNTERS)
+#: ``series_refused`` is not a refusal counter of its own: its events are in ``dead_lettered``.
+STREAM_COUNTERS = ("late_events_applied", "series_refused", *REFUSAL_COUNTERS)
 
 RULE_FIRING = Gauge("tocsin_watchdog_firing", "1 while a dead man's switch rule fires", ["rule"])
 RULE_SINCE = Gauge("tocsin_watchdog_firing_since_seconds", "Unix time the rule started firing (0: not firing)",

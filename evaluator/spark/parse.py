@@ -20,12 +20,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 
+from core.series_limit import SeriesLimit
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.panerows import PaneRows
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
-from evaluator.views import key_of
+from evaluator.views import key_of, split_cell
 from ingest.model import ATTRIBUTES, MAX_TS, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
 
@@ -133,6 +136,8 @@ class PaneParser:
 
     #: The attributes of the pane rows (a stream's parser, ``evaluator.spark.stream_parse``, has its own).
     attributes: tuple[str, ...] = ATTRIBUTES
+    #: Whose records: the series limit is per stream.
+    stream: str = TRADES
 
     def __init__(self, settings: Settings, shard_ids: tuple[int, ...], *, vectorised: bool = True) -> None:
         self.settings = settings
@@ -142,8 +147,8 @@ class PaneParser:
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for raw in frames:
             started = time.perf_counter()
-            parsed = self.parse(raw)
             stats = shared_catalog_source(self.settings)  # its Redis client and key names
+            parsed = self.admit(self.parse(raw), raw, _series_limit(self.settings, stats.redis))
             pipe = stats.redis.pipeline(transaction=False)
             if parsed.dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
@@ -156,6 +161,26 @@ class PaneParser:
                               round((time.perf_counter() - started) * 1000, 3))
             pipe.execute()
             yield frame
+
+    def admit(self, parsed: ParsedRecords, raw: pd.DataFrame, limit: SeriesLimit) -> ParsedRecords:
+        """``parsed`` without the events of new series beyond the stream's limit (``core.series_limit``): those
+        are dead letters, counted as ``series_refused``. One registry round trip per batch."""
+        out = limit.refused_events(self.stream, parsed.keys, parsed.ts)
+        if not out.any():
+            return parsed
+        letters = RecordLimits.of(self.settings)
+        values, topics, partitions, offsets = (raw[c].to_numpy() for c in ("value", "topic", "partition", "offset"))
+        dead = [DeadLetter.of(limit.reason(self.stream, *split_cell(cell)), values[row],
+                              self._source(topics[row], partitions[row], offsets[row]), letters)
+                for row, cell in zip(parsed.rows[out].tolist(), parsed.keys[out].tolist(), strict=True)]
+        keep = ~out
+        return ParsedRecords(parsed.rows[keep], parsed.keys[keep], parsed.ts[keep],
+                             {a: v[keep] for a, v in parsed.values.items()}, parsed.progress,
+                             parsed.dead + dead, {**parsed.refused, "series_refused": len(dead)})
+
+    def _source(self, topic: str, partition: int, offset: int) -> str:
+        """Where a record came from, as dead letters name it."""
+        return f"{topic}[{partition}]@{offset}"
 
     def parse(self, raw: pd.DataFrame) -> ParsedRecords:
         """Judge every record of ``raw`` (no I/O)."""
@@ -217,7 +242,7 @@ class PaneParser:
         refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
         picked = (raw[c].iloc[rows] for c in ("topic", "partition", "offset", "value", "value_bytes", "value_sha256"))
         for row, topic, partition, offset, value, size, digest in zip(rows, *picked, strict=True):
-            source = f"{topic}[{partition}]@{offset}"
+            source = self._source(topic, partition, offset)
             try:
                 if digest is not None:  # the source kept only the start of an oversized record
                     dead.append(DeadLetter.of(
@@ -320,6 +345,17 @@ class PaneParser:
             panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
         panes["shard"] = shards[codes[first]]
         return panes
+
+
+_SERIES_LIMITS: dict[tuple[str, str], SeriesLimit] = {}
+
+
+def _series_limit(settings: Settings, client: redis.Redis) -> SeriesLimit:
+    """One series registry per worker process and deployment (its script registered once)."""
+    where = (settings.redis_url, settings.redis_prefix)
+    if where not in _SERIES_LIMITS:
+        _SERIES_LIMITS[where] = SeriesLimit(client, settings)
+    return _SERIES_LIMITS[where]
 
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:

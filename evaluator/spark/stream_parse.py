@@ -20,18 +20,14 @@ Pure apart from what :class:`PaneParser` does around :meth:`parse` (dead letters
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.json as pa_json
 
 from core.settings import Settings
 from core.streams import RecordLimits as StreamLimits
 from core.streams import StreamSchema, StreamValidator
 from evaluator.spark.parse import PaneParser, ParsedRecords
-from evaluator.views import cell_suffix
+from evaluator.views import read_wire
 from ingest.model import DeadLetter, Heartbeat, RecordLimits, parse_record
 
 _KIND = b'"kind"'
@@ -47,7 +43,6 @@ class StreamPaneParser(PaneParser):
         super().__init__(settings, shard_ids)
         self.schema = schema.wire()
         self.attributes = columns if columns is not None else self.schema.attribute_names
-        self.required = frozenset(a.name for a in self.schema.attributes if a.required)
         self._validator: StreamValidator | None = None  # built in the worker (pydantic models do not pickle)
 
     def __getstate__(self) -> dict:
@@ -59,6 +54,13 @@ class StreamPaneParser(PaneParser):
             self._validator = StreamValidator(self.schema, StreamLimits.of(self.settings))
         return self._validator
 
+    @property
+    def stream(self) -> str:  # type: ignore[override]
+        return self.schema.name
+
+    def _source(self, topic: str, partition: int, offset: int) -> str:
+        return f"stream {self.schema.name}: " + super()._source(topic, partition, offset)
+
     def parse(self, raw: pd.DataFrame) -> ParsedRecords:
         """Judge every record of ``raw`` (no I/O)."""
         limits = RecordLimits.of(self.settings)
@@ -67,8 +69,7 @@ class StreamPaneParser(PaneParser):
         values = raw["value"].tolist()
         digests = raw["value_sha256"].tolist()
         partitions = raw["partition"].to_numpy().astype(np.int64)
-        sources = [f"stream {self.schema.name}: {t}[{p}]@{o}"
-                   for t, p, o in zip(raw["topic"], raw["partition"], raw["offset"], strict=True)]
+        sources = [self._source(t, p, o) for t, p, o in zip(raw["topic"], raw["partition"], raw["offset"], strict=True)]
         dead: list[tuple[int, DeadLetter]] = []
         refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
         progress: dict[int, int] = {}
@@ -97,7 +98,8 @@ class StreamPaneParser(PaneParser):
             row = int(rows[reject.index])
             dead.append((row, DeadLetter.of(reject.reason, values[row], sources[row], limits)))
         accepted = rows[batch.indices] if len(batch.indices) else np.empty(0, np.int64)
-        keys, ts, columns = self._columns(batch.records)
+        keys, ts, columns = read_wire(batch.records, self.attributes, self.schema.dimension_names,
+                                      self.schema.required_attributes)
         ahead = ts - now > skew
         for i in np.flatnonzero(ahead).tolist():
             row = int(accepted[i])
@@ -113,36 +115,6 @@ class StreamPaneParser(PaneParser):
         dead.sort(key=lambda d: d[0])
         return ParsedRecords(accepted, keys, ts, columns, dict(sorted(progress.items())), [d for _, d in dead],
                              refused)
-
-    def _columns(self, records: list[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """Cell keys (``evaluator.views``), times and attribute columns (NaN: a missing optional value) of valid
-        wire records."""
-        if not records:
-            return (np.empty(0, dtype=object), np.empty(0, dtype=np.int64),
-                    {a: np.empty(0, dtype=np.float64) for a in self.attributes})
-        dimensions = self.schema.dimension_names
-        schema = pa.schema([("key", pa.string()), ("ts", pa.int64()),
-                            *((a, pa.float64()) for a in self.attributes), *((d, pa.string()) for d in dimensions)])
-        table = pa_json.read_json(
-            io.BytesIO("\n".join(records).encode("utf-8")),
-            read_options=pa_json.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, records)))),
-            parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-        )
-        keys = table.column("key").to_numpy().astype(object)
-        ts = table.column("ts").to_numpy().astype(np.int64)
-        columns = {a: table.column(a).to_numpy(zero_copy_only=False).astype(np.float64) for a in self.attributes}
-        optional = [a for a in self.attributes if a not in self.required]
-        if dimensions or optional:
-            cells = pd.DataFrame({**{f"d{i}": table.column(d).to_numpy(zero_copy_only=False).astype(object)
-                                     for i, d in enumerate(dimensions)},
-                                  **{f"a{i}": ~np.isnan(columns[a]) for i, a in enumerate(optional)}})
-            codes, distinct = pd.MultiIndex.from_frame(cells).factorize()
-            suffixes = np.array([cell_suffix({d: v for d, v in zip(dimensions, cell[:len(dimensions)], strict=True)
-                                              if isinstance(v, str)},
-                                             [a for a, has in zip(optional, cell[len(dimensions):], strict=True) if has])
-                                 for cell in distinct.tolist()], dtype=object)
-            keys = keys + suffixes[codes]
-        return keys, ts, columns
 
 
 def _ahead(what: str, ts: int, now: int, skew: int) -> str:

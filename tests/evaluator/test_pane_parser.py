@@ -11,8 +11,10 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.streams import Attribute, Dimension, StreamSchema
 from evaluator.spark import parse
 from evaluator.spark.parse import NO_PARTITION, PaneParser
+from evaluator.spark.stream_parse import StreamPaneParser
 from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from tests.ingest.test_publisher import read_topic
@@ -55,3 +57,48 @@ def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
     stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
     assert {k: int(stats[k]) for k in ("dead_lettered", "future_events_refused", "future_heartbeats_refused")} == {
         "dead_lettered": 3, "future_events_refused": 1, "future_heartbeats_refused": 1}
+
+
+def test_events_of_new_series_beyond_the_stream_limit_are_dead_lettered_and_the_rest_go_on(
+        settings: Settings) -> None:
+    """A publisher sending a new key with every event (core.series_limit): the series already admitted keep their
+    events; the new ones beyond the limit are dead letters naming the limit, counted as series_refused."""
+    ensure_topics(settings)
+    settings = settings.model_copy(update={"stream_max_series": 2})
+    first = [Event(key=k, ts=NOW - 1_000, price=1, volume=1).to_json() for k in ("A", "B")]
+    [out] = PaneParser(settings, (0,))(iter([frame(first)]))
+    hostile = [Event(key=f"X{i}", ts=NOW, price=1, volume=1).to_json() for i in range(20)]
+    legit = [Event(key=k, ts=NOW, price=1, volume=5).to_json() for k in ("A", "B")]
+    [out] = PaneParser(settings, (0,))(iter([frame(hostile[:10] + legit + hostile[10:])]))
+    panes = out[out["partition"] == NO_PARTITION]
+    assert sorted(zip(panes["key"], panes["sum_volume"], strict=True)) == [("A", 5.0), ("B", 5.0)]
+    assert out.loc[out["partition"] == 2, "progress"].tolist() == [NOW], "refused events still show the clock moved"
+
+    letters = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
+    assert sorted(letter["source"] for letter in letters) == sorted(f"t[2]@{o}" for o in (*range(10), *range(12, 22)))
+    assert all(letter["reason"].startswith("series: a new series (key 'X") and "TOCSIN_STREAM_MAX_SERIES"
+               in letter["reason"] for letter in letters)
+    stats = redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(RedisKeys(settings).evaluator_stats)
+    assert (int(stats["series_refused"]), int(stats["dead_lettered"])) == (20, 20)
+
+
+def test_a_new_dimension_value_with_every_event_cannot_grow_a_declared_stream_without_bound(
+        settings: Settings) -> None:
+    """The cell-cardinality attack on a declared stream: each event names a new region, so each is its own cell
+    (evaluator.views). Beyond the limit its events are refused; the host's regular cell goes on."""
+    ensure_topics(settings)
+    settings = settings.model_copy(update={"stream_max_series": 3})
+    schema = StreamSchema(name="hosts", attributes=(Attribute(name="cpu"),), dimensions=(Dimension(name="region"),),
+                          retention_ms=60_000, partitions=1)
+    parser = StreamPaneParser(settings, (0,), schema)
+    regular = json.dumps({"key": "web-1", "ts": NOW - 1, "cpu": 50, "region": "eu"}).encode()
+    [_] = parser(iter([frame([regular])]))
+    hostile = [json.dumps({"key": "web-1", "ts": NOW, "cpu": 99, "region": f"r{i}"}).encode() for i in range(50)]
+    [out] = parser(iter([frame([*hostile, regular])]))
+    panes = out[out["partition"] == NO_PARTITION]
+    assert len(panes) == 3, "the regular cell and the two new ones the limit had room for"
+    assert 50.0 in panes["max_cpu"].tolist()
+    letters = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
+    assert len(letters) == 48
+    assert all(letter["source"].startswith("stream hosts: ") and "dimensions {'region': 'r" in letter["reason"]
+               for letter in letters)

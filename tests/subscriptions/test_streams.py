@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from core.redis_schema import RedisKeys
+from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.streams import TRADES, Attribute, StreamSchema
 from evaluator.spark.registry import decode_registry
@@ -64,8 +65,11 @@ def test_create_list_show_evolve_and_delete_streams(cli: Settings, capsys: pytes
     code, out, _ = _run(capsys, "create-publisher-token", "probe", "--stream", "sensors")
     assert code == 0 and out.strip().rsplit(": ", 1)[1].startswith(PUBLISHER_PREFIX)
 
+    series = SeriesLimit(redis.Redis.from_url(cli.redis_url), cli)
+    series.refused("sensors", ["probe-1"], [1_700_000_000_000])
     assert _run(capsys, "delete-stream", "sensors")[0] == 0
     assert _run(capsys, "list-streams")[1].split("\t")[0] == TRADES
+    assert series.active("sensors") == 0, "a stream declared again under the name starts with no series"
 
 
 def test_clear_errors(cli: Settings, capsys: pytest.CaptureFixture) -> None:

@@ -23,6 +23,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.redis_client import make_redis
+from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.streams import (
     MAX_ATTRIBUTES,
@@ -53,6 +55,7 @@ from web.publishing import (
     dead_letters_failed,
     on_publishing_threads,
     publishing_executor,
+    within_series_limit,
 )
 
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
@@ -68,6 +71,9 @@ async def _producer_lifespan(app: FastAPI) -> AsyncIterator[None]:
         StreamService(session, settings).ensure_builtin()
     app.state.stream_producer = None
     app.state.publish_executor = executor = publishing_executor(settings)
+    app.state.series_limit = SeriesLimit(  # a Redis that does not answer delays a publish request briefly only
+        make_redis(settings, socket_timeout=settings.publish_series_timeout_s,
+                   socket_connect_timeout=settings.publish_series_timeout_s), settings)
     yield
     producer: StreamProducer | None = app.state.stream_producer
     app.state.stream_producer = None
@@ -290,7 +296,7 @@ def _validator(schema_json: str, limits: RecordLimits) -> StreamValidator:
     return StreamValidator(StreamSchema.model_validate_json(schema_json), limits)
 
 
-def _judge(body: bytes, content_type: str, stream: Publishing, settings: Settings
+def _judge(body: bytes, content_type: str, stream: Publishing, settings: Settings, series: SeriesLimit
            ) -> tuple[ValidatedBatch, list[bytes]]:
     """The batch judged, and the dead letters of its rejects (CPU work: run off the event loop)."""
     most = settings.publish_max_records
@@ -300,6 +306,7 @@ def _judge(body: bytes, content_type: str, stream: Publishing, settings: Setting
     schema = StreamSchema.model_validate(stream.schema)
     latest_ts = int(time.time() * 1000) + settings.max_future_skew_ms  # later events: dead letters in the evaluator
     batch = _validator(schema.model_dump_json(), RecordLimits.of(settings)).validate(records, latest_ts)
+    batch = within_series_limit(batch, records, schema, series)
     limits = LetterLimits.of(settings)
     letters = [DeadLetter.of(r.reason, r.raw, f"stream {stream.name}: HTTP record {r.index}", limits).to_json()
                for r in batch.rejected]
@@ -338,7 +345,8 @@ async def _publish(request: Request, settings: Settings, producer: StreamProduce
     loop = asyncio.get_running_loop()
     body = await request.body()
     try:
-        batch, letters = await on_publishing_threads(executor, _judge, body, content_type, stream, settings)
+        batch, letters = await on_publishing_threads(executor, _judge, body, content_type, stream, settings,
+                                                     request.app.state.series_limit)
     except BatchError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     delivery = await on_publishing_threads(executor, producer.send, loop, loop.create_future(), stream.topic,

@@ -14,7 +14,7 @@ from core.settings import Settings
 from ingest.kafka import ensure_topics
 from tests.ingest.test_publisher import events_on, read_topic
 from tests.users import api_client, new_user
-from tests.web.api.test_streams import _publish, _token, limited, own_broker, stalled_producer  # noqa: F401 - fixtures
+from tests.web.api.test_streams import HOSTS, _publish, _token, limited, own_broker, stalled_producer  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -169,3 +169,32 @@ def test_a_body_slower_than_the_body_timeout_gets_a_408_and_the_connection_close
         with httpx.Client(base_url=url, timeout=30) as client:  # a body in time is served as before
             answer = client.post("/api/streams/trades/events", json=[RECORD], headers=publisher)
             assert answer.status_code == 202, answer.text
+
+
+def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_limit(
+        settings: Settings, request: pytest.FixtureRequest) -> None:
+    """A publisher naming a new region with every record (a cell per event, core.series_limit): beyond
+    stream_max_series the records of new series are rejects with the reason, not accepted and dead-lettered later
+    by the evaluator; records of series already admitted go on being accepted."""
+    if request.node.callspec.params.get("settings") == "postgresql":
+        pytest.skip("the database plays no part in judging records")
+    settings = settings.model_copy(update={"stream_max_series": 3,
+                                           "stream_topic_prefix": f"{settings.events_topic}.stream."})
+    ensure_topics(settings)
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as operator:
+        assert operator.post("/api/streams", json=HOSTS).status_code == 201
+        with api_client(settings, _token(operator, "hosts")) as publisher:
+            regular = {"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 40, "region": "eu"}
+            assert _publish(publisher, "hosts", [regular]).json() == {"accepted": 1, "rejected": []}
+            hostile = [{**regular, "cpu": 99, "region": f"r{i}"} for i in range(10)]
+            body = _publish(publisher, "hosts", [*hostile, regular], ndjson=True).json()
+            assert body["accepted"] == 3, "the regular series and the two new ones the limit has room for"
+            assert [r["index"] for r in body["rejected"]] == list(range(2, 10))
+            assert all(r["reason"].startswith("series: a new series (key 'web-1', dimensions {'region': 'r")
+                       and "TOCSIN_STREAM_MAX_SERIES" in r["reason"] for r in body["rejected"]), body
+            assert _publish(publisher, "hosts", [regular, hostile[0]]).json() == {"accepted": 2, "rejected": []}
+    on_topic = events_on(settings, f"{settings.stream_topic_prefix}hosts")
+    assert sorted(e["region"] for e in on_topic) == ["eu", "eu", "eu", "r0", "r0", "r1"]
+    dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
+    assert sorted(d["source"] for d in dead) == sorted(f"stream hosts: HTTP record {i}" for i in range(2, 10))
