@@ -1,0 +1,214 @@
+"""Spark's own floor on this machine: what a micro-batch of the evaluator's shape costs with no work of ours in it.
+
+    flock /tmp/tocsin-spark.lock python benchmarks/floor.py              # about 7 minutes on two cores
+    flock /tmp/tocsin-spark.lock python benchmarks/floor.py --markdown   # ... and the tables as markdown
+    python benchmarks/floor.py --quick                                   # smoke run
+
+Issue 14's latency and throughput targets are bounded below by what Spark charges for the query's
+*shape*, whatever our stages do. This measures that shape with trivial Python in it, one local[2]
+SparkSession, the same session settings as the evaluator (``evaluator.spark.session``: RocksDB
+state store, Arrow, reused Python workers), Spark's built-in ``rate`` sources (rows made in the
+JVM, each carrying a ~70-byte JSON string like a Kafka event's value), so no broker and no Redis:
+
+- *JVM only*: source -> ``noop`` sink (scheduling, the offset and commit logs);
+- *+ Python stage*: source -> ``mapInPandas`` that pre-aggregates per (key, pane) with pandas, as
+  the parser does after parsing -> ``noop`` (one Python worker round trip and its Arrow transfers);
+- *+ shuffle and Python state*: the same -> ``groupBy(shard).transformWithStateInPandas`` with a
+  processor that keeps one counter per shard in RocksDB and emits one row per shard -> ``noop``
+  (the shuffle, the state store and its commit, the second Python stage);
+- *evaluator's shape*: the same with the sink's ``foreachBatch`` that collects the batch with
+  ``toPandas``: everything the evaluator's query does except read Kafka, parse and evaluate.
+
+Two measurements per pipeline:
+
+- *live*: ``rate`` at ``--rate`` rows/s, the production 1 s trigger; after ``--warm-up`` s, the
+  batches of ``--seconds`` s: duration (``triggerExecution``) p50/p90/max, and the whole process
+  tree's CPU seconds per batch. An alert waits for up to two such batches (README, *the latency
+  floor*), so p99 <= 1 trigger + 1 s needs batches <= ~0.9 s;
+- *drain*: ``rate-micro-batch`` at ``--rows-per-batch`` rows per batch, no trigger interval, for
+  ``--drain-seconds`` s: rows per wall second and CPU µs per row. 100,000 events/s on two cores is a
+  budget of 20 CPU µs per event for everything.
+
+Numbers are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.pipeline import Resources
+from benchmarks.report import print_tables
+from core.settings import Settings
+from evaluator.spark.session import spark_session
+
+KEYS = 5_000
+PANE_MS = 1_000
+#: A Kafka event's value as the feed writes it, made in the JVM from the rate source's row.
+PAYLOAD = ("concat('{\"key\":\"SYM', cast(value % {keys} as string), '\",\"ts\":', cast(unix_millis(timestamp) as "
+           "string), ',\"price\":101.25,\"volume\":300}')").replace("{keys}", str(KEYS))
+PANES_SCHEMA = "shard int, key string, pane_start long, count long, sum_volume double"
+
+
+class PreAggregate:
+    """mapInPandas: the parser's output shape from its input shape, one row per (key, pane), a shard per key."""
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+
+    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            key = frame["value"] % KEYS
+            pane = frame["ts"] // PANE_MS * PANE_MS
+            counts = frame.assign(key=key, pane=pane, payload_bytes=frame["payload"].str.len()).groupby(
+                ["key", "pane"], sort=False).agg(count=("value", "size"), sum_volume=("payload_bytes", "sum")).reset_index()
+            yield pd.DataFrame({"shard": (counts["key"] % self.shards).astype("int32"),
+                                "key": "SYM" + counts["key"].astype(str), "pane_start": counts["pane"].astype("int64"),
+                                "count": counts["count"].astype("int64"),
+                                "sum_volume": counts["sum_volume"].astype("float64")})
+
+
+def counter_processor() -> Any:
+    """A StatefulProcessor that keeps one count per shard (RocksDB) and emits it: the operator's state traffic
+    without its evaluation."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+
+    class Counter(StatefulProcessor):
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.total = handle.getValueState("total", "total long")
+
+        def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any  # noqa: N802, N803, ARG002
+                            ) -> Iterator[pd.DataFrame]:
+            seen = sum(int(frame["count"].sum()) for frame in rows)
+            held = self.total.get() if self.total.exists() else None
+            total = (held[0] if held else 0) + seen
+            self.total.update((total,))
+            yield pd.DataFrame({"shard": [int(key[0])], "total": [total]})
+
+        def close(self) -> None:
+            pass
+
+    return Counter()
+
+
+def collect(batch: Any, _batch_id: int) -> None:
+    batch.toPandas()  # runs the batch, as the Redis sink does
+
+
+Pipeline = Callable[[Any, int], Any]  # (a streaming DataFrame, shards) -> a DataStreamWriter
+
+
+def jvm_only(frame: Any, _shards: int) -> Any:
+    return frame.writeStream.format("noop")
+
+
+def python_stage(frame: Any, shards: int) -> Any:
+    return frame.mapInPandas(PreAggregate(shards), PANES_SCHEMA).writeStream.format("noop")
+
+
+def _stateful(frame: Any, shards: int) -> Any:
+    panes = frame.mapInPandas(PreAggregate(shards), PANES_SCHEMA)
+    return panes.groupBy("shard").transformWithStateInPandas(counter_processor(), "shard int, total long", "append",
+                                                              "None")
+
+
+def stateful(frame: Any, shards: int) -> Any:
+    return _stateful(frame, shards).writeStream.format("noop")
+
+
+def evaluator_shape(frame: Any, shards: int) -> Any:
+    return _stateful(frame, shards).writeStream.foreachBatch(collect)
+
+
+PIPELINES: dict[str, Pipeline] = {"JVM only": jvm_only, "+ Python stage": python_stage,
+                                  "+ shuffle and Python state": stateful, "evaluator's shape": evaluator_shape}
+
+
+def source(spark: Any, live: bool, args: argparse.Namespace) -> Any:
+    if live:
+        frame = (spark.readStream.format("rate").option("rowsPerSecond", args.rate)
+                 .option("numPartitions", args.partitions).load())
+    else:
+        frame = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", args.rows_per_batch)
+                 .option("numPartitions", args.partitions).option("advanceMillisPerBatch", 1000).load())
+    return frame.selectExpr("value", "unix_millis(timestamp) as ts", f"{PAYLOAD} as payload")
+
+
+def run(spark: Any, name: str, pipeline: Pipeline, *, live: bool, args: argparse.Namespace, checkpoints: Path
+        ) -> list[Any]:
+    """One pipeline, live or draining: its measured batches' durations, rows, and CPU."""
+    writer = pipeline(source(spark, live, args), args.shards)
+    mode = "live" if live else "drain"
+    query = (writer.option("checkpointLocation", str(checkpoints / f"{name}-{mode}".replace(" ", "_")))
+             .trigger(processingTime="1 second" if live else "0 seconds").queryName(f"floor-{mode}").start())
+    try:
+        time.sleep(args.warm_up)
+        seen = {p["batchId"] for p in query.recentProgress}
+        started = time.time()
+        with Resources() as used:
+            time.sleep(args.seconds if live else args.drain_seconds)
+        wall = time.time() - started
+        batches = [p for p in query.recentProgress if p["batchId"] not in seen]
+    finally:
+        query.stop()
+    durations = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in batches]
+    rows = sum(p["numInputRows"] for p in batches)
+    if not durations:
+        return [name, 0, *([float("nan")] * 6)]
+    if live:
+        q = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else [durations[0]] * 9
+        return [name, len(batches), round(rows / len(batches)), statistics.median(durations), q[8], max(durations),
+                used.cpu_s / len(batches), used.rss_mb]
+    return [name, len(batches), round(rows / len(batches)), statistics.median(durations), rows / wall,
+            used.cpu_s * 1e6 / max(rows, 1), used.cpu_s / wall, used.rss_mb]
+
+
+def main() -> None:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=1_000, help="live rows per second")
+    parser.add_argument("--rows-per-batch", type=int, default=100_000, help="rows per batch when draining")
+    parser.add_argument("--warm-up", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds, live")
+    parser.add_argument("--drain-seconds", type=float, default=30.0, help="measured seconds, draining")
+    parser.add_argument("--partitions", type=int, default=defaults.event_partitions,
+                        help="source partitions (default: the events topic's, TOCSIN_EVENT_PARTITIONS)")
+    parser.add_argument("--shards", type=int, default=defaults.spark_shuffle_partitions,
+                        help="shuffle partitions, one shard each (default TOCSIN_SPARK_SHUFFLE_PARTITIONS)")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="smoke run: short phases, small batches")
+    args = parser.parse_args()
+    if args.quick:
+        args.warm_up, args.seconds, args.drain_seconds, args.rows_per_batch = 6.0, 5.0, 5.0, 10_000
+    settings = Settings(spark_master="local[2]", spark_shuffle_partitions=args.shards)
+    spark = spark_session(settings, "tocsin-floor")
+    live_rows, drain_rows = [], []
+    with tempfile.TemporaryDirectory(prefix="tocsin-floor-") as checkpoints:
+        for name, pipeline in PIPELINES.items():
+            live_rows.append(run(spark, name, pipeline, live=True, args=args, checkpoints=Path(checkpoints)))
+            drain_rows.append(run(spark, name, pipeline, live=False, args=args, checkpoints=Path(checkpoints)))
+    spark.stop()
+    print_tables([
+        (f"Live: rate source at {args.rate:,} rows/s in {args.partitions} partitions, {args.shards} shards, trigger 1 s, "
+         f"local[2]; batches after a {args.warm_up:g} s warm-up (batch s = triggerExecution; CPU = the whole process tree)",
+         ["pipeline", "batches", "rows/batch", "batch s p50", "batch s p90", "batch s max", "tree CPU s per batch",
+          "peak RSS MB"], live_rows),
+        (f"Drain: {args.rows_per_batch:,} rows per batch in {args.partitions} partitions, {args.shards} shards, no trigger "
+         "interval, local[2]",
+         ["pipeline", "batches", "rows/batch", "batch s p50", "rows per wall s", "tree CPU µs per row",
+          "tree CPU s per wall s", "peak RSS MB"], drain_rows),
+    ], markdown=args.markdown, source="benchmarks/floor.py --markdown")
+
+
+if __name__ == "__main__":
+    main()
