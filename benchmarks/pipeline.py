@@ -814,8 +814,9 @@ def short(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def start_stack(name: str) -> tuple[Path, Settings, Callable[[], None]]:
-    """A Tansu broker and a Redis on free ports in a fresh work directory, the settings for them, and their stop."""
+def start_stack(name: str, shards: int = 2) -> tuple[Path, Settings, Callable[[], None]]:
+    """A Tansu broker and a Redis on free ports in a fresh work directory, the settings for them (``shards``
+    shuffle partitions), and their stop."""
     work = Path(tempfile.mkdtemp(prefix=f"tocsin-{name}-"))
     kafka_port, redis_port = free_port(), free_port()
     broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
@@ -823,7 +824,7 @@ def start_stack(name: str) -> tuple[Path, Settings, Callable[[], None]]:
     base = Settings(
         kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
         events_topic=f"{name}-events", dead_letter_topic=f"{name}-dead", event_partitions=4,
-        data_dir=work, spark_shuffle_partitions=2, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
+        data_dir=work, spark_shuffle_partitions=shards, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
     )
 
     def stop() -> None:
@@ -879,6 +880,7 @@ def main() -> None:
     parser.add_argument("--live-warm-up", type=int, default=20, help="seconds fed before measuring")
     parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
+    parser.add_argument("--shards", type=int, default=2, help="shuffle partitions: one shard each (Tocsin's rows)")
     args = parser.parse_args()
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
@@ -890,7 +892,7 @@ def main() -> None:
 
     load_before = psutil.getloadavg()
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    _, base, stop_stack = start_stack("bench")  # topics bench-events, bench-dead (the peers' table reads them)
+    _, base, stop_stack = start_stack("bench", args.shards)  # topics bench-events, bench-dead (the peers' table reads them)
     keys, start_ms, total_rows, publish_s = publish_feed(base, args.keys, args.rate, args.seconds)
     hosts_rows = 0
     if args.two_streams:

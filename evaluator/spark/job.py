@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import structlog
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 from pyspark.sql.streaming import StreamingQuery
@@ -24,16 +25,18 @@ from core.stream_names import TRADES
 from core.streams import StreamSchema, topic_name
 from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.parse import PANES_SCHEMA, PaneParser, panes_schema
-from evaluator.spark.registry import checkpoint_of, query_attributes, shape_of
+from evaluator.spark.registry import checkpoint_of, checkpoint_partitions, query_attributes, shape_of
 from evaluator.spark.sink import TRANSITIONS_SCHEMA, RedisAlertSink
 from evaluator.spark.source import SOURCE_NAME, stop_file
 from evaluator.spark.stream_parse import StreamPaneParser
 from ingest.kafka import new_consumer, partitions_of
 
 
-def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
-    """One shard id per shuffle partition: ids that Spark's hash partitioning spreads one to a partition."""
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # 200: Spark's own default
+def shard_ids_for(spark: SparkSession, shards: int, partitions: int | None = None) -> tuple[int, ...]:
+    """One shard id per shuffle partition: ids that Spark's hash partitioning spreads one to a partition.
+    ``partitions``: the stateful stage's (default the session's)."""
+    if partitions is None:
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # 200: Spark's own default
     if shards > partitions:
         raise ValueError(f"{shards} shards need at least as many shuffle partitions (have {partitions})")
     rows = spark.range(0, 64 * partitions).selectExpr("id", f"pmod(hash(id), {partitions}) as p").collect()
@@ -42,6 +45,8 @@ def shard_ids_for(spark: SparkSession, shards: int) -> tuple[int, ...]:
         first.setdefault(row.p, row.id)
     return tuple(first[p] for p in sorted(first)[:shards])
 
+
+log = structlog.get_logger("evaluator")
 
 POOL_VARIABLE = "TOCSIN_PYTHON_WORKER_POOL"
 
@@ -88,6 +93,19 @@ def source_options(settings: Settings, topic: str | None = None) -> dict[str, st
     return options
 
 
+def query_shards(spark: SparkSession, settings: Settings, stream: str) -> tuple[int, int]:
+    """(shards, shuffle partitions) of a stream's query. A checkpoint keeps the partitions it was started with:
+    Spark runs its stateful stage with them whatever the session says, so the parser must route keys to the same
+    shards, or keys would move to shards without their windows (alerts silenced until the windows refill, state
+    of the old shards orphaned). A changed ``TOCSIN_SPARK_SHUFFLE_PARTITIONS`` applies to new checkpoints only."""
+    session = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    partitions = checkpoint_partitions(checkpoint_of(settings, stream)) or session
+    if partitions != session:
+        log.warning("shuffle_partitions_fixed_by_checkpoint", stream=stream, checkpoint=partitions, setting=session,
+                    detail="the checkpoint's shards are kept; start from a new checkpoint to change them")
+    return settings.evaluator_shards or partitions, partitions
+
+
 def query_name(stream: str) -> str:
     return "tocsin-evaluator" if stream == TRADES else f"tocsin-stream-{stream}"
 
@@ -103,7 +121,7 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
         partitions = len(partitions_of(consumer, topic))
     finally:
         consumer.close()
-    shard_ids = shard_ids_for(spark, settings.evaluator_shards or settings.spark_shuffle_partitions)
+    shard_ids = shard_ids_for(spark, *query_shards(spark, settings, stream))
     if stream == TRADES or schema is None:
         parser, rows_schema, shape, columns = PaneParser(settings, shard_ids), PANES_SCHEMA, None, None
     else:

@@ -53,6 +53,23 @@ def checkpoint_of(settings: Settings, stream: str) -> Path:
     return settings.checkpoint_path if stream == TRADES else settings.checkpoint_path / "streams" / stream
 
 
+def checkpoint_partitions(checkpoint: Path) -> int | None:
+    """The shuffle partitions (so the shards) a query's checkpoint was started with, from its newest offset log
+    entry (Spark records its session's ``spark.sql.shuffle.partitions`` there and runs the stateful stage with it
+    on every restart, whatever the session says); None for a new checkpoint."""
+    offsets = checkpoint / "offsets"
+    entries = sorted((int(f.name), f) for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else []
+    for _, entry in reversed(entries):
+        for line in entry.read_text(errors="replace").splitlines():
+            try:
+                metadata = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(metadata, dict) and "spark.sql.shuffle.partitions" in metadata.get("conf", {}):
+                return int(metadata["conf"]["spark.sql.shuffle.partitions"])
+    return None
+
+
 def query_attributes(settings: Settings, schema: StreamSchema) -> tuple[str, ...]:
     """The attribute columns of a stream's query: those its checkpoint's state was built with, then the schema's
     new ones. A removed attribute keeps its column (always empty from then on), so state never has to shrink and

@@ -14,7 +14,7 @@ import redis
 from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
-from evaluator.spark.registry import RegistryReader, query_attributes
+from evaluator.spark.registry import RegistryReader, checkpoint_partitions, query_attributes
 from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
 from subscriptions.streams import publish_registry
 
@@ -154,3 +154,16 @@ def test_failures_in_a_row_reach_redis_until_the_query_runs_well_again(settings:
     publish_registry(client, keys, [trades_schema(settings), schema("b")])  # a deleted: its fields go
     restarted.poll()
     assert field_of("a", QUERY_FAILING) is None and field_of("a", QUERY_STARTED_AT) is None
+
+
+def test_checkpoint_partitions_reads_the_newest_offset_entry_and_none_for_a_new_checkpoint(tmp_path: Path) -> None:
+    """The offset log's format as Spark 4 writes it (a version line, the metadata with the session's conf, the
+    sources' offsets); the Spark test of a changed shard setting reads a real one."""
+    assert checkpoint_partitions(tmp_path / "new") is None
+    offsets = tmp_path / "old" / "offsets"
+    offsets.mkdir(parents=True)
+    for batch, partitions in ((0, 4), (1, 2)):
+        metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {"spark.sql.shuffle.partitions": str(partitions)}}
+        (offsets / str(batch)).write_text(f'v1\n{json.dumps(metadata)}\n{{"0":12}}')
+    (offsets / ".1.crc").write_text("x")
+    assert checkpoint_partitions(tmp_path / "old") == 2

@@ -77,3 +77,35 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
     assert_recovered(crashing, reference, events, last)
     raw = redis.Redis.from_url(settings.redis_url)  # the snapshot is compressed bytes
     assert Catalog.decode(raw.get(RedisKeys(crashing).catalog_snapshot)).version == 1
+
+
+@pytest.mark.slow  # a restart with another setting: run in CI
+def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exact(spark, settings: Settings,
+                                                                                 tmp_path: Path) -> None:
+    """Spark runs a checkpoint's stateful stage with the shuffle partitions it was started with, whatever the
+    session says. The parser routed keys by the session's count instead, so a changed
+    TOCSIN_SPARK_SHUFFLE_PARTITIONS sent keys to shards without their windows (and left shards without progress,
+    so their clocks stopped): the query keeps the checkpoint's shards."""
+    ensure_topics(settings)
+    events = generated_stream(seed=5)
+    last = publish(settings, events)
+    run = for_run(settings, "reshard", tmp_path)
+    shards = settings.spark_shuffle_partitions
+    assert shards == 2
+    publish_catalog(run, *SPECS)
+    query = build_query(spark, run)
+    try:
+        wait_until(lambda: batch_id(run) >= 2, query=query)
+    finally:
+        query.stop()
+    assert not evaluated_everything(run, last, shards), "stopped too late to test anything"
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        query = build_query(spark, run.model_copy(update={"spark_shuffle_partitions": 1}))
+        try:
+            wait_until(lambda: evaluated_everything(run, last, shards), query=query)
+        finally:
+            query.stop()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shards))
+    assert_matches_oracle(run, events, last)
