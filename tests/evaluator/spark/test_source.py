@@ -197,3 +197,32 @@ def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reus
     assert offsets(5, 9) == [5, 6, 7, 8]
     [(_, fresh)] = source._CONSUMERS._idle[src._consumer_options()]
     assert fresh is not pooled
+
+
+def test_a_slice_never_asks_librdkafka_for_more_records_than_it_holds(settings: Settings,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """consume() waits until it has the number of records asked for or its timeout: asking a 3-record slice for
+    5,000 held every slice read 200 ms (a live 1,000 events/s batch spent ~1 s of its tasks reading 1,000 records)."""
+    from evaluator.spark import source
+    from evaluator.spark.source import KafkaSlice
+
+    ensure_topics(settings)
+    produce(settings, {0: 10}, "asked")
+    asked: list[int] = []
+
+    class Spy:
+        def __init__(self, consumer) -> None:
+            self.consumer = consumer
+
+        def consume(self, num_messages: int, timeout: float) -> list:
+            asked.append(num_messages)
+            return self.consumer.consume(num_messages=num_messages, timeout=timeout)
+
+        def __getattr__(self, name: str):
+            return getattr(self.consumer, name)
+
+    real = source.new_reader
+    monkeypatch.setattr(source, "new_reader", lambda *options: Spy(real(*options)))
+    monkeypatch.setattr(source, "_CONSUMERS", source._ConsumerPool())
+    assert [r[2] for r in rows(reader(settings), KafkaSlice(settings.events_topic, 0, 4, 7))] == [4, 5, 6]
+    assert asked and all(n <= 3 for n in asked), asked
