@@ -236,8 +236,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except BaseException:  # includes GeneratorExit: a read abandoned half-way leaves the consumer mid-fetch
             consumer.close()
             raise
-        consumer.unassign()  # idle in the pool: no fetching (and prefetching) in the background
-        _CONSUMERS.give(self._consumer_options(), consumer)
+        try:
+            consumer.unassign()  # idle in the pool: no fetching (and prefetching) in the background
+        except KafkaException:  # the slice was read whole: a consumer in doubt is closed, not failed on
+            consumer.close()
+        else:
+            _CONSUMERS.give(self._consumer_options(), consumer)
         if self.stats is not None:
             _add_read_stats(*self.stats, busy, partition.end - partition.start)
 
