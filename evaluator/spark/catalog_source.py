@@ -21,6 +21,7 @@ from core.catalog_log import CatalogLog
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
+from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.catalog import UNREADABLE, Catalog
@@ -89,6 +90,7 @@ class CatalogSource:
         self.preview_max_age_s = settings.preview_timeout_s
         self.redis = make_redis(settings)
         self.catalog_log = CatalogLog(self.redis, self.keys)
+        self.series = SeriesLimit(self.redis, settings)  # the parser's series registry (core.series_limit)
         self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()
         self._checked = 0.0

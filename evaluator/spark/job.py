@@ -31,12 +31,12 @@ from evaluator.spark.source import SOURCE_NAME, stop_file
 from evaluator.spark.stream_parse import StreamPaneParser
 from ingest.kafka import new_consumer, partitions_of
 
+log = structlog.get_logger("evaluator")
 
-def shard_ids_for(spark: SparkSession, shards: int, partitions: int | None = None) -> tuple[int, ...]:
-    """One shard id per shuffle partition: ids that Spark's hash partitioning spreads one to a partition.
-    ``partitions``: the stateful stage's (default the session's)."""
-    if partitions is None:
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # 200: Spark's own default
+
+def shard_ids_for(spark: SparkSession, shards: int, partitions: int) -> tuple[int, ...]:
+    """One shard id per partition of the stateful stage: ids that Spark's hash partitioning spreads one to a
+    partition."""
     if shards > partitions:
         raise ValueError(f"{shards} shards need at least as many shuffle partitions (have {partitions})")
     rows = spark.range(0, 64 * partitions).selectExpr("id", f"pmod(hash(id), {partitions}) as p").collect()
@@ -45,8 +45,6 @@ def shard_ids_for(spark: SparkSession, shards: int, partitions: int | None = Non
         first.setdefault(row.p, row.id)
     return tuple(first[p] for p in sorted(first)[:shards])
 
-
-log = structlog.get_logger("evaluator")
 
 POOL_VARIABLE = "TOCSIN_PYTHON_WORKER_POOL"
 
@@ -98,7 +96,7 @@ def query_shards(spark: SparkSession, settings: Settings, stream: str) -> tuple[
     Spark runs its stateful stage with them whatever the session says, so the parser must route keys to the same
     shards, or keys would move to shards without their windows (alerts silenced until the windows refill, state
     of the old shards orphaned). A changed ``TOCSIN_SPARK_SHUFFLE_PARTITIONS`` applies to new checkpoints only."""
-    session = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    session = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # 200: Spark's own default
     partitions = checkpoint_partitions(checkpoint_of(settings, stream)) or session
     if partitions != session:
         log.warning("shuffle_partitions_fixed_by_checkpoint", stream=stream, checkpoint=partitions, setting=session,

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 
 from core.series_limit import SeriesLimit
 from core.settings import Settings
@@ -147,8 +146,8 @@ class PaneParser:
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for raw in frames:
             started = time.perf_counter()
-            stats = shared_catalog_source(self.settings)  # its Redis client and key names
-            parsed = self.admit(self.parse(raw), raw, _series_limit(self.settings, stats.redis))
+            stats = shared_catalog_source(self.settings)  # its Redis client, key names and series registry
+            parsed = self.admit(self.parse(raw), raw, stats.series)
             pipe = stats.redis.pipeline(transaction=False)
             if parsed.dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
@@ -345,17 +344,6 @@ class PaneParser:
             panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
         panes["shard"] = shards[codes[first]]
         return panes
-
-
-_SERIES_LIMITS: dict[tuple[str, str], SeriesLimit] = {}
-
-
-def _series_limit(settings: Settings, client: redis.Redis) -> SeriesLimit:
-    """One series registry per worker process and deployment (its script registered once)."""
-    where = (settings.redis_url, settings.redis_prefix)
-    if where not in _SERIES_LIMITS:
-        _SERIES_LIMITS[where] = SeriesLimit(client, settings)
-    return _SERIES_LIMITS[where]
 
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:

@@ -42,6 +42,7 @@ class StreamPaneParser(PaneParser):
         always missing (see ``evaluator.spark.supervisor.query_attributes``)."""
         super().__init__(settings, shard_ids)
         self.schema = schema.wire()
+        self.stream = schema.name
         self.attributes = columns if columns is not None else self.schema.attribute_names
         self._validator: StreamValidator | None = None  # built in the worker (pydantic models do not pickle)
 
@@ -53,10 +54,6 @@ class StreamPaneParser(PaneParser):
         if self._validator is None:
             self._validator = StreamValidator(self.schema, StreamLimits.of(self.settings))
         return self._validator
-
-    @property
-    def stream(self) -> str:  # type: ignore[override]
-        return self.schema.name
 
     def _source(self, topic: str, partition: int, offset: int) -> str:
         return f"stream {self.schema.name}: " + super()._source(topic, partition, offset)
