@@ -229,3 +229,20 @@ def _publishing_threads(samples: int) -> dict[str, int]:
                 seen["publishing executor" if names.get(ident, "").startswith("publish") else "shared pool"] += 1
         time.sleep(0.02)
     return seen
+
+
+def test_a_redis_that_does_not_answer_leaves_the_series_limit_to_the_evaluator(settings: Settings) -> None:
+    """Publishing must not stop with Redis: the batch is judged without the series check (the evaluator's parser
+    holds the limit alone), within the request's short Redis timeout."""
+    from core.redis_client import make_redis
+    from core.series_limit import SeriesLimit
+    from core.streams import RecordLimits, StreamValidator, trades_schema
+    from web.publishing import within_series_limit
+
+    nobody = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0", "stream_max_series": 1})
+    limit = SeriesLimit(make_redis(nobody, socket_timeout=0.5, socket_connect_timeout=0.5), nobody)
+    records = [json.dumps({**RECORD, "key": k}) for k in ("A", "B", "C")]
+    schema = trades_schema(settings)
+    batch = StreamValidator(schema, RecordLimits.of(settings)).validate(records)
+    assert within_series_limit(batch, records, schema, limit) is batch
+    assert batch.accepted == 3
