@@ -108,7 +108,8 @@ class RedisKeys:
       subscription's :meth:`partition`: the sink's script and the dispatcher's decision
       transaction each touch one partition, so one slot;
     - a delivery's ``delivered`` and ``sending`` marks carry ``{<notification id>}`` (claimed together),
-      and an owner's in-flight sets (its own and its endpoints') ``{<ns>:owner:<id>}``.
+      and an owner's in-flight sets (its own and its endpoints') ``{<ns>:owner:<id>}``;
+    - a stream's series set is its own tag, and its publisher tokens' sets carry it (one script admits a batch).
 
     Everything else is one key per command (streams, hashes, lists, counters), in any slot.
     """
@@ -141,8 +142,15 @@ class RedisKeys:
         self.layout = k("layout")  # the key layout alerts are written in (see :func:`claim_layout`)
 
     def series(self, stream: str) -> str:
-        """A stream's active series and their newest event times (``core.series_limit``)."""
-        return self._k("streams", "series", stream)
+        """A stream's active series and their newest event times (``core.series_limit``). Its publisher tokens'
+        own sets (:meth:`token_series`) carry it as their hash tag: one script admits a batch against both."""
+        name = self._k("streams", "series", stream)
+        return "{" + name + "}" if self.tagged else name
+
+    def token_series(self, stream: str, token: int | str) -> str:
+        """The series one publisher token keeps active in ``stream`` (``core.series_limit``; ``"*"``: a pattern
+        matching every token's)."""
+        return f"{self.series(stream)}:token:{token}"
 
     # -- slot partitions ---------------------------------------------------------------------------
 

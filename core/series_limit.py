@@ -12,13 +12,21 @@ event of a new series beyond the limit is refused (the evaluator dead-letters it
 counts it as ``series_refused``); the series already admitted go on untouched, and a series leaves
 once it has had no event for the horizon, making room for new ones.
 
-The registry is one sorted set per stream (member: the series, score: its newest event time), kept
-by one script per parser batch, so it is atomic on a Redis Cluster too (one key).
+Records published over HTTP come with a publisher token, and several collectors often share a
+stream: one token may keep at most ``publish_token_series_share`` of the stream's limit active, so a
+broken or hostile collector fills its own share, not the stream, and the other tokens' new series
+are still admitted (the records Kafka producers write directly carry no token: the stream's limit
+alone applies to them).
+
+The registry is one sorted set per stream (member: the series, score: its newest event time), and
+one per publisher token and stream, kept by one script per batch, so it is atomic on a Redis
+Cluster too (the token's set carries the stream's set as its hash tag).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from enum import IntEnum
 from typing import cast
 
 import numpy as np
@@ -28,30 +36,52 @@ import redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 
-#: KEYS[1]: the stream's set. ARGV: the cutoff (series whose newest event is older leave), the limit, then
-#: (series, newest event time) pairs. Returns the 1-based positions of the pairs refused. ``ZADD GT``: a series'
-#: newest time never moves back (a late partition's batch must not make an active series look idle).
+#: KEYS[1]: the stream's set; KEYS[2], if given: the publisher token's set in this stream. ARGV: the cutoff (series
+#: whose newest event is older leave), the stream's limit, the token's limit, the token set's expiry (ms, wall time:
+#: a token that stops publishing leaves no key behind), then (series, newest event time) pairs. Returns the 1-based
+#: positions of the pairs refused: positive beyond the stream's limit, negative beyond the token's. ``ZADD GT``: a
+#: series' newest time never moves back (a late partition's batch must not make an active series look idle).
 _ADMIT = """
-local key = KEYS[1]
+local key, mine = KEYS[1], KEYS[2]
 redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[1])
-local limit = tonumber(ARGV[2])
+local limit, own_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local members = {}
-for i = 3, #ARGV, 2 do members[#members + 1] = ARGV[i] end
+for i = 5, #ARGV, 2 do members[#members + 1] = ARGV[i] end
 local seen = redis.call('ZMSCORE', key, unpack(members))
 local n = redis.call('ZCARD', key)
+local own, m = {}, 0
+if mine then
+  redis.call('ZREMRANGEBYSCORE', mine, '-inf', '(' .. ARGV[1])
+  own = redis.call('ZMSCORE', mine, unpack(members))
+  m = redis.call('ZCARD', mine)
+end
 local kept, refused = {}, {}
 for i, member in ipairs(members) do
-  if seen[i] or n < limit then
-    if not seen[i] then n = n + 1 end
-    kept[#kept + 1] = ARGV[2 + 2 * i]
-    kept[#kept + 1] = member
-  else
+  if not (seen[i] or n < limit) then
     refused[#refused + 1] = i
+  elseif mine and not (own[i] or m < own_limit) then
+    refused[#refused + 1] = -i
+  else
+    if not seen[i] then n = n + 1 end
+    if mine and not own[i] then m = m + 1 end
+    kept[#kept + 1] = ARGV[4 + 2 * i]
+    kept[#kept + 1] = member
   end
 end
-if #kept > 0 then redis.call('ZADD', key, 'GT', unpack(kept)) end
+if #kept > 0 then
+  redis.call('ZADD', key, 'GT', unpack(kept))
+  if mine then redis.call('ZADD', mine, 'GT', unpack(kept)) end
+end
+if mine then redis.call('PEXPIRE', mine, ARGV[4]) end
 return refused
 """
+
+
+class Refusal(IntEnum):
+    """Why an event's series is refused (0: it is not)."""
+
+    STREAM = 1  # a new series beyond the stream's limit
+    TOKEN = 2  # a series new to its publisher token beyond the token's share
 
 
 class SeriesLimit:
@@ -65,36 +95,63 @@ class SeriesLimit:
         self.redis = client
         self.keys = RedisKeys(settings)
         self.limit = settings.stream_max_series
+        self.share = settings.publish_token_series_share
+        self.token_limit = max(1, int(self.limit * self.share))
         self.horizon_ms = settings.max_window_ms + settings.watermark_delay_ms
         self._admit = client.register_script(_ADMIT)
 
-    def refused(self, stream: str, series: Sequence[str], newest: Sequence[int]) -> list[int]:
-        """Positions in ``series`` refused: new series beyond the stream's limit. ``newest``: each series' newest
-        event time in the batch; every admitted series' last-seen time moves up to it."""
+    def refusals(self, stream: str, series: Sequence[str], newest: Sequence[int], token: int | None = None
+                 ) -> dict[int, Refusal]:
+        """The positions in ``series`` refused, and why: new series beyond the stream's limit, or (published with
+        publisher ``token``) series new to the token beyond its share. ``newest``: each series' newest event time in
+        the batch; every admitted series' last-seen time moves up to it."""
         if not series:
-            return []
+            return {}
+        keys = [self.keys.series(stream)]
+        if token is not None and self.share < 1:
+            keys.append(self.keys.token_series(stream, token))
         cutoff = max(newest) - self.horizon_ms
-        out: list[int] = []
+        out: dict[int, Refusal] = {}
         for first in range(0, len(series), self.CHUNK):
-            args: list[str | int] = [cutoff, self.limit]
+            args: list[str | int] = [cutoff, self.limit, self.token_limit, self.horizon_ms]
             for s, ts in zip(series[first : first + self.CHUNK], newest[first : first + self.CHUNK], strict=True):
                 args.extend((s, int(ts)))
-            out.extend(first + int(i) - 1 for i in cast(list, self._admit(keys=[self.keys.series(stream)], args=args)))
+            for i in cast(list, self._admit(keys=keys, args=args)):
+                out[first + abs(int(i)) - 1] = Refusal.STREAM if int(i) > 0 else Refusal.TOKEN
         return out
 
-    def refused_events(self, stream: str, series: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Which events (a mask) are of new series beyond the stream's limit, given each event's series and time:
-        one registry round trip for the batch's distinct series."""
+    def refused(self, stream: str, series: Sequence[str], newest: Sequence[int], token: int | None = None
+                ) -> list[int]:
+        """Positions in ``series`` refused, for either reason (:meth:`refusals`)."""
+        return sorted(self.refusals(stream, series, newest, token))
+
+    def event_refusals(self, stream: str, series: np.ndarray, ts: np.ndarray, token: int | None = None
+                       ) -> np.ndarray:
+        """Per event, 0 or the :class:`Refusal` of its series, given each event's series and time: one registry
+        round trip for the batch's distinct series."""
         if not len(series):
-            return np.zeros(0, dtype=bool)
+            return np.zeros(0, dtype=np.int8)
         codes, distinct = pd.factorize(series)
         newest = pd.Series(ts).groupby(codes, sort=True).max().to_numpy()
-        return np.isin(codes, self.refused(stream, distinct.tolist(), newest.tolist()))
+        why = np.zeros(len(distinct), dtype=np.int8)
+        for position, refusal in self.refusals(stream, distinct.tolist(), newest.tolist(), token).items():
+            why[position] = refusal
+        return why[codes]
 
-    def reason(self, stream: str, key: str, dimensions: Mapping[str, str], attributes: Collection[str]) -> str:
+    def refused_events(self, stream: str, series: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Which events (a mask) are of new series beyond the stream's limit (records with no publisher token)."""
+        return self.event_refusals(stream, series, ts) != 0
+
+    def reason(self, stream: str, key: str, dimensions: Mapping[str, str], attributes: Collection[str],
+               why: Refusal = Refusal.STREAM) -> str:
         """Why an event of a new series (``key`` with its dimension values and optional attributes) is refused."""
         what = f"key {key!r}" + (f", dimensions {dict(dimensions)}" if dimensions else "") + (
             f", attributes {sorted(attributes)}" if attributes else "")
+        if why == Refusal.TOKEN:
+            return (f"series: a series ({what}) new to this publisher token beyond the {self.token_limit} active "
+                    f"series one token may have in stream {stream!r} (TOCSIN_PUBLISH_TOKEN_SERIES_SHARE of "
+                    f"TOCSIN_STREAM_MAX_SERIES); its events are refused until this token's series with no event for "
+                    f"{self.horizon_ms} ms leave")
         return (f"series: a new series ({what}) beyond the {self.limit} active series stream {stream!r} may have "
                 f"(TOCSIN_STREAM_MAX_SERIES); its events are refused until series with no event for "
                 f"{self.horizon_ms} ms leave")
@@ -104,5 +161,8 @@ class SeriesLimit:
         return int(self.redis.zcard(self.keys.series(stream)))
 
     def forget(self, stream: str) -> None:
-        """Drop a stream's registry (the stream is deleted: a stream declared again under its name starts empty)."""
+        """Drop a stream's registry and its tokens' (the stream is deleted: a stream declared again under its name
+        starts empty)."""
         self.redis.delete(self.keys.series(stream))
+        for name in self.redis.scan_iter(match=self.keys.token_series(stream, "*"), count=1_000):
+            self.redis.delete(name)

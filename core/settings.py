@@ -349,6 +349,10 @@ class Settings(BaseSettings):
         250_000, ge=1, description="series (keys; for a declared stream, key x dimension values x optional "
                                    "attributes carried) a stream may have active within max_window_ms: events of "
                                    "new series beyond it are dead-lettered (core.series_limit)")
+    publish_token_series_share: float = Field(
+        0.5, gt=0, le=1, description="share of stream_max_series one publisher token may keep active in a stream "
+                                     "(its records of new series beyond: rejects), so one broken or hostile "
+                                     "collector cannot fill a stream's series and keep the others' new series out")
     publisher_max_tokens: int = Field(100, ge=0, description="publisher tokens a deployment may hold")
     publish_series_timeout_s: float = Field(
         0.5, gt=0, description="how long a publish request waits for Redis to check the series limit; beyond it "

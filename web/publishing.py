@@ -51,7 +51,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from prometheus_client import Counter, Gauge
 from redis import RedisError
 
-from core.series_limit import SeriesLimit
+from core.series_limit import Refusal, SeriesLimit
 from core.settings import Settings
 from core.streams import StreamSchema, ValidatedBatch
 from evaluator.views import read_wire, split_cell
@@ -70,20 +70,21 @@ DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
 
 
 def within_series_limit(batch: ValidatedBatch, raw: Sequence[str | bytes], schema: StreamSchema,
-                        limit: SeriesLimit) -> ValidatedBatch:
-    """``batch`` with the records of new series beyond the stream's limit (``core.series_limit``) made rejects: the
-    evaluator would dead-letter them, so a 202 must not count them accepted. The series admitted here are admitted
-    for the evaluator too. Redis not answering: the batch as it is (the evaluator still holds the limit)."""
+                        limit: SeriesLimit, token: int | None = None) -> ValidatedBatch:
+    """``batch`` with the records of new series beyond the stream's limit, or beyond publisher ``token``'s share of
+    it (``core.series_limit``), made rejects: the evaluator would dead-letter the first, so a 202 must not count
+    them accepted. The series admitted here are admitted for the evaluator too. Redis not answering: the batch as it
+    is (the evaluator still holds the stream's limit)."""
     if not batch.accepted:
         return batch
     cells, ts, _ = read_wire(batch.records, schema.attribute_names, schema.dimension_names, schema.required_attributes)
     try:
-        refused = limit.refused_events(schema.name, cells, ts)
+        why = limit.event_refusals(schema.name, cells, ts, token)
     except RedisError as exc:
         log.warning("series_limit_not_checked", stream=schema.name, reason=f"{type(exc).__name__}: {exc}")
         return batch
-    return batch.refusing({int(i): limit.reason(schema.name, *split_cell(cells[i])) for i in refused.nonzero()[0]},
-                          raw)
+    return batch.refusing({int(i): limit.reason(schema.name, *split_cell(cells[i]), Refusal(why[i]))
+                           for i in why.nonzero()[0]}, raw)
 
 
 T = TypeVar("T")

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import redis
 
-from core.series_limit import SeriesLimit
+from core.series_limit import Refusal, SeriesLimit
 from core.settings import Settings
 
 T = 1_700_000_000_000
 
 
-def limit_of(settings: Settings, client: redis.Redis, n: int) -> SeriesLimit:
-    return SeriesLimit(client, settings.model_copy(update={"stream_max_series": n}))
+def limit_of(settings: Settings, client: redis.Redis, n: int, share: float = 1.0) -> SeriesLimit:
+    return SeriesLimit(client, settings.model_copy(update={"stream_max_series": n,
+                                                           "publish_token_series_share": share}))
 
 
 def test_new_series_beyond_the_limit_are_refused_and_admitted_ones_go_on(settings: Settings,
@@ -55,3 +56,41 @@ def test_forget_empties_a_stream_registry(settings: Settings, redis_client: redi
     limit.refused("hosts", ["a"], [T])
     limit.forget("hosts")
     assert limit.refused("hosts", ["b"], [T]) == []
+
+
+def test_one_publisher_token_fills_its_share_and_not_the_stream(settings: Settings, redis_client: redis.Redis) -> None:
+    """A flooding collector (token 1) is held to its share; another collector's (token 2) new series still come in,
+    up to the stream's limit; records with no token (Kafka producers) meet the stream's limit only."""
+    limit = limit_of(settings, redis_client, 5, share=0.4)  # 2 series per token
+    assert limit.refusals("hosts", ["a", "b", "c", "d"], [T] * 4, token=1) == {2: Refusal.TOKEN, 3: Refusal.TOKEN}
+    assert limit.refused("hosts", ["e", "f"], [T, T], token=2) == [], "the flood left room for the others"
+    assert limit.refused("hosts", ["a", "b"], [T + 1, T + 1], token=1) == [], "its admitted series go on"
+    assert limit.refusals("hosts", ["e"], [T], token=1) == {0: Refusal.TOKEN}, "a series new to the token counts"
+    assert limit.refused("hosts", ["g"], [T]) == [], "no token: the stream's limit only"
+    assert limit.refusals("hosts", ["h"], [T], token=3) == {0: Refusal.STREAM}, "the stream is full"
+    assert limit.active("hosts") == 5
+    assert 0 < redis_client.pttl(limit.keys.token_series("hosts", 1)) <= limit.horizon_ms, "an idle token's set goes"
+
+
+def test_a_token_series_leave_after_the_horizon(settings: Settings, redis_client: redis.Redis) -> None:
+    limit = limit_of(settings, redis_client, 10, share=0.1)  # 1 series per token
+    limit.refused("hosts", ["old"], [T], token=1)
+    assert limit.refused("hosts", ["new"], [T + limit.horizon_ms], token=1) == [0]
+    assert limit.refused("hosts", ["new"], [T + limit.horizon_ms + 1], token=1) == []
+
+
+def test_a_token_series_reason_names_its_share(settings: Settings, redis_client: redis.Redis) -> None:
+    limit = limit_of(settings, redis_client, 10, share=0.5)
+    why = limit.reason("hosts", "web-1", {"region": "r7"}, (), Refusal.TOKEN)
+    assert why.startswith("series: a series (key 'web-1', dimensions {'region': 'r7'}) new to this publisher token "
+                          "beyond the 5 active series one token may have in stream 'hosts'"), why
+    assert "TOCSIN_PUBLISH_TOKEN_SERIES_SHARE" in why
+
+
+def test_forget_empties_the_tokens_registries_too(settings: Settings, redis_client: redis.Redis) -> None:
+    limit = limit_of(settings, redis_client, 4, share=0.25)
+    limit.refused("hosts", ["a"], [T], token=7)
+    limit.refused("other", ["a"], [T], token=7)
+    limit.forget("hosts")
+    assert limit.refused("hosts", ["b"], [T], token=7) == []
+    assert limit.refused("other", ["b"], [T], token=7) == [0], "another stream's registries stay"

@@ -306,7 +306,7 @@ def _judge(body: bytes, content_type: str, stream: Publishing, settings: Setting
     schema = StreamSchema.model_validate(stream.schema)
     latest_ts = int(time.time() * 1000) + settings.max_future_skew_ms  # later events: dead letters in the evaluator
     batch = _validator(schema.model_dump_json(), RecordLimits.of(settings)).validate(records, latest_ts)
-    batch = within_series_limit(batch, records, schema, series)
+    batch = within_series_limit(batch, records, schema, series, stream.token)
     limits = LetterLimits.of(settings)
     letters = [DeadLetter.of(r.reason, r.raw, f"stream {stream.name}: HTTP record {r.index}", limits).to_json()
                for r in batch.rejected]

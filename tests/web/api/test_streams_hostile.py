@@ -178,7 +178,7 @@ def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_li
     by the evaluator; records of series already admitted go on being accepted."""
     if request.node.callspec.params.get("settings") == "postgresql":
         pytest.skip("the database plays no part in judging records")
-    settings = settings.model_copy(update={"stream_max_series": 3,
+    settings = settings.model_copy(update={"stream_max_series": 3, "publish_token_series_share": 1.0,
                                            "stream_topic_prefix": f"{settings.events_topic}.stream."})
     ensure_topics(settings)
     _, token = new_user(settings, role="operator")
@@ -198,3 +198,37 @@ def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_li
     assert sorted(e["region"] for e in on_topic) == ["eu", "eu", "eu", "r0", "r0", "r1"]
     dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
     assert sorted(d["source"] for d in dead) == sorted(f"stream hosts: HTTP record {i}" for i in range(2, 10))
+
+
+def test_a_flooding_publisher_token_fills_its_share_and_the_other_collectors_go_on(
+        settings: Settings, request: pytest.FixtureRequest) -> None:
+    """Two collectors share ``hosts``; one goes wild and names a new region with every record. It keeps at most
+    publish_token_series_share of the stream's series (its records beyond are rejects with the reason), so the
+    other collector's new hosts are still accepted; before, the flood filled the stream's limit and the other
+    collector's new series were refused for as long as the flood kept them active."""
+    if request.node.callspec.params.get("settings") == "postgresql":
+        pytest.skip("the database plays no part in judging records")
+    settings = settings.model_copy(update={"stream_max_series": 6, "publish_token_series_share": 0.5,
+                                           "stream_topic_prefix": f"{settings.events_topic}.stream."})
+    ensure_topics(settings)
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as operator:
+        assert operator.post("/api/streams", json=HOSTS).status_code == 201
+        wild, calm = _token(operator, "hosts"), _token(operator, "hosts")
+        with api_client(settings, wild) as flooding, api_client(settings, calm) as collector:
+            flood = [{"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 99, "region": f"r{i}"} for i in range(10)]
+            body = _publish(flooding, "hosts", flood, ndjson=True).json()
+            assert body["accepted"] == 3, body
+            assert [r["index"] for r in body["rejected"]] == list(range(3, 10))
+            assert all("new to this publisher token beyond the 3 active series one token may have in stream 'hosts'"
+                       in r["reason"] and "TOCSIN_PUBLISH_TOKEN_SERIES_SHARE" in r["reason"]
+                       for r in body["rejected"]), body
+            calm_hosts = [{"host": f"db-{i}", "time": "2026-11-26T10:00:01Z", "cpu": 20, "region": "eu"}
+                          for i in range(3)]
+            assert _publish(collector, "hosts", calm_hosts).json() == {"accepted": 3, "rejected": []}
+            assert _publish(flooding, "hosts", flood[:3]).json() == {"accepted": 3, "rejected": []}, "its own go on"
+            late = {"host": "db-9", "time": "2026-11-26T10:00:02Z", "cpu": 20, "region": "eu"}
+            refused = _publish(collector, "hosts", [late]).json()["rejected"]
+            assert len(refused) == 1 and "TOCSIN_STREAM_MAX_SERIES" in refused[0]["reason"], "the stream is full"
+    on_topic = events_on(settings, f"{settings.stream_topic_prefix}hosts")
+    assert sorted(e["key"] for e in on_topic) == ["db-0", "db-1", "db-2", *["web-1"] * 6]
