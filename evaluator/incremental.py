@@ -176,9 +176,10 @@ class Context:
 @dataclass
 class PlanCosts:
     """Measured seconds per unit of work of the two ways to find a group's flips, as moving averages, so each
-    group and boundary takes the cheaper: per changed key (units: endpoint candidates, plus members per key
-    decided explicitly) or a scan of every member over the values array (units: members x keys). Both give
-    the same flips; only the cost differs (the adaptive choice Arasu & Widom leave as future work)."""
+    group and boundary takes the cheaper: per changed key (units: changed keys, plus members per key decided
+    explicitly) or a scan of every member over the values array (units: members x keys). Both give the same
+    flips; only the cost differs (the adaptive choice Arasu & Widom leave as future work). Each plan is measured
+    in the units it is chosen on: a cost per unit is only comparable to the units it is multiplied by."""
 
     per_key: float = 1e-6
     scan: float = 5e-8
@@ -280,8 +281,8 @@ class GroupState:
         scan = False
         if self.everyone:
             n_explicit, n_members = int(explicit.sum()), len(self.everyone)
-            scan = ctx.costs.choose(int(regular.sum()) + n_explicit * n_members,
-                                    n_members * self.values.size) == "scan"
+            per_key_units = int(regular.sum()) + n_explicit * n_members  # measured in the same units below
+            scan = ctx.costs.choose(per_key_units, n_members * self.values.size) == "scan"
         if scan:  # every member over the values array, at the end of evaluate()
             self.fresh |= set(self.everyone)
             ctx.work["scans"] += 1
@@ -309,7 +310,7 @@ class GroupState:
                 for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
                     flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
                                   _value(self.values[k]), self.window_ms))
-            ctx.costs.measured("per_key", time.perf_counter() - started, candidates + n_explicit * n_members)
+            ctx.costs.measured("per_key", time.perf_counter() - started, per_key_units)
         if self.restricted:
             for k in ids[moved & ctx.restricted[ids]].tolist():
                 name = ctx.names[k]

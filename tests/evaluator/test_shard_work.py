@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from evaluator.catalog import Catalog
+from evaluator.incremental import PlanCosts
 from evaluator.shard import BatchStats, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from tests.evaluator.test_shard import ATTRS, PANE, pane_rows
@@ -68,3 +69,36 @@ def test_key_churn_keeps_key_ids_bounded_by_the_active_keys() -> None:
     assert shard.firing.get(2) == {"k7"} and shard.running.keys.get("k7") is not None
     assert len(shard.running.keys) <= 2 * 12 + 1
     assert set(shard._firing_by_key) == {"k7"}
+
+
+class _RecordingCosts(PlanCosts):
+    """PlanCosts that records the units each choice was made on and each measurement was taken in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chosen: list[float] = []
+        self.measured_units: list[float] = []
+
+    def choose(self, per_key_units: float, scan_units: float) -> str:
+        self.chosen.append(per_key_units)
+        return "per_key"
+
+    def measured(self, plan: str, seconds: float, units: float) -> None:
+        if plan == "per_key":
+            self.measured_units.append(units)
+        super().measured(plan, seconds, units)
+
+
+def test_the_per_key_plan_is_measured_in_the_units_it_is_chosen_on() -> None:
+    """The adaptive choice multiplies a cost per unit by the units of work it expects; a cost measured per
+    candidate (a handful per boundary) but applied per changed key (thousands) made the per-key plan look ~1,000x
+    dearer than it is, and shards scanned every member instead: 6x slower on the pipeline benchmark's mix."""
+    costs = _RecordingCosts()
+    shard = ShardEvaluator(CONFIG)
+    shard.costs = costs
+    catalog = _subscriptions(40, 1)
+    for second in range(1, 30):
+        events = [(f"k{i}", second * 1_000 - 500, 1.0, float(i % 7)) for i in range(200)]
+        shard.step(pane_rows(events), {0: second * 1_000}, catalog)
+    assert costs.measured_units and costs.measured_units == costs.chosen
+    assert max(costs.measured_units) >= 200, "every changed key is a unit of the per-key plan's work"
