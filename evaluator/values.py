@@ -16,11 +16,11 @@ with ``b - T <= ts < b`` (panes are aligned and windows whole panes).
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Iterator
 
 import numpy as np
+import pandas as pd
 
 from evaluator.panerows import PaneRows
 
@@ -48,10 +48,9 @@ class _Events:
         self.ts[: len(ts)], self.vals[:, : len(ts)] = ts, vals
         self.head, self.end = 0, len(ts)
 
-    def add(self, ts: np.ndarray, vals: np.ndarray) -> None:
-        """Add events (any order); in order after the newest held, they are appended in amortised O(len)."""
-        order = np.argsort(ts, kind="stable")
-        ts, vals = ts[order], vals[:, order]
+    def add(self, ts: np.ndarray, vals: np.ndarray, cut: int | None = None, keep_last: int = 1) -> None:
+        """Add events in time order (among equal times, in arrival order): appended in amortised O(len) after the
+        newest held, merged if late. A full buffer first drops what :meth:`expire` at ``cut`` would."""
         if len(self) and ts[0] < self.ts[self.end - 1]:  # late: merge, keeping arrival order among equal times
             old_ts, old_vals = self.live()
             all_ts = np.concatenate([old_ts, ts])
@@ -59,6 +58,8 @@ class _Events:
             self._reset(all_ts[merged], np.concatenate([old_vals, vals], axis=1)[:, merged])
             return
         n = len(ts)
+        if self.end + n > self.ts.size and cut is not None:
+            self.expire(cut, keep_last)
         if self.end + n > self.ts.size:
             self._reset(*(np.concatenate([a, b], axis=-1) for a, b in zip(self.live(), (ts, vals), strict=True)))
             return
@@ -80,36 +81,56 @@ class _Events:
 
 
 class KeyValues:
+    """Every key's retained events. Per batch, one sort of all its events by (key, time) in NumPy, then per key a
+    slice copy into its buffer; expiry sweeps the keys held once per :attr:`SWEEP_SHARE` of the horizon, not at
+    every boundary (a buffer that fills up is trimmed as it grows). What a sweep has not dropped yet is older than
+    every window that reads it: answers are those of expiring at every boundary."""
+
+    #: Keys are swept (trimmed to the retention, dropped without an event in the horizon) once per this share of
+    #: the horizon: memory holds at most that much more, and a boundary costs no per-key step in between.
+    SWEEP_SHARE = 16
+
     def __init__(self, attributes: tuple[str, ...], retention_ms: int, keep_last: int = 0) -> None:
         self.attributes = attributes
         self.index = {a: i for i, a in enumerate(attributes)}
         self.retention_ms = retention_ms
         self.keep_last = keep_last
         self.keys: dict[str, _Events] = {}
+        self._cut: int | None = None  # events before it are only kept as a key's newest (the last expire's)
+        self._swept_at: int | None = None
 
     def add(self, rows: PaneRows) -> None:
         """Add the events of pane rows (in or out of order)."""
-        if not len(rows) or not rows.event_offsets[-1]:
+        offsets = rows.event_offsets
+        if not len(rows) or offsets[-1] == offsets[0]:
             return
-        order = np.argsort(rows.keys.astype(str), kind="stable")
-        keys = rows.keys[order]
-        bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
-        for first, last in itertools.pairwise(bounds):
-            _, index = rows.events_of(order[first:last])
-            if index.size:
-                events = self.keys.get(keys[first])
-                if events is None:
-                    events = self.keys[keys[first]] = _Events(len(self.attributes))
-                events.add(rows.event_ts[index], rows.event_values[:, index])
+        codes, names = pd.factorize(rows.keys)
+        event_codes = np.repeat(codes, np.diff(offsets))
+        ts_all = rows.event_ts[offsets[0] : offsets[-1]]
+        order = np.lexsort((ts_all, event_codes))  # by key, then time; stable: arrival order among equal times
+        sorted_codes = event_codes[order]
+        ts = ts_all[order]
+        vals = rows.event_values[:, offsets[0] : offsets[-1]][:, order]
+        bounds = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1], True]).tolist()
+        keys, n_attributes, cut, keep = self.keys, len(self.attributes), self._cut, max(self.keep_last, 1)
+        for first, last, code in zip(bounds[:-1], bounds[1:], sorted_codes[bounds[:-1]].tolist(), strict=True):
+            key = names[code]
+            events = keys.get(key)
+            if events is None:
+                events = keys[key] = _Events(n_attributes)
+            events.add(ts[first:last], vals[:, first:last], cut, keep)
 
     def expire(self, boundary: int, horizon_ms: int) -> None:
         """At ``boundary``: keep ``retention_ms`` of events, and keys with an event within the horizon.
 
-        One pass over the keys held, comparing two times each; only the keys with an event to
-        drop are trimmed (a search each), so a boundary costs O(keys held) cheap steps, never
-        anything for a key gone from the horizon.
+        One pass over the keys held, comparing two times each, once per ``horizon_ms / SWEEP_SHARE``; only the keys
+        with an event to drop are trimmed (a search each), never anything for a key gone from the horizon.
         """
         gone, cut = boundary - horizon_ms, boundary - self.retention_ms
+        self._cut = cut
+        if self._swept_at is not None and boundary - self._swept_at < horizon_ms // self.SWEEP_SHARE:
+            return
+        self._swept_at = boundary
         dropped = []
         for key, events in self.keys.items():
             ts = events.ts
