@@ -814,16 +814,16 @@ def short(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def start_stack(name: str, shards: int = 2) -> tuple[Path, Settings, Callable[[], None]]:
+def start_stack(name: str, shards: int = 2, partitions: int = 4) -> tuple[Path, Settings, Callable[[], None]]:
     """A Tansu broker and a Redis on free ports in a fresh work directory, the settings for them (``shards``
-    shuffle partitions), and their stop."""
+    shuffle partitions, ``partitions`` Kafka partitions of the events topic), and their stop."""
     work = Path(tempfile.mkdtemp(prefix=f"tocsin-{name}-"))
     kafka_port, redis_port = free_port(), free_port()
     broker = start_tansu("127.0.0.1", kafka_port, work / "tansu.log")
     redis_server = start_redis(redis_port, work / "redis", work / "redis.log")
     base = Settings(
         kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
-        events_topic=f"{name}-events", dead_letter_topic=f"{name}-dead", event_partitions=4,
+        events_topic=f"{name}-events", dead_letter_topic=f"{name}-dead", event_partitions=partitions,
         data_dir=work, spark_shuffle_partitions=shards, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
     )
 
@@ -881,6 +881,8 @@ def main() -> None:
     parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
     parser.add_argument("--shards", type=int, default=2, help="shuffle partitions: one shard each (Tocsin's rows)")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="Kafka partitions of the events topic: one read-and-parse task each per batch")
     args = parser.parse_args()
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
@@ -892,7 +894,8 @@ def main() -> None:
 
     load_before = psutil.getloadavg()
     begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    _, base, stop_stack = start_stack("bench", args.shards)  # topics bench-events, bench-dead (the peers' table reads them)
+    # topics bench-events, bench-dead (the peers' table reads them)
+    _, base, stop_stack = start_stack("bench", args.shards, args.partitions)
     keys, start_ms, total_rows, publish_s = publish_feed(base, args.keys, args.rate, args.seconds)
     hosts_rows = 0
     if args.two_streams:
@@ -1063,7 +1066,7 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
     print(f"\nPublished {total_rows:,} records (events and heartbeats) in {publish_s:.1f} s: "
           f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
     load = f"load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end"
-    print(f"Run of {begun}, {psutil.cpu_count()} cores, {load}")
+    print(f"Run of {begun}, {psutil.cpu_count()} cores, {load}; {args.partitions} Kafka partitions, {args.shards} shards")
     print_tables(tables, markdown=args.markdown, source=f"benchmarks/pipeline.py --markdown, {begun}, {load}")
 
 
