@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmarks.quick import run_quick
 
 
+@pytest.mark.slow  # about 11 s (a web process and 100k records): CI runs it, a developer's default run not (kept under 15 minutes)
 def test_quick_run_prints_the_tables_and_loses_nothing() -> None:
     stdout = run_quick("publish.py")
     rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
