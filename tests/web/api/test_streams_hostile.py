@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -171,29 +172,37 @@ def test_a_body_slower_than_the_body_timeout_gets_a_408_and_the_connection_close
             assert answer.status_code == 202, answer.text
 
 
+@contextmanager
+def hosts_declared(settings: Settings, request: pytest.FixtureRequest, **limits: float
+                   ) -> Iterator[tuple[Settings, TestClient]]:
+    """Settings with ``limits`` and the ``hosts`` stream declared, and an operator's client (SQLite only: the
+    database plays no part in judging records)."""
+    if request.node.callspec.params.get("settings") == "postgresql":
+        pytest.skip("the database plays no part in judging records")
+    settings = settings.model_copy(update={**limits, "stream_topic_prefix": f"{settings.events_topic}.stream."})
+    ensure_topics(settings)
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as operator:
+        assert operator.post("/api/streams", json=HOSTS).status_code == 201
+        yield settings, operator
+
+
 def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_limit(
         settings: Settings, request: pytest.FixtureRequest) -> None:
     """A publisher naming a new region with every record (a cell per event, core.series_limit): beyond
     stream_max_series the records of new series are rejects with the reason, not accepted and dead-lettered later
     by the evaluator; records of series already admitted go on being accepted."""
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in judging records")
-    settings = settings.model_copy(update={"stream_max_series": 3, "publish_token_series_share": 1.0,
-                                           "stream_topic_prefix": f"{settings.events_topic}.stream."})
-    ensure_topics(settings)
-    _, token = new_user(settings, role="operator")
-    with api_client(settings, token) as operator:
-        assert operator.post("/api/streams", json=HOSTS).status_code == 201
-        with api_client(settings, _token(operator, "hosts")) as publisher:
-            regular = {"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 40, "region": "eu"}
-            assert _publish(publisher, "hosts", [regular]).json() == {"accepted": 1, "rejected": []}
-            hostile = [{**regular, "cpu": 99, "region": f"r{i}"} for i in range(10)]
-            body = _publish(publisher, "hosts", [*hostile, regular], ndjson=True).json()
-            assert body["accepted"] == 3, "the regular series and the two new ones the limit has room for"
-            assert [r["index"] for r in body["rejected"]] == list(range(2, 10))
-            assert all(r["reason"].startswith("series: a new series (key 'web-1', dimensions {'region': 'r")
-                       and "TOCSIN_STREAM_MAX_SERIES" in r["reason"] for r in body["rejected"]), body
-            assert _publish(publisher, "hosts", [regular, hostile[0]]).json() == {"accepted": 2, "rejected": []}
+    with hosts_declared(settings, request, stream_max_series=3, publish_token_series_share=1.0) as (
+            settings, operator), api_client(settings, _token(operator, "hosts")) as publisher:
+        regular = {"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 40, "region": "eu"}
+        assert _publish(publisher, "hosts", [regular]).json() == {"accepted": 1, "rejected": []}
+        hostile = [{**regular, "cpu": 99, "region": f"r{i}"} for i in range(10)]
+        body = _publish(publisher, "hosts", [*hostile, regular], ndjson=True).json()
+        assert body["accepted"] == 3, "the regular series and the two new ones the limit has room for"
+        assert [r["index"] for r in body["rejected"]] == list(range(2, 10))
+        assert all(r["reason"].startswith("series: a new series (key 'web-1', dimensions {'region': 'r")
+                   and "TOCSIN_STREAM_MAX_SERIES" in r["reason"] for r in body["rejected"]), body
+        assert _publish(publisher, "hosts", [regular, hostile[0]]).json() == {"accepted": 2, "rejected": []}
     on_topic = events_on(settings, f"{settings.stream_topic_prefix}hosts")
     assert sorted(e["region"] for e in on_topic) == ["eu", "eu", "eu", "r0", "r0", "r1"]
     dead = [json.loads(v) for v in read_topic(settings, settings.dead_letter_topic)]
@@ -206,14 +215,8 @@ def test_a_flooding_publisher_token_fills_its_share_and_the_other_collectors_go_
     publish_token_series_share of the stream's series (its records beyond are rejects with the reason), so the
     other collector's new hosts are still accepted; before, the flood filled the stream's limit and the other
     collector's new series were refused for as long as the flood kept them active."""
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in judging records")
-    settings = settings.model_copy(update={"stream_max_series": 6, "publish_token_series_share": 0.5,
-                                           "stream_topic_prefix": f"{settings.events_topic}.stream."})
-    ensure_topics(settings)
-    _, token = new_user(settings, role="operator")
-    with api_client(settings, token) as operator:
-        assert operator.post("/api/streams", json=HOSTS).status_code == 201
+    with hosts_declared(settings, request, stream_max_series=6, publish_token_series_share=0.5) as (
+            settings, operator):
         wild, calm = _token(operator, "hosts"), _token(operator, "hosts")
         with api_client(settings, wild) as flooding, api_client(settings, calm) as collector:
             flood = [{"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 99, "region": f"r{i}"} for i in range(10)]
