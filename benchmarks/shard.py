@@ -35,6 +35,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import table
+from core.gc_policy import apply_gc_policy
+from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
@@ -49,6 +51,29 @@ SHARDS = 5  # the high-selectivity shard holds one fifth of the keys
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class GcClock:
+    """Wall time CPython spends in its garbage collector while installed (``gc.callbacks``), per generation."""
+
+    def __init__(self) -> None:
+        self.ms = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self._started = 0.0
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._tick)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.ms[info["generation"]] += 1000 * (time.perf_counter() - self._started)
+            self.runs[info["generation"]] += 1
 
 
 def pane_rows(keys: np.ndarray, ts: np.ndarray, price: np.ndarray, volume: np.ndarray) -> PaneRows:
@@ -189,7 +214,9 @@ def high_selectivity(sizes: list[int], warm_s: int, measured: int, naive_upto: i
 def catch_up(subscriptions: int, warm_s: int, batches: int, per_second: int) -> None:
     """What a stale copy of the shard pays to catch up (the operator's restore), against evaluating a batch: one
     copy evaluates ``batches`` seconds, another replays their deltas (as a Spark worker whose cached copy is
-    behind), and a third is rebuilt from a snapshot; each then evaluates the next second."""
+    behind), and a third is rebuilt from a snapshot; each then evaluates the next second. Once with CPython's
+    garbage collector as it comes and once as the evaluator's workers run it (``core.gc_policy``), on the same
+    shard in turn."""
     config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
     feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
     shard, t = ShardEvaluator(config), 1_000_000
@@ -202,34 +229,50 @@ def catch_up(subscriptions: int, warm_s: int, batches: int, per_second: int) -> 
     stale = ShardEvaluator.from_snapshot(config, blob)
     run_boundaries(stale, feed, t, 1, catalog, "stale copy")  # a cached copy that evaluated (its first in full)
     started = time.perf_counter()
-    restored_blob = ShardEvaluator.from_snapshot(config, blob)
+    ShardEvaluator.from_snapshot(config, blob)
     rebuild_ms = 1000 * (time.perf_counter() - started)
-    _ = restored_blob
-    evaluate_ms, deltas = 0.0, []
+    default, tuned = gc.get_threshold(), Settings().python_gc_threshold
+    rows = []
+    for policy, threshold in ((f"CPython's default ({default[0]:,})", 0), (f"Tocsin's workers ({tuned:,})", tuned)):
+        gc.set_threshold(*default)
+        apply_gc_policy(threshold)
+        with GcClock() as clock:
+            measured, t = _catch_up_round(shard, stale, feed, t, catalog, batches)
+        rows.append([policy, f"{sum(clock.ms) / (batches + 1):.1f} ({', '.join(map(str, clock.runs))})", *measured])
+    gc.set_threshold(*default)
+    table(f"Catching up, {subscriptions:,} subscriptions (the operator's restore without Spark; ms; snapshot "
+          f"{snapshot_ms:.0f} ms, {len(blob) / 2**20:.1f} MB, rebuilt from it in {rebuild_ms:.0f} ms)",
+          ["garbage collector", "collecting per batch (runs by generation)", "evaluate a batch",
+           "transitions per batch", "replay a missed delta", "of which reading it", "next batch, cached copy",
+           "next batch, after replay", "explicit keys after replay", "group scans after replay"], rows)
+
+
+def _catch_up_round(shard: ShardEvaluator, stale: ShardEvaluator, feed: Feed, t: int, catalog: Catalog,
+                    batches: int) -> tuple[list[float], int]:
+    """``shard`` evaluates ``batches`` seconds, ``stale`` replays their deltas, then both evaluate the next one."""
+    evaluate_ms, read_ms, replay_ms, transitions, deltas = 0.0, 0.0, 0.0, 0, []
     for _ in tqdm(range(batches), desc="batches", file=sys.stderr, leave=False):
-        rows = feed.second(t)
         started = time.perf_counter()
-        _, delta = shard.step(rows, {0: t + PANE}, catalog)
+        found, delta = shard.step(feed.second(t), {0: t + PANE}, catalog)
         evaluate_ms += 1000 * (time.perf_counter() - started)
+        transitions += len(found)
         deltas.append(delta.to_bytes())
         t += PANE
-    started = time.perf_counter()
-    for blob_delta in deltas[1:]:
-        stale.replay(Delta.from_bytes(blob_delta))
-    replay_ms = 1000 * (time.perf_counter() - started) / max(len(deltas) - 1, 1)
-    rows = feed.second(t)
+    for blob_delta in deltas:
+        started = time.perf_counter()
+        missed = Delta.from_bytes(blob_delta)
+        read_ms += 1000 * (time.perf_counter() - started)
+        stale.replay(missed)
+        replay_ms += 1000 * (time.perf_counter() - started)
+    following = feed.second(t)
     timings = []
     for copy in (shard, stale):
         stats = BatchStats()
         started = time.perf_counter()
-        copy.step(rows, {0: t + PANE}, catalog, stats)
+        copy.step(following, {0: t + PANE}, catalog, stats)
         timings.append((1000 * (time.perf_counter() - started), stats.explicit_keys, stats.scans))
-    table(f"Catching up, {subscriptions:,} subscriptions (the operator's restore without Spark; ms)",
-          ["evaluate a batch", "replay a missed delta", "next batch, cached copy", "next batch, after replay",
-           "explicit keys after replay", "group scans after replay", "snapshot", "rebuild from snapshot",
-           "snapshot MB"],
-          [[evaluate_ms / batches, replay_ms, timings[0][0], timings[1][0], timings[1][1], timings[1][2],
-            snapshot_ms, rebuild_ms, len(blob) / 2**20]])
+    return [evaluate_ms / batches, transitions / batches, replay_ms / batches, read_ms / batches, timings[0][0],
+            timings[1][0], timings[1][1], timings[1][2]], t + PANE
 
 
 def key_churn(seconds: int, band: int, slide: int, per_second: int, subscriptions: int, horizon_s: int = 5) -> None:
@@ -335,7 +378,7 @@ def main() -> None:
         issue16_mix(200, warm_s=30, measured=3, per_second=1_000)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
-        catch_up(10_000, warm_s=300, batches=10, per_second=5_000)
+        catch_up(10_000, warm_s=300, batches=10, per_second=10_000)
         key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
 

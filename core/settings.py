@@ -287,6 +287,10 @@ class Settings(BaseSettings):
     evaluator_own_python_workers: bool = Field(
         False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
     )
+    python_gc_threshold: int = Field(
+        50_000, ge=0, description="young-generation threshold of CPython's garbage collector in the evaluator's "
+                                  "Python workers (CPython's default 700; 0 leaves it): core/gc_policy.py"
+    )
 
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client")

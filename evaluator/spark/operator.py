@@ -31,6 +31,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
+from core.gc_policy import apply_gc_policy
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.preview import PreviewAnswer
@@ -88,6 +89,7 @@ class ShardProcessor(StatefulProcessor):
         self.cells = stream is not None  # a declared stream's parser writes cell rows (evaluator.views)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        apply_gc_policy(self.settings.python_gc_threshold)  # this worker holds shards: many long-lived objects
         self.clock = handle.getValueState(
             "clock", StructType([StructField("epoch", LongType()), StructField("base_epoch", LongType())]))
         self.base = handle.getValueState("base", StructType([StructField("snapshot", BinaryType())]))

@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.gc_policy import apply_gc_policy
 from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.stream_names import TRADES
@@ -144,6 +145,7 @@ class PaneParser:
         self.vectorised = vectorised
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        apply_gc_policy(self.settings.python_gc_threshold)  # the worker may hold shards too (one pool)
         for raw in frames:
             started = time.perf_counter()
             stats = shared_catalog_source(self.settings)  # its Redis client, key names and series registry

@@ -20,6 +20,7 @@ import redis
 from pyspark.sql import DataFrame
 from redis.typing import EncodableT, FieldT
 
+from core.gc_policy import apply_gc_policy
 from core.redis_client import make_redis, run_script
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
 from core.settings import Settings
@@ -155,6 +156,7 @@ class RedisAlertSink:
     CHUNK = 2_000
 
     def __init__(self, settings: Settings, stream: str = TRADES) -> None:
+        apply_gc_policy(settings.python_gc_threshold)  # the driver: it builds every batch's transitions
         self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
         self.redis = make_redis(settings)
