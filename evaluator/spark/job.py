@@ -1,7 +1,7 @@
 """The evaluator's Spark Structured Streaming query, composed from its stages.
 
     Kafka (Python data source, ``evaluator.spark.source``)
-      -> parse + validate + pre-aggregate per (key, pane)        [mapInPandas, per Kafka partition]
+      -> parse + validate + pre-aggregate per (key, pane)        [mapInArrow, per Kafka partition]
          + each Kafka partition's progress, sent to every shard   (``evaluator.spark.parse``)
       -> stateful evaluation keyed by shard                      [transformWithStateInPandas, RocksDB]
          (collective indexes, see evaluator/shard.py)             (``evaluator.spark.operator``)
@@ -130,7 +130,7 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
         reader.load()
         .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256",
                 F.unix_millis(F.current_timestamp()).alias("now"))  # the batch's clock: the same on replay
-        .mapInPandas(parser, rows_schema)
+        .mapInArrow(parser, rows_schema)
     )
     with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):
         transitions = panes.groupBy("shard").transformWithStateInPandas(

@@ -41,21 +41,30 @@ def event_fields(attributes: tuple[str, ...]) -> tuple[str, ...]:
     return ("event_ts", *(f"event_{a}" for a in attributes))
 
 
+def pane_columns(attributes: tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
+    """The pane rows' columns for a stream of ``attributes``, as the parser writes them (Arrow types)."""
+    return [
+        ("shard", pa.int64()), ("key", pa.string()), ("pane_start", pa.int64()), ("count", pa.int64()),
+        *((f, pa.float64()) for f in stat_fields(attributes)[1:]),
+        ("event_ts", pa.list_(pa.int64())), *((f"event_{a}", pa.list_(pa.float64())) for a in attributes),
+        ("partition", pa.int32()), ("progress", pa.int64()),
+    ]
+
+
+_SPARK_TYPES = {pa.int64(): "long", pa.int32(): "int", pa.string(): "string", pa.float64(): "double",
+                pa.list_(pa.int64()): "array<long>", pa.list_(pa.float64()): "array<double>"}
+
+
 def panes_schema(attributes: tuple[str, ...]) -> str:
     """The pane rows' Spark schema for a stream of ``attributes`` (``PANES_SCHEMA`` for ``trades``)."""
-    return (
-        "shard long, key string, pane_start long, count long, "
-        + ", ".join(f"{f} double" for f in stat_fields(attributes)[1:])
-        + ", event_ts array<long>, "
-        + ", ".join(f"event_{a} array<double>" for a in attributes)
-        + ", partition int, progress long"
-    )
+    return ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind in pane_columns(attributes))
 
 
 STAT_FIELDS = stat_fields(ATTRIBUTES)
 EVENT_FIELDS = event_fields(ATTRIBUTES)
 PANES_SCHEMA = panes_schema(ATTRIBUTES)
 NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
+SHARDS_REMEMBERED = 1_000_000  # keys whose shard a parser remembers (then it forgets them all)
 
 
 @lru_cache(maxsize=4)
@@ -105,7 +114,7 @@ class ParsedRecords:
 
 
 class PaneParser:
-    """mapInPandas: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
+    """mapInArrow: raw Kafka rows -> pane aggregates per shard, each partition's progress to every shard.
 
     Every record becomes an event, a heartbeat or a dead letter: :func:`ingest.model.parse_record`
     never raises, and anything unexpected in the per-record work here becomes a dead letter with
@@ -143,11 +152,13 @@ class PaneParser:
         self.settings = settings
         self.shard_ids = shard_ids
         self.vectorised = vectorised
+        self._shard_of: dict[str, int] = {}
 
-    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         apply_gc_policy(self.settings.python_gc_threshold)  # the worker may hold shards too (one pool)
-        for raw in frames:
+        for batch in batches:
             started = time.perf_counter()
+            raw = batch.to_pandas()
             stats = shared_catalog_source(self.settings)  # its Redis client, key names and series registry
             parsed = self.admit(self.parse(raw), raw, stats.series)
             pipe = stats.redis.pipeline(transaction=False)
@@ -157,11 +168,11 @@ class PaneParser:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
                 add_totals(pipe, stats.keys, {"dead_lettered": len(parsed.dead), **parsed.refused})
-            frame = self._frame(parsed.events(), parsed.progress)
+            rows = self._frame(parsed.events(), parsed.progress)
             pipe.hincrbyfloat(stats.keys.evaluator_stats, "parse_ms_total",  # the per-stage profile
                               round((time.perf_counter() - started) * 1000, 3))
             pipe.execute()
-            yield frame
+            yield rows
 
     def admit(self, parsed: ParsedRecords, raw: pd.DataFrame, limit: SeriesLimit) -> ParsedRecords:
         """``parsed`` without the events of new series beyond the stream's limit (``core.series_limit``): those
@@ -276,42 +287,54 @@ class PaneParser:
             progress, dead, refused,
         )
 
-    def _frame(self, events: pd.DataFrame | list[tuple], progress: dict[int, int]) -> pd.DataFrame:
-        """Pane rows of ``events`` (key, ts, *ATTRIBUTES, in arrival order) and progress rows for every shard."""
+    def _frame(self, events: pd.DataFrame | list[tuple], progress: dict[int, int]) -> pa.RecordBatch:
+        """Pane rows of ``events`` (key, ts, *ATTRIBUTES, in arrival order) and progress rows for every shard, as the
+        Arrow batch Spark takes (``pane_columns``): columns built whole, each pane's events as slices of one array."""
         attributes = self.attributes
-        stats, events_fields = stat_fields(attributes), event_fields(attributes)
-        columns = ["shard", "key", "pane_start", *stats, *events_fields, "partition", "progress"]
-        parts: list[pd.DataFrame] = []
+        stats = stat_fields(attributes)
+        parts: list[dict[str, np.ndarray]] = []
+        offsets, events_flat = [np.zeros(1, dtype=np.int32)], []
         if len(events):
             df = events if isinstance(events, pd.DataFrame) else pd.DataFrame.from_records(
                 events, columns=["key", "ts", *attributes])
-            panes = self._panes(df["key"].to_numpy(dtype=object), df["ts"].to_numpy(dtype=np.int64),
-                                {a: df[a].to_numpy(dtype=np.float64) for a in attributes})
-            panes["partition"] = NO_PARTITION
-            panes["progress"] = 0
-            parts.append(panes)
+            panes, pane_offsets, pane_events = self._panes(
+                df["key"].to_numpy(dtype=object), df["ts"].to_numpy(dtype=np.int64),
+                {a: df[a].to_numpy(dtype=np.float64) for a in attributes})
+            parts.append(panes | {"partition": np.full(len(panes["key"]), NO_PARTITION, dtype=np.int32),
+                                  "progress": np.zeros(len(panes["key"]), dtype=np.int64)})
+            offsets.append(pane_offsets[1:])
+            events_flat.append(pane_events)
         if progress:
-            partitions, newest = zip(*progress.items(), strict=True)
-            n = len(self.shard_ids)
-            parts.append(pd.DataFrame({
-                "shard": np.repeat(self.shard_ids, len(partitions)),
-                "key": "",
-                "pane_start": 0,
-                "count": 0,
-                **dict.fromkeys(stats[1:], 0.0),
-                **{f: [np.empty(0)] * (n * len(partitions)) for f in events_fields},
-                "partition": np.tile(partitions, n),
-                "progress": np.tile(newest, n),
-            }))
+            partitions, newest = (np.array(c, dtype=np.int64) for c in zip(*progress.items(), strict=True))
+            n = len(self.shard_ids) * len(partitions)
+            zeros = np.zeros(n)
+            parts.append({
+                "shard": np.repeat(np.array(self.shard_ids, dtype=np.int64), len(partitions)),
+                "key": np.full(n, "", dtype=object), "pane_start": np.zeros(n, dtype=np.int64),
+                "count": np.zeros(n, dtype=np.int64), **dict.fromkeys(stats[1:], zeros),
+                "partition": np.tile(partitions, len(self.shard_ids)).astype(np.int32),
+                "progress": np.tile(newest, len(self.shard_ids)),
+            })
+            offsets.append(np.full(n, offsets[-1][-1], dtype=np.int32))  # no events
+        schema = pa.schema(pane_columns(attributes))
         if not parts:
-            return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-        frame = pd.concat(parts, ignore_index=True)[columns]
-        frame["count"] = frame["count"].astype("int64")
-        frame["partition"] = frame["partition"].astype("int32")
-        return frame
+            return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+        flat_offsets = pa.array(np.concatenate(offsets))
+        columns = []
+        for field in schema:
+            if field.name.startswith("event_"):
+                i = event_fields(attributes).index(field.name)
+                values = (np.concatenate([e[i] for e in events_flat]) if events_flat
+                          else np.empty(0, dtype=field.type.value_type.to_pandas_dtype()))
+                columns.append(pa.ListArray.from_arrays(flat_offsets, pa.array(values, type=field.type.value_type)))
+            else:
+                columns.append(pa.array(np.concatenate([p[field.name] for p in parts]), type=field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
 
-    def _panes(self, keys: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray]) -> pd.DataFrame:
-        """One row per (key, pane) in (key, pane) order: count, sum/min/max per attribute, the pane's events.
+    def _panes(self, keys: np.ndarray, ts: np.ndarray,
+               values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, list[np.ndarray]]:
+        """One row per (key, pane) in (key, pane) order (count, sum/min/max per attribute, as columns), the panes'
+        offsets into their events, and those events (ts, then each attribute's values).
 
         Array work only: keys are factorised (sorted, so rows come in key order), events sorted by
         (key, pane, time) with a stable sort, so among equal times arrival order holds and a pane's
@@ -325,12 +348,11 @@ class PaneParser:
         values = {a: v[order] for a, v in values.items()}
         first = np.flatnonzero(np.r_[True, (codes[1:] != codes[:-1]) | (pane[1:] != pane[:-1])])
         ends = np.r_[first[1:], len(ts)]
-        group = np.repeat(np.arange(len(first)), ends - first)
-        pane_keys = np.asarray(uniques, dtype=object)[codes[first]]
-        shards = np.array([shard_of(key_of(k), self.shard_ids) for k in uniques],  # per key (of a cell: views), not
-                          dtype=np.int64)                                                # per pane
+        group = pd.Index(np.repeat(np.arange(len(first)), ends - first))
+        shards = self._shards(uniques)
         sums = pd.DataFrame(values).groupby(group, sort=False).sum()  # NaN (a missing optional value) skipped
-        panes = pd.DataFrame({"key": pane_keys, "pane_start": pane[first], "count": ends - first})
+        panes = {"shard": shards[codes[first]], "key": np.asarray(uniques, dtype=object)[codes[first]],
+                 "pane_start": pane[first], "count": (ends - first).astype(np.int64)}
         for a in self.attributes:
             panes[f"sum_{a}"] = sums[a].to_numpy()
             # fmin/fmax skip a missing optional value; a pane with none of it holds 0 (see evaluator.streams)
@@ -338,14 +360,22 @@ class PaneParser:
             panes[f"max_{a}"] = np.nan_to_num(np.fmax.reduceat(values[a], first), nan=0.0)
         values = {a: np.nan_to_num(v, nan=0.0) for a, v in values.items()}
         if self.settings.quantile_max_window_ms or self.settings.tuple_max_events:  # every event: quantiles, tuples
-            offsets = pa.array(np.r_[first, len(ts)].astype(np.int32))
+            offsets = np.r_[first, len(ts)].astype(np.int32)
         else:  # only the newest event of each pane, for LAST
             ts, values = ts[ends - 1], {a: v[ends - 1] for a, v in values.items()}
-            offsets = pa.array(np.arange(len(first) + 1, dtype=np.int32))
-        for field, column in zip(event_fields(self.attributes), (ts, *values.values()), strict=True):
-            panes[field] = pa.ListArray.from_arrays(offsets, pa.array(column)).to_numpy(zero_copy_only=False)
-        panes["shard"] = shards[codes[first]]
-        return panes
+            offsets = np.arange(len(first) + 1, dtype=np.int32)
+        return panes, offsets, [ts, *values.values()]
+
+    def _shards(self, keys: pd.Index) -> np.ndarray:
+        """Each key's shard: by the key of its cell (``evaluator.views``), remembered per worker, as keys recur."""
+        known = self._shard_of
+        if len(known) > SHARDS_REMEMBERED:  # a stream whose keys turn over: bounded
+            known.clear()
+        names = keys.tolist()
+        for k in names:
+            if k not in known:
+                known[k] = shard_of(key_of(k), self.shard_ids)
+        return np.fromiter(map(known.__getitem__, names), dtype=np.int64, count=len(names))
 
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:

@@ -34,7 +34,7 @@ _KIND = b'"kind"'
 
 
 class StreamPaneParser(PaneParser):
-    """mapInPandas for a declared stream: :class:`PaneParser` with the stream's schema as the judge."""
+    """mapInArrow for a declared stream: :class:`PaneParser` with the stream's schema as the judge."""
 
     def __init__(self, settings: Settings, shard_ids: tuple[int, ...], schema: StreamSchema,
                  columns: tuple[str, ...] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import redis
 
@@ -27,6 +28,12 @@ def frame(values: list[bytes], now: int = NOW) -> pd.DataFrame:
                          "value_bytes": [len(v) for v in values], "value_sha256": [None] * len(values), "now": now})
 
 
+def run(parser: PaneParser, raw: pd.DataFrame) -> pd.DataFrame:
+    """``parser`` on one batch of ``raw`` as Spark runs it (mapInArrow); its pane rows as the operator reads them."""
+    [out] = parser(iter([pa.RecordBatch.from_pandas(raw, preserve_index=False)]))
+    return out.to_pandas()
+
+
 def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     ensure_topics(settings)
@@ -46,7 +53,7 @@ def test_a_record_that_breaks_the_parser_costs_only_itself(settings: Settings,
         Event(key="B", ts=NOW + skew, price=1, volume=3).to_json(),  # just within it
         Heartbeat(partition=2, ts=NOW + skew + 1).to_json(),
     ]
-    [out] = PaneParser(settings, (0,))(iter([frame(records)]))
+    out = run(PaneParser(settings, (0,)), frame(records))
     panes = out[out["partition"] == NO_PARTITION]
     assert sorted(zip(panes["key"], panes["sum_volume"], strict=True)) == [("A", 2.0), ("B", 3.0)]
     assert out.loc[out["partition"] == 2, "progress"].tolist() == [NOW + skew], "refused times are no progress"
@@ -66,10 +73,10 @@ def test_events_of_new_series_beyond_the_stream_limit_are_dead_lettered_and_the_
     ensure_topics(settings)
     settings = settings.model_copy(update={"stream_max_series": 2})
     first = [Event(key=k, ts=NOW - 1_000, price=1, volume=1).to_json() for k in ("A", "B")]
-    [out] = PaneParser(settings, (0,))(iter([frame(first)]))
+    run(PaneParser(settings, (0,)), frame(first))
     hostile = [Event(key=f"X{i}", ts=NOW, price=1, volume=1).to_json() for i in range(20)]
     legit = [Event(key=k, ts=NOW, price=1, volume=5).to_json() for k in ("A", "B")]
-    [out] = PaneParser(settings, (0,))(iter([frame(hostile[:10] + legit + hostile[10:])]))
+    out = run(PaneParser(settings, (0,)), frame(hostile[:10] + legit + hostile[10:]))
     panes = out[out["partition"] == NO_PARTITION]
     assert sorted(zip(panes["key"], panes["sum_volume"], strict=True)) == [("A", 5.0), ("B", 5.0)]
     assert out.loc[out["partition"] == 2, "progress"].tolist() == [NOW], "refused events still show the clock moved"
@@ -92,9 +99,9 @@ def test_a_new_dimension_value_with_every_event_cannot_grow_a_declared_stream_wi
                           retention_ms=60_000, partitions=1)
     parser = StreamPaneParser(settings, (0,), schema)
     regular = json.dumps({"key": "web-1", "ts": NOW - 1, "cpu": 50, "region": "eu"}).encode()
-    [_] = parser(iter([frame([regular])]))
+    run(parser, frame([regular]))
     hostile = [json.dumps({"key": "web-1", "ts": NOW, "cpu": 99, "region": f"r{i}"}).encode() for i in range(50)]
-    [out] = parser(iter([frame([*hostile, regular])]))
+    out = run(parser, frame([*hostile, regular]))
     panes = out[out["partition"] == NO_PARTITION]
     assert len(panes) == 3, "the regular cell and the two new ones the limit had room for"
     assert 50.0 in panes["max_cpu"].tolist()

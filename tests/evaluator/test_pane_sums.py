@@ -23,7 +23,7 @@ def test_pane_sums_match_fsum() -> None:
     parser = PaneParser(settings, (0,))
     for key, values in PANE_VALUES.items():  # one pane per key: every event in the same pane
         events = [(key, 10 * settings.pane_ms, *(v for _ in ATTRIBUTES)) for v in values]
-        frame = parser._frame(events, {})
+        frame = parser._frame(events, {}).to_pandas()
         row = frame[frame["key"] == key].iloc[0]
         for a in ATTRIBUTES:
             want = math.fsum(values)

@@ -88,7 +88,7 @@ def batch(settings: Settings, schema: StreamSchema, records: list[dict], beat: i
                         "value_sha256": pd.Series([None] * len(values), dtype=object), "now": T0 + 600_000})
     parser = StreamPaneParser(settings, SHARDS, schema, query_attributes(settings, schema))
     parsed = parser.parse(raw)
-    return parser._frame(parsed.events(), parsed.progress)
+    return parser._frame(parsed.events(), parsed.progress).to_pandas()
 
 
 def run(processor: ShardProcessor, frame: pd.DataFrame) -> list[dict]:

@@ -92,7 +92,7 @@ def test_stream_parse_equals_the_record_by_record_reference(values: list[bytes])
     for i, a in enumerate(HOSTS.attribute_names):
         np.testing.assert_array_equal(parsed.values[a], np.array([e[3 + i] for e in events], dtype=np.float64))
     assert parsed.progress == progress
-    frame = StreamPaneParser(SETTINGS, SHARDS, HOSTS)._frame(parsed.events(), {})
+    frame = StreamPaneParser(SETTINGS, SHARDS, HOSTS)._frame(parsed.events(), {}).to_pandas()
     for cell, shard in zip(frame["key"], frame["shard"], strict=True):  # a key's cells go to the key's shard
         assert shard == shard_of(key_of(cell), SHARDS)
     assert len(parsed.dead) == len(dead)
@@ -118,7 +118,7 @@ def test_pane_rows_leave_missing_optional_values_out(events: list[tuple[str, int
     parser = StreamPaneParser(SETTINGS, SHARDS, HOSTS)
     frame = parser._frame(pd.DataFrame({
         "key": [e[0] for e in events], "ts": [NOW + e[1] for e in events], "cpu": [float(e[2]) for e in events],
-        "mem": 1.0, "disk": [math.nan if e[3] is None else float(e[3]) for e in events]}), {})
+        "mem": 1.0, "disk": [math.nan if e[3] is None else float(e[3]) for e in events]}), {}).to_pandas()
     rows = pane_rows(frame, HOSTS.attribute_names)
     disk = HOSTS.attribute_names.index("disk")
     assert sorted(zip(rows.keys.tolist(), rows.starts.tolist(), strict=True)) == sorted(

@@ -13,7 +13,7 @@ from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.parse import PaneParser
 from evaluator.spark.sink import RedisAlertSink
 from ingest.model import Event
-from tests.evaluator.test_pane_parser import NOW, frame
+from tests.evaluator.test_pane_parser import NOW, frame, run
 from tests.evaluator.test_stream_operator import Handle
 
 
@@ -27,7 +27,7 @@ def default_gc() -> Iterator[None]:
 
 def test_the_parser_applies_the_policy_in_its_worker(settings: Settings, default_gc: None) -> None:
     settings = settings.model_copy(update={"python_gc_threshold": 12_345})
-    [out] = PaneParser(settings, (0,))(iter([frame([Event(key="A", ts=NOW - 5_000, price=1, volume=2).to_json()])]))
+    out = run(PaneParser(settings, (0,)), frame([Event(key="A", ts=NOW - 5_000, price=1, volume=2).to_json()]))
     assert gc.get_threshold() == (12_345, 10, 10)
     assert out["key"].tolist().count("A") == 1
 
