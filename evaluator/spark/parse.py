@@ -64,7 +64,10 @@ STAT_FIELDS = stat_fields(ATTRIBUTES)
 EVENT_FIELDS = event_fields(ATTRIBUTES)
 PANES_SCHEMA = panes_schema(ATTRIBUTES)
 NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
-SHARDS_REMEMBERED = 1_000_000  # keys whose shard a parser remembers (then it forgets them all)
+SHARDS_REMEMBERED = 1_000_000  # keys whose shard a worker remembers per shard layout (then it forgets them all)
+#: Each worker process's keys' shards, per shard layout: Spark unpickles the parser afresh for every task, so what
+#: outlives a batch lives here.
+_SHARD_OF: dict[tuple[int, ...], dict[str, int]] = {}
 
 
 @lru_cache(maxsize=4)
@@ -152,7 +155,6 @@ class PaneParser:
         self.settings = settings
         self.shard_ids = shard_ids
         self.vectorised = vectorised
-        self._shard_of: dict[str, int] = {}
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         apply_gc_policy(self.settings.python_gc_threshold)  # the worker may hold shards too (one pool)
@@ -368,7 +370,7 @@ class PaneParser:
 
     def _shards(self, keys: pd.Index) -> np.ndarray:
         """Each key's shard: by the key of its cell (``evaluator.views``), remembered per worker, as keys recur."""
-        known = self._shard_of
+        known = _SHARD_OF.setdefault(self.shard_ids, {})
         if len(known) > SHARDS_REMEMBERED:  # a stream whose keys turn over: bounded
             known.clear()
         names = keys.tolist()

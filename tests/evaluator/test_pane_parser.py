@@ -109,3 +109,21 @@ def test_a_new_dimension_value_with_every_event_cannot_grow_a_declared_stream_wi
     assert len(letters) == 48
     assert all(letter["source"].startswith("stream hosts: ") and "dimensions {'region': 'r" in letter["reason"]
                for letter in letters)
+
+
+def test_a_worker_hashes_each_key_to_its_shard_once_across_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark unpickles the parser afresh for every task: what a worker learnt of its keys' shards must outlive it."""
+    calls: list[str] = []
+    real = parse.shard_of
+
+    def counted(key: str, shard_ids: tuple[int, ...]) -> int:
+        calls.append(key)
+        return real(key, shard_ids)
+
+    monkeypatch.setattr(parse, "shard_of", counted)
+    monkeypatch.setattr(parse, "_SHARD_OF", {})
+    events = pd.DataFrame({"key": ["A", "B", "A"], "ts": [NOW, NOW, NOW + 1], "price": 1.0, "volume": 1.0})
+    for _ in range(3):  # three tasks, three unpickled parsers
+        rows = PaneParser(Settings(), (0, 1, 2))._frame(events, {}).to_pandas()
+        assert rows["shard"].tolist() == [real("A", (0, 1, 2)), real("B", (0, 1, 2))]
+    assert sorted(calls) == ["A", "B"]
