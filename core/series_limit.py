@@ -10,7 +10,16 @@ admits at most ``stream_max_series`` series *active*: with an event within the h
 (``max_window_ms`` + ``watermark_delay_ms``, in event time) of the stream's newest events. An
 event of a new series beyond the limit is refused (the evaluator dead-letters it with the reason and
 counts it as ``series_refused``); the series already admitted go on untouched, and a series leaves
-once it has had no event for the horizon, making room for new ones.
+once it has had no event for the horizon (and up to a sixteenth of it more, below), making room for new ones.
+
+The evaluator's parsers check every batch's series, and one script call per series and batch was most
+of a parse task's time (~12 µs a series). A worker therefore remembers the series it had admitted
+and what it reported of them (``remember_s``): a series is reported again only when its newest event
+is more than a sixteenth of the horizon past what was reported, or ``remember_s`` of wall time has
+passed (so a registry emptied behind the worker's back is filled again that soon). The registry's
+time of a series may thus be up to that sixteenth behind its newest event, so series leave only a
+sixteenth of the horizon after it, for everyone: an active series is never dropped for a report not
+yet made.
 
 Records published over HTTP come with a publisher token, and several collectors often share a
 stream: one token may keep at most ``publish_token_series_share`` of the stream's limit active, so a
@@ -25,6 +34,7 @@ Cluster too (the token's set carries the stream's set as its hash tag).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from enum import IntEnum
 from typing import cast
@@ -77,6 +87,11 @@ return refused
 """
 
 
+#: The share of the horizon a remembered series' registry time may lag its newest event (and so the horizon's
+#: extension before a series leaves): 1/16.
+REPORT_SLACK_DIVISOR = 16
+
+
 class Refusal(IntEnum):
     """Why an event's series is refused (0: it is not)."""
 
@@ -91,13 +106,19 @@ class SeriesLimit:
     #: series stays under Lua's stack limit (8,000).
     CHUNK = 2_000
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings, remember_s: float = 0.0) -> None:
+        """``remember_s`` > 0: :meth:`event_refusals` without a token skips the series this object admitted and
+        reported recently enough (the evaluator's workers; module docstring)."""
         self.redis = client
         self.keys = RedisKeys(settings)
         self.limit = settings.stream_max_series
         self.share = settings.publish_token_series_share
         self.token_limit = max(1, int(self.limit * self.share))
         self.horizon_ms = settings.max_window_ms + settings.watermark_delay_ms
+        self.slack_ms = self.horizon_ms // REPORT_SLACK_DIVISOR
+        self.leave_after_ms = self.horizon_ms + self.slack_ms  # without an event: the series leaves
+        self.remember_s = remember_s
+        self._reported: dict[str, dict[str, tuple[int, float]]] = {}  # stream -> series -> (newest sent, when)
         self._admit = client.register_script(_ADMIT)
 
     def refusals(self, stream: str, series: Sequence[str], newest: Sequence[int], token: int | None = None
@@ -110,7 +131,7 @@ class SeriesLimit:
         keys = [self.keys.series(stream)]
         if token is not None and self.share < 1:
             keys.append(self.keys.token_series(stream, token))
-        cutoff = max(newest) - self.horizon_ms
+        cutoff = max(newest) - self.leave_after_ms
         out: dict[int, Refusal] = {}
         for first in range(0, len(series), self.CHUNK):
             args: list[str | int] = [cutoff, self.limit, self.token_limit, self.horizon_ms]
@@ -128,19 +149,47 @@ class SeriesLimit:
     def event_refusals(self, stream: str, series: np.ndarray, ts: np.ndarray, token: int | None = None
                        ) -> np.ndarray:
         """Per event, 0 or the :class:`Refusal` of its series, given each event's series and time: one registry
-        round trip for the batch's distinct series."""
+        round trip for the batch's distinct series (those not remembered, with ``remember_s`` and no token)."""
         if not len(series):
             return np.zeros(0, dtype=np.int8)
         codes, distinct = pd.factorize(series)
         newest = pd.Series(ts).groupby(codes, sort=True).max().to_numpy()
+        names, times = list(distinct), newest.tolist()
+        remembering = token is None and self.remember_s > 0
+        asked = self._unreported(stream, names, times) if remembering else list(range(len(names)))
+        names, times = [names[i] for i in asked], [times[i] for i in asked]
+        refusals = self.refusals(stream, names, times, token)
         why = np.zeros(len(distinct), dtype=np.int8)
-        for position, refusal in self.refusals(stream, distinct.tolist(), newest.tolist(), token).items():
-            why[position] = refusal
+        for position, refusal in refusals.items():
+            why[asked[position]] = refusal
+        if remembering:
+            self._remember(stream, names, times, refusals)
         return why[codes]
 
     def refused_events(self, stream: str, series: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Which events (a mask) are of new series beyond the stream's limit (records with no publisher token)."""
         return self.event_refusals(stream, series, ts) != 0
+
+    def _unreported(self, stream: str, names: list[str], times: list[int]) -> list[int]:
+        """Positions of the series to report: not admitted by this object lately, or newer than it reported by more
+        than the slack."""
+        memo = self._reported.get(stream, {})
+        since = time.monotonic() - self.remember_s
+        out = []
+        for i, (name, newest) in enumerate(zip(names, times, strict=True)):
+            sent = memo.get(name)
+            if sent is None or sent[1] < since or newest > sent[0] + self.slack_ms:
+                out.append(i)
+        return out
+
+    def _remember(self, stream: str, names: list[str], times: list[int], refused: Mapping[int, Refusal]) -> None:
+        memo = self._reported.setdefault(stream, {})
+        if len(memo) > 2 * self.limit:  # series that left are never asked about again: bounded
+            memo.clear()
+        now = time.monotonic()
+        for i, (name, newest) in enumerate(zip(names, times, strict=True)):
+            if i not in refused:
+                memo[name] = (newest, now)
 
     def reason(self, stream: str, key: str, dimensions: Mapping[str, str], attributes: Collection[str],
                why: Refusal = Refusal.STREAM) -> str:
@@ -151,10 +200,10 @@ class SeriesLimit:
             return (f"series: a series ({what}) new to this publisher token beyond the {self.token_limit} active "
                     f"series one token may have in stream {stream!r} (TOCSIN_PUBLISH_TOKEN_SERIES_SHARE of "
                     f"TOCSIN_STREAM_MAX_SERIES); its events are refused until this token's series with no event for "
-                    f"{self.horizon_ms} ms leave")
+                    f"{self.leave_after_ms} ms leave")
         return (f"series: a new series ({what}) beyond the {self.limit} active series stream {stream!r} may have "
                 f"(TOCSIN_STREAM_MAX_SERIES); its events are refused until series with no event for "
-                f"{self.horizon_ms} ms leave")
+                f"{self.leave_after_ms} ms leave")
 
     def active(self, stream: str) -> int:
         """Series admitted and not yet left (as of the newest batch's cutoff)."""
@@ -164,5 +213,6 @@ class SeriesLimit:
         """Drop a stream's registry and its tokens' (the stream is deleted: a stream declared again under its name
         starts empty)."""
         self.redis.delete(self.keys.series(stream))
+        self._reported.pop(stream, None)
         for name in self.redis.scan_iter(match=self.keys.token_series(stream, "*"), count=1_000):
             self.redis.delete(name)

@@ -357,6 +357,9 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of stream_max_series one publisher token may keep active in a stream "
                                      "(its records of new series beyond: rejects), so one broken or hostile "
                                      "collector cannot fill a stream's series and keep the others' new series out")
+    stream_series_report_s: float = Field(
+        30.0, ge=0, description="an evaluator worker reports a series it admitted to the registry again after at "
+                                "most this long (or once its events are 1/16 of the horizon newer): core.series_limit")
     publisher_max_tokens: int = Field(100, ge=0, description="publisher tokens a deployment may hold")
     publish_series_timeout_s: float = Field(
         0.5, gt=0, description="how long a publish request waits for Redis to check the series limit; beyond it "

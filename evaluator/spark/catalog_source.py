@@ -90,7 +90,8 @@ class CatalogSource:
         self.preview_max_age_s = settings.preview_timeout_s
         self.redis = make_redis(settings)
         self.catalog_log = CatalogLog(self.redis, self.keys)
-        self.series = SeriesLimit(self.redis, settings)  # the parser's series registry (core.series_limit)
+        # the parser's series registry (core.series_limit), remembering what this worker reported
+        self.series = SeriesLimit(self.redis, settings, remember_s=settings.stream_series_report_s)
         self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()
         self._checked = 0.0
