@@ -6,6 +6,7 @@ with their own topics, Redis key prefixes and databases.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import uuid
@@ -96,6 +97,16 @@ def isolated_settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> S
         dispatcher_group_wait_ms=300,
         dashboard_sample_s=3600,  # tests that need samples take them (web.ops.sample_once)
     )
+
+
+@pytest.fixture
+def cpython_gc() -> Iterator[None]:
+    """CPython's own garbage-collector thresholds for the test (``core.gc_policy`` changes them process-wide), and
+    the process's back after it."""
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*before)
 
 
 @pytest.fixture

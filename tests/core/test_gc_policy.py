@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
 
 from core.gc_policy import apply_gc_policy
 
-
-@pytest.fixture(autouse=True)
-def thresholds() -> Iterator[tuple[int, int, int]]:
-    before = gc.get_threshold()
-    gc.set_threshold(700, 10, 10)
-    yield before
-    gc.set_threshold(*before)
+pytestmark = pytest.mark.usefixtures("cpython_gc")
 
 
 def test_the_young_threshold_is_raised_and_the_older_ones_kept() -> None:

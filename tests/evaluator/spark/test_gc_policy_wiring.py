@@ -4,9 +4,6 @@ it runs in: the parser and the shard operator in Spark's Python workers, the sin
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-
-import pytest
 
 from core.settings import Settings
 from evaluator.spark.operator import ShardProcessor
@@ -17,31 +14,23 @@ from tests.evaluator.test_pane_parser import NOW, frame, run
 from tests.evaluator.test_stream_operator import Handle
 
 
-@pytest.fixture
-def default_gc() -> Iterator[None]:
-    before = gc.get_threshold()
-    gc.set_threshold(700, 10, 10)
-    yield
-    gc.set_threshold(*before)
-
-
-def test_the_parser_applies_the_policy_in_its_worker(settings: Settings, default_gc: None) -> None:
+def test_the_parser_applies_the_policy_in_its_worker(settings: Settings, cpython_gc: None) -> None:
     settings = settings.model_copy(update={"python_gc_threshold": 12_345})
     out = run(PaneParser(settings, (0,)), frame([Event(key="A", ts=NOW - 5_000, price=1, volume=2).to_json()]))
     assert gc.get_threshold() == (12_345, 10, 10)
     assert out["key"].tolist().count("A") == 1
 
 
-def test_the_operator_applies_the_policy_in_its_worker(settings: Settings, default_gc: None) -> None:
+def test_the_operator_applies_the_policy_in_its_worker(settings: Settings, cpython_gc: None) -> None:
     ShardProcessor(settings.model_copy(update={"python_gc_threshold": 23_456}), 1, (0,)).init(Handle())
     assert gc.get_threshold() == (23_456, 10, 10)
 
 
-def test_the_sink_applies_the_policy_in_the_driver(settings: Settings, default_gc: None) -> None:
+def test_the_sink_applies_the_policy_in_the_driver(settings: Settings, cpython_gc: None) -> None:
     RedisAlertSink(settings.model_copy(update={"python_gc_threshold": 34_567}))
     assert gc.get_threshold() == (34_567, 10, 10)
 
 
-def test_zero_keeps_cpython_s_default(settings: Settings, default_gc: None) -> None:
+def test_zero_keeps_cpython_s_default(settings: Settings, cpython_gc: None) -> None:
     ShardProcessor(settings.model_copy(update={"python_gc_threshold": 0}), 1, (0,)).init(Handle())
     assert gc.get_threshold() == (700, 10, 10)
