@@ -64,7 +64,6 @@ STAT_FIELDS = stat_fields(ATTRIBUTES)
 EVENT_FIELDS = event_fields(ATTRIBUTES)
 PANES_SCHEMA = panes_schema(ATTRIBUTES)
 NO_PARTITION = -1  # the ``partition`` of a pane row; progress rows carry their Kafka partition
-SHARDS_REMEMBERED = 1_000_000  # keys whose shard a worker remembers per shard layout (then it forgets them all)
 #: Each worker process's keys' shards, per shard layout: Spark unpickles the parser afresh for every task, so what
 #: outlives a batch lives here.
 _SHARD_OF: dict[tuple[int, ...], dict[str, int]] = {}
@@ -371,7 +370,7 @@ class PaneParser:
     def _shards(self, keys: pd.Index) -> np.ndarray:
         """Each key's shard: by the key of its cell (``evaluator.views``), remembered per worker, as keys recur."""
         known = _SHARD_OF.setdefault(self.shard_ids, {})
-        if len(known) > SHARDS_REMEMBERED:  # a stream whose keys turn over: bounded
+        if len(known) > self.settings.stream_max_series:  # keys turning over: bounded by the active series'
             known.clear()
         names = keys.tolist()
         for k in names:

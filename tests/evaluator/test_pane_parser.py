@@ -127,3 +127,13 @@ def test_a_worker_hashes_each_key_to_its_shard_once_across_tasks(monkeypatch: py
         rows = PaneParser(Settings(), (0, 1, 2))._frame(events, {}).to_pandas()
         assert rows["shard"].tolist() == [real("A", (0, 1, 2)), real("B", (0, 1, 2))]
     assert sorted(calls) == ["A", "B"]
+
+
+def test_what_a_worker_remembers_of_its_keys_shards_is_bounded_by_the_active_series(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream whose keys turn over must not grow a worker's memory: beyond the series limit it starts again."""
+    monkeypatch.setattr(parse, "_SHARD_OF", {})
+    parser = PaneParser(Settings(stream_max_series=2), (0, 1))
+    for keys in (["A", "B", "C"], ["D"]):
+        parser._frame(pd.DataFrame({"key": keys, "ts": NOW, "price": 1.0, "volume": 1.0}), {})
+    assert set(parse._SHARD_OF[(0, 1)]) == {"D"}
