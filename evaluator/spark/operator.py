@@ -96,8 +96,9 @@ class ShardProcessor(StatefulProcessor):
         self.log = handle.getMapState("log", StructType([StructField("epoch", LongType())]),
                                       StructType([StructField("delta", BinaryType())]))
 
-    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[SubstreamShard, str]:
-        """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot."""
+    def _restore(self, shard: int, epoch: int, base_epoch: int) -> tuple[SubstreamShard, str, float]:
+        """The shard as of ``epoch``: this worker's copy caught up, or rebuilt from the snapshot; and the seconds
+        spent reading the change log from Spark's state (the rest of a catch-up is replaying it)."""
         cached = _SHARDS.pop((self.checkpoint, shard, self.config.attributes), None)
         if cached is not None and base_epoch <= cached.epoch <= epoch:
             evaluator, how = cached, "cached" if cached.epoch == epoch else "caught_up"
@@ -107,12 +108,15 @@ class ShardProcessor(StatefulProcessor):
             evaluator = (SubstreamShard.from_snapshot(self.config, base[0], self.optional, self.cells) if base
                          else SubstreamShard(self.config, self.optional, self.cells))
             evaluator.epoch, how = base_epoch, "rebuilt"
+        reading = 0.0
         for missed in range(evaluator.epoch + 1, epoch + 1):
+            asked = time.perf_counter()
             entry = self.log.getValue((missed,))
+            reading += time.perf_counter() - asked
             assert entry is not None, f"shard {shard}: batch {missed} is missing from the change log"
             evaluator.replay(SubstreamDelta.from_bytes(entry[0], len(self.config.attributes)))
         evaluator.epoch = epoch
-        return evaluator, how
+        return evaluator, how, reading
 
     def handleInputRows(self, key: tuple, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, ARG002, N802, N803 - Spark's API
         started = time.perf_counter()
@@ -121,7 +125,7 @@ class ShardProcessor(StatefulProcessor):
         clock = self.clock.get() if self.clock.exists() else None
         opened = time.perf_counter()  # the first state access loads the partition's state store version
         epoch, base_epoch = clock if clock else (0, 0)
-        evaluator, how = self._restore(shard, epoch, base_epoch)
+        evaluator, how, log_read = self._restore(shard, epoch, base_epoch)
         if self.shard_ids:
             evaluator.owns = partial(_owned, shard, self.shard_ids)
         restored = time.perf_counter()
@@ -167,6 +171,7 @@ class ShardProcessor(StatefulProcessor):
         # part of it that is Spark opening the state store (reading the clock), which every batch pays.
         pipe.hincrbyfloat(keys.evaluator_stats, f"restore_{how}_ms_total", round((restored - started) * 1000, 3))
         pipe.hincrbyfloat(keys.evaluator_stats, "restore_state_ms_total", round((opened - started) * 1000, 3))
+        pipe.hincrbyfloat(keys.evaluator_stats, "restore_log_read_ms_total", round(log_read * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
         self._answer_previews(source, shard, evaluator, self.stream_name)
