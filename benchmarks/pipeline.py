@@ -748,6 +748,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
         "restores": [int(diff.get(f"shard_restore_{how}", 0)) for how in RESTORES],
         "state_ms": diff.get("restore_state_ms_total", 0.0) / n,
         "log_read_ms": diff.get("restore_log_read_ms_total", 0.0) / n,
+        "transfer_ms": diff.get("shard_host_transfer_ms_total", 0.0) / n,
     }
 
 
@@ -1058,9 +1059,10 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         "offsets, planning, write-ahead log, the batch's execution = addBatch, offset commit), then inside "
         "addBatch the task time of each of our stages, both cores summed",
         ["mix, feed events/s", "trigger ms", *SPARK_STAGES, *(f"{s} (tasks)" for s in STAGES),
-         "of restore: state store open", "of restore: change log read", "restore share %", "shard restores cached/caught up/rebuilt"],
+         "of restore: state store open", "of restore: change log read", "of evaluate: to and from shard hosts",
+         "restore share %", "shard restores cached/caught up/rebuilt"],
         [[name, x["batch_ms"], *(x["spark_ms"][s] for s in SPARK_STAGES), *(x["task_ms"][s] for s in STAGES),
-          x["state_ms"], x["log_read_ms"],
+          x["state_ms"], x["log_read_ms"], x["transfer_ms"],
           100 * x["task_ms"]["restore"] / max(sum(x["task_ms"][s] for s in ("restore", "evaluate", "persist")), 1e-9),
           "/".join(map(str, x["restores"]))] for name, (_, x) in live.items()],
     ))

@@ -287,6 +287,15 @@ class Settings(BaseSettings):
     evaluator_own_python_workers: bool = Field(
         False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
     )
+    evaluator_shard_hosts: bool = Field(
+        True, description="each shard's copy lives in a process of its own on each executor, which the operator's "
+                          "tasks hand their batches to: no catch-up when Spark hands the shard to another Python "
+                          "worker (evaluator/spark/shard_host.py; README: batching)"
+    )
+    evaluator_shard_host_idle_s: float = Field(
+        600.0, gt=0, description="a shard host with no batch for this long exits (its shard is rebuilt from the "
+                                 "state store if its query runs again)"
+    )
     python_gc_threshold: int = Field(
         50_000, ge=0, description="young-generation threshold of CPython's garbage collector in the evaluator's "
                                   "Python workers (CPython's default 700; 0 leaves it): core/gc_policy.py"

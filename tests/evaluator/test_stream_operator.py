@@ -16,9 +16,9 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.streams import Attribute, Dimension, StreamSchema
 from evaluator.catalog import Catalog
-from evaluator.spark import operator
 from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.registry import query_attributes, shape_of
+from evaluator.spark.shard_runner import forget_copies
 from evaluator.spark.stream_parse import StreamPaneParser
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.language import parse_condition
@@ -105,7 +105,7 @@ def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_st
     disk = SubscriptionSpec(3, on_hosts("SUM(volume) OVER 5s > 10", attribute="disk"))
     trades = SubscriptionSpec(4, parse_condition("COUNT(*) OVER 5s >= 1"))  # another stream's: never here
     assert publish_catalog(client, RedisKeys(settings), Catalog(1, [busy, heavy, disk, trades]))
-    operator._SHARDS.clear()
+    forget_copies()
     handle = Handle()
     first = ShardProcessor(settings, 1, SHARDS, shape_of(HOSTS), query_attributes(settings, HOSTS))
     first.init(handle)
@@ -113,7 +113,7 @@ def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_st
                                              for i in range(5)], T0 + 4_000))
     assert {(r["subscription_id"], r["key"], r["state"]) for r in out} == {(1, "H1", "firing"), (2, "H1", "firing")}
 
-    operator._SHARDS.clear()  # a restarted query on another worker: the state store only
+    forget_copies()  # a restarted query on another worker: the state store only
     second = ShardProcessor(settings, 1, SHARDS, shape_of(WITH_DISK), query_attributes(settings, WITH_DISK))
     assert second.config.attributes == ("cpu", "mem", "disk")
     second.init(handle)

@@ -11,10 +11,11 @@ import redis
 
 from core.redis_schema import RedisKeys, celery_queue_keys, shard_clock_field
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.catalog import Catalog
 from evaluator.shard import ShardConfig, ShardEvaluator
 from evaluator.spark.catalog_source import CatalogSource
-from evaluator.spark.operator import ShardProcessor
+from evaluator.spark.shard_runner import answer_previews
 from ingest.kafka import ensure_topics
 from ingest.model import ATTRIBUTES
 from tests.evaluator.test_shard import pane_rows
@@ -26,7 +27,7 @@ def _answer_as_the_shard(settings: Settings, shard: ShardEvaluator, stop: thread
     """What the evaluator's shard 0 does at each micro-batch: read the requests, answer each once."""
     source = CatalogSource(settings)
     while not stop.is_set():
-        ShardProcessor._answer_previews(cast(Any, None), source, 0, shard)  # it uses no processor state
+        answer_previews(source, 0, cast(Any, shard), TRADES)  # a trades shard's base evaluator answers alike
         time.sleep(0.01)
 
 

@@ -1,0 +1,167 @@
+"""One shard's batch where its copy lives: restore, step, answer previews, and say what to persist.
+
+The operator (``evaluator.spark.operator``) owns Spark's state; this module owns the shard's copy. It runs in the
+operator's Python worker, or in a shard host (``evaluator.spark.shard_host``) that keeps the copy between batches
+whichever Python worker Spark hands the shard's next task to. Either way the state is read through
+:class:`ShardState` and only when the copy needs it (a copy that is current reads nothing), and the result says
+what to write: the batch's change-log entry, or a new snapshot that replaces the log.
+
+Restore: this process's copy if it is at most behind (it replays the log entries it missed), else a rebuild from
+the snapshot and the log after it. A copy ahead of the state (its batch was retried after a failure) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from core.settings import Settings
+from evaluator.panerows import PaneRows
+from evaluator.preview import PreviewAnswer
+from evaluator.shard import BatchStats, ShardConfig
+from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
+from evaluator.spark.parse import shard_of
+from evaluator.spark.sink import clock_record
+from evaluator.streams import StreamShape
+from evaluator.substreams import SubstreamDelta, SubstreamShard
+
+PREVIEW_ANSWER_TTL_S = 60
+
+#: This process's copies of the shards it has run, by (checkpoint, shard id, attributes), least recently used first
+#: (a stream whose attributes changed restarts its query on the same checkpoint: its old copies are not reused).
+_COPIES: dict[tuple[str, int, tuple[str, ...]], SubstreamShard] = {}
+_COPIES_KEPT = 16
+
+
+class ShardState(Protocol):
+    """A shard's persisted state as a restore reads it: the snapshot and the change-log entries after it."""
+
+    def snapshot(self) -> bytes | None: ...
+
+    def log_entry(self, epoch: int) -> bytes | None: ...
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What a shard's copy is: which query's shard, its configuration, and the keys it owns."""
+
+    settings: Settings
+    config: ShardConfig
+    checkpoint: str
+    stream_name: str
+    shape: StreamShape
+    optional: frozenset[str] = frozenset()
+    cells: bool = False
+    shard_ids: tuple[int, ...] = ()  # the parser's hash partitioning (empty: one shard owns every key)
+
+
+@dataclass
+class BatchResult:
+    """A batch's outcome: the rows for the sink, what to persist, and where the time went."""
+
+    records: list[dict[str, Any]]  # the transitions, then the shard's clock record
+    epoch: int
+    base_epoch: int
+    delta: bytes | None  # the change-log entry for ``epoch``, or None when ``snapshot`` replaces the log
+    snapshot: bytes | None
+    how: str  # cached | caught_up | rebuilt
+    stats: BatchStats = field(default_factory=BatchStats)
+    log_read_s: float = 0.0  # of restore_s: reading the snapshot and the log entries
+    restore_s: float = 0.0
+    evaluate_s: float = 0.0  # the step and the previews
+
+    def header(self) -> dict[str, Any]:
+        """Everything but the two blobs, as JSON-ready data (a shard host sends the blobs apart)."""
+        data = asdict(self)
+        del data["delta"], data["snapshot"]
+        return data
+
+    @classmethod
+    def of(cls, header: dict[str, Any], delta: bytes | None, snapshot: bytes | None) -> BatchResult:
+        stats = BatchStats(**header.pop("stats"))
+        return cls(**header, delta=delta, snapshot=snapshot, stats=stats)
+
+
+def _owned(shard: int, shard_ids: tuple[int, ...], key: str) -> bool:
+    return shard_of(key, shard_ids) == shard
+
+
+class ShardRunner:
+    """Runs batches of one query's shards on the copies this process keeps."""
+
+    def __init__(self, job: ShardJob) -> None:
+        self.job = job
+
+    def _key(self, shard: int) -> tuple[str, int, tuple[str, ...]]:
+        return (self.job.checkpoint, shard, self.job.config.attributes)
+
+    def _restore(self, shard: int, epoch: int, base_epoch: int, state: ShardState) -> tuple[SubstreamShard, str, float]:
+        job, reading = self.job, 0.0
+        cached = _COPIES.pop(self._key(shard), None)
+        if cached is not None and base_epoch <= cached.epoch <= epoch:
+            shard_copy, how = cached, "cached" if cached.epoch == epoch else "caught_up"
+        else:
+            asked = time.perf_counter()
+            base = state.snapshot()
+            reading += time.perf_counter() - asked
+            # state written before the stream gained attributes is widened as it is read
+            shard_copy = (SubstreamShard.from_snapshot(job.config, base, job.optional, job.cells) if base
+                          else SubstreamShard(job.config, job.optional, job.cells))
+            shard_copy.epoch, how = base_epoch, "rebuilt"
+        for missed in range(shard_copy.epoch + 1, epoch + 1):
+            asked = time.perf_counter()
+            entry = state.log_entry(missed)
+            reading += time.perf_counter() - asked
+            assert entry is not None, f"shard {shard}: batch {missed} is missing from the change log"
+            shard_copy.replay(SubstreamDelta.from_bytes(entry, len(job.config.attributes)))
+        shard_copy.epoch = epoch
+        if job.shard_ids:
+            shard_copy.owns = partial(_owned, shard, job.shard_ids)
+        return shard_copy, how, reading
+
+    def run(self, shard: int, epoch: int, base_epoch: int, rows: PaneRows, progress: dict[int, int],
+            state: ShardState) -> BatchResult:
+        """The batch after ``epoch`` (the state's clock, its snapshot at ``base_epoch``)."""
+        job = self.job
+        started = time.perf_counter()
+        shard_copy, how, log_read = self._restore(shard, epoch, base_epoch, state)
+        restored = time.perf_counter()
+        stats = BatchStats()
+        source = shared_catalog_source(job.settings)
+        catalog = source.share(job.stream_name, job.shape)
+        # A step that raises leaves the copy half-applied: it was taken out of _COPIES above and is not put back.
+        transitions, delta = shard_copy.step(rows, progress, catalog, stats)
+        epoch += 1
+        snapshot = blob = None
+        if epoch - base_epoch >= job.settings.evaluator_snapshot_every:
+            snapshot, base_epoch = shard_copy.snapshot(), epoch
+        else:
+            blob = delta.to_bytes()
+        shard_copy.epoch = epoch
+        _COPIES[self._key(shard)] = shard_copy
+        while len(_COPIES) > _COPIES_KEPT:  # copies of queries that stopped would otherwise stay forever
+            del _COPIES[next(iter(_COPIES))]
+        answer_previews(source, shard, shard_copy, job.stream_name)
+        records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
+        # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
+        records.append(clock_record(shard, shard_copy.evaluated_at or 0))
+        return BatchResult(records, epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
+                           time.perf_counter() - restored)
+
+
+def answer_previews(source: CatalogSource, shard: int, shard_copy: SubstreamShard, stream: str) -> None:
+    """Answer the web app's condition previews on ``stream`` this shard has not answered yet (``web.conditions``)."""
+    keys = source.keys
+    for request_id, request in source.previews(shard, stream):
+        answer = PreviewAnswer.of(shard, *shard_copy.preview(request.condition, request.keys))
+        pipe = source.redis.pipeline()
+        pipe.rpush(keys.preview_answers(request_id), answer.to_json())
+        pipe.expire(keys.preview_answers(request_id), PREVIEW_ANSWER_TTL_S)
+        pipe.execute()
+
+
+def forget_copies() -> None:
+    """Drop this process's copies (tests: a query restarted on another worker)."""
+    _COPIES.clear()
