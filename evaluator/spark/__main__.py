@@ -66,6 +66,8 @@ TOTALS = {
         "restore_ms_total": "Milliseconds spent restoring shards (cache catch-up or rebuild)",
         "evaluate_ms_total": "Milliseconds spent ingesting panes and evaluating",
         "persist_ms_total": "Milliseconds spent writing shard change logs and snapshots",
+        "shard_host_failures": "Shard batches their shard host could not run (none could start, or it died): run "
+                               "in the Python worker instead, from the state store",
     }.items()
 }
 

@@ -168,7 +168,7 @@ class ShardProcessor(StatefulProcessor):
                           round(max(ran - opened - result.restore_s - result.evaluate_s, 0.0) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         pipe.execute()
-        yield pd.DataFrame.from_records(result.records)
+        yield result.output
 
     def close(self) -> None:
         pass

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+import pandas as pd
+
 from core.settings import Settings
 from evaluator.panerows import PaneRows
 from evaluator.preview import PreviewAnswer
@@ -61,7 +63,7 @@ class ShardJob:
 class BatchResult:
     """A batch's outcome: the rows for the sink, what to persist, and where the time went."""
 
-    records: list[dict[str, Any]]  # the transitions, then the shard's clock record
+    output: pd.DataFrame  # the sink's rows: the transitions, then the shard's clock record
     epoch: int
     base_epoch: int
     delta: bytes | None  # the change-log entry for ``epoch``, or None when ``snapshot`` replaces the log
@@ -73,15 +75,15 @@ class BatchResult:
     evaluate_s: float = 0.0  # the step and the previews
 
     def header(self) -> dict[str, Any]:
-        """Everything but the two blobs, as JSON-ready data (a shard host sends the blobs apart)."""
-        data = asdict(self)
-        del data["delta"], data["snapshot"]
-        return data
+        """The small fields, as JSON-ready data (a shard host sends the output and the blobs apart)."""
+        return {"epoch": self.epoch, "base_epoch": self.base_epoch, "how": self.how, "stats": asdict(self.stats),
+                "log_read_s": self.log_read_s, "restore_s": self.restore_s, "evaluate_s": self.evaluate_s}
 
     @classmethod
-    def of(cls, header: dict[str, Any], delta: bytes | None, snapshot: bytes | None) -> BatchResult:
+    def of(cls, header: dict[str, Any], output: pd.DataFrame, delta: bytes | None,
+           snapshot: bytes | None) -> BatchResult:
         stats = BatchStats(**header.pop("stats"))
-        return cls(**header, delta=delta, snapshot=snapshot, stats=stats)
+        return cls(output, **header, delta=delta, snapshot=snapshot, stats=stats)
 
 
 def _owned(shard: int, shard_ids: tuple[int, ...], key: str) -> bool:
@@ -147,7 +149,7 @@ class ShardRunner:
         records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append(clock_record(shard, shard_copy.evaluated_at or 0))
-        return BatchResult(records, epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
+        return BatchResult(pd.DataFrame.from_records(records), epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
                            time.perf_counter() - restored)
 
 

@@ -125,11 +125,11 @@ def test_a_host_keeps_its_copy_and_agrees_with_a_copy_in_this_process(busy: Sett
         rows, progress = batch(i)
         local = ShardRunner(local_job).run(0, *local_state.clock, rows, progress, local_state)
         local_state.write(local)
-        assert result.records == local.records
+        assert result.output.equals(local.output)
         assert result.delta == local.delta
         forget_copies()  # this process's copy is gone each time: the next local batch rebuilds from its state
         assert (local.how, result.how) == ("rebuilt", "rebuilt" if i == 0 else "cached")
-        transitions += [(r["key"], r["state"]) for r in result.records if r["state"] != "clock"]
+        transitions += [(r["key"], r["state"]) for r in result.output.to_dict("records") if r["state"] != "clock"]
     assert transitions == [("A", "firing")]
     assert state.reads == 1, "the host read the state once: its first batch (an empty snapshot)"
 
@@ -163,7 +163,7 @@ def test_a_retried_batch_and_a_lost_host_rebuild_from_the_state(busy: Settings) 
     # the task of batch 4 failed after the host stepped: Spark runs it again on the state before it
     state.clock, state.log = (3, 3), {}
     again = hosted(job, state, 3)
-    assert again.how == "rebuilt" and again.records == first[3].records
+    assert again.how == "rebuilt" and again.output.equals(first[3].output)
     # the host is killed: the next batch starts another, which rebuilds from the snapshot and the log
     (pid,) = host_pids(job)
     os.kill(pid, signal.SIGKILL)
