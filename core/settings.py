@@ -293,8 +293,8 @@ class Settings(BaseSettings):
                           "worker (evaluator/spark/shard_host.py; README: batching)"
     )
     evaluator_shard_host_idle_s: float = Field(
-        600.0, gt=0, description="a shard host with no batch for this long exits (its shard is rebuilt from the "
-                                 "state store if its query runs again)"
+        120.0, gt=0, description="a shard host with no batch for this long exits, and its memory with it (a "
+                                 "stopped query's; a query that runs again rebuilds the shard from the state store)"
     )
     python_gc_threshold: int = Field(
         50_000, ge=0, description="young-generation threshold of CPython's garbage collector in the evaluator's "
