@@ -47,6 +47,9 @@ log = structlog.get_logger("evaluator")
 
 #: How long a worker waits for a host it started to listen (it imports the evaluator: ~1-2 s).
 START_TIMEOUT_S = 60.0
+#: How long a host waits for a task's next message (a task sends at once): a task that connected and went silent
+#: (its worker stopped, not killed) must not hold the shard's host, and every later batch of the shard, forever.
+TASK_SILENCE_S = 60.0
 _STARTED: list[subprocess.Popen] = []  # hosts this process started, reaped once they exit
 
 
@@ -63,7 +66,10 @@ def send(conn: Connection, header: dict[str, Any], *blobs: bytes | None) -> None
             conn.send_bytes(blob)
 
 
-def receive(conn: Connection) -> tuple[dict[str, Any], list[bytes | None]]:
+def receive(conn: Connection, timeout_s: float | None = None) -> tuple[dict[str, Any], list[bytes | None]]:
+    """The next message; TimeoutError if none starts within ``timeout_s`` (None: wait as long as it takes)."""
+    if timeout_s is not None and not conn.poll(timeout_s):
+        raise TimeoutError(f"nothing received in {timeout_s} s")
     header = json.loads(conn.recv_bytes())
     return header, [conn.recv_bytes() if present else None for present in header.pop("blobs")]
 
@@ -121,7 +127,7 @@ def _start(address: str, anchor: int, job: ShardJob, idle_s: float) -> None:
     _STARTED.append(host)
     assert host.stdin is not None and host.stdout is not None
     with host.stdin:
-        pickle.dump((address, anchor, job, idle_s), host.stdin)
+        pickle.dump((address, anchor, job, idle_s, TASK_SILENCE_S), host.stdin)
     with host.stdout:
         ready, _, _ = select.select([host.stdout], [], [], START_TIMEOUT_S)
         if not ready or host.stdout.readline().strip() != b"ready":
@@ -180,11 +186,12 @@ class _RemoteState:
     """The operator's state, read over the task's connection."""
 
     conn: Connection
+    silence_s: float
 
     def _ask(self, header: dict[str, Any]) -> bytes | None:
         try:
             send(self.conn, header)
-            _, blobs = receive(self.conn)
+            _, blobs = receive(self.conn, self.silence_s)
         except (OSError, EOFError) as error:
             raise _TaskGone from error
         return blobs[0]
@@ -197,8 +204,9 @@ class _RemoteState:
 
 
 class _Host:
-    def __init__(self, job: ShardJob) -> None:
+    def __init__(self, job: ShardJob, silence_s: float) -> None:
         self.runner = ShardRunner(job)
+        self.silence_s = silence_s
         self.busy = threading.Lock()
         self.last = time.monotonic()
 
@@ -213,12 +221,12 @@ class _Host:
                 self.last = time.monotonic()
 
     def _serve(self, conn: Connection) -> None:
-        header, blobs = receive(conn)
+        header, blobs = receive(conn, self.silence_s)
         progress = {int(p): int(t) for p, t in header["progress"].items()}
         assert blobs[0] is not None
         try:
             result = self.runner.run(int(header["shard"]), int(header["epoch"]), int(header["base_epoch"]),
-                                     PaneRows.from_bytes(blobs[0]), progress, _RemoteState(conn))
+                                     PaneRows.from_bytes(blobs[0]), progress, _RemoteState(conn, self.silence_s))
         except _TaskGone:
             raise
         except Exception as error:  # noqa: BLE001 - the task fails with it, in the worker that asked
@@ -254,11 +262,11 @@ def _alive(pid: int) -> bool:
 
 
 def main() -> None:
-    address, anchor, job, idle_s = pickle.load(sys.stdin.buffer)  # from the worker that started this host
+    address, anchor, job, idle_s, silence_s = pickle.load(sys.stdin.buffer)  # from the worker that started this host
     apply_gc_policy(job.settings.python_gc_threshold)  # this process holds a shard: many long-lived objects
     Path(address).unlink(missing_ok=True)  # a dead host's socket (the starter holds the lock)
     listener = Listener(address, family="AF_UNIX")
-    host = _Host(job)
+    host = _Host(job, silence_s)
     threading.Thread(target=host.watch, args=(address, anchor, idle_s), daemon=True).start()
     sys.stdout.write("ready\n")
     sys.stdout.flush()

@@ -227,3 +227,17 @@ def test_the_operator_runs_the_batch_itself_when_no_host_can_be_reached(busy: Se
     assert [(r["key"], r["state"]) for r in out.to_dict("records")] == [("A", "firing"), ("", "clock")]
     stats = redis.Redis.from_url(busy.redis_url).hgetall(RedisKeys(busy).evaluator_stats)
     assert int(stats[b"shard_host_failures"]) == 1 and int(stats[b"shard_restore_rebuilt"]) == 1
+
+
+def test_a_task_that_connects_and_goes_silent_does_not_hold_the_host(busy: Settings,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shard_host, "TASK_SILENCE_S", 1.0)
+    job, state = job_for(busy, "silent"), State()
+    hosted(job, state, 0)
+    silent = Client(address_of(job, 0, os.getpid()), family="AF_UNIX")  # a worker stopped right after connecting
+    try:
+        started = time.monotonic()
+        assert hosted(job, state, 1).how == "cached"  # waited for the silent one to be dropped, then ran
+        assert time.monotonic() - started >= 0.5
+    finally:
+        silent.close()
