@@ -237,7 +237,14 @@ class _Host:
         table = pa.Table.from_pandas(result.output, preserve_index=False)
         with pa.ipc.new_stream(output, table.schema) as writer:
             writer.write_table(table)
-        send(conn, {"op": "result", **result.header()}, output.getvalue().to_pybytes(), result.delta, result.snapshot)
+        try:
+            send(conn, {"op": "result", **result.header()}, output.getvalue().to_pybytes(), result.delta,
+                 result.snapshot)
+        except (OSError, EOFError):
+            # The task may run the batch itself now (the operator's fallback), on a catalog this host did not see:
+            # the copy this batch made may not be the one the state will hold. The next batch rebuilds.
+            self.runner.forget(int(header["shard"]))
+            raise
 
     def watch(self, address: str, anchor: int, idle_s: float) -> None:
         """Exit once the anchor is gone, or after ``idle_s`` without a batch (never during one)."""

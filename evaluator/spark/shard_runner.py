@@ -123,6 +123,10 @@ class ShardRunner:
             shard_copy.owns = partial(_owned, shard, job.shard_ids)
         return shard_copy, how, reading
 
+    def forget(self, shard: int) -> None:
+        """Drop this process's copy of the shard: its next batch rebuilds from the state."""
+        _COPIES.pop(self._key(shard), None)
+
     def run(self, shard: int, epoch: int, base_epoch: int, rows: PaneRows, progress: dict[int, int],
             state: ShardState) -> BatchResult:
         """The batch after ``epoch`` (the state's clock, its snapshot at ``base_epoch``)."""

@@ -241,3 +241,18 @@ def test_a_task_that_connects_and_goes_silent_does_not_hold_the_host(busy: Setti
         assert time.monotonic() - started >= 0.5
     finally:
         silent.close()
+
+
+def test_a_result_the_task_never_took_leaves_no_copy_behind(busy: Settings) -> None:
+    """The task sent its batch and went away before the result (it ran the batch itself, as the operator does
+    when its host fails it): the state moves on without the host's copy, which must not pass for the state's."""
+    job, state = job_for(busy, "abandoned"), State()
+    hosted(job, state, 0)
+    rows, progress = batch(1)
+    gone = Client(address_of(job, 0, os.getpid()), family="AF_UNIX")
+    shard_host.send(gone, {"op": "batch", "shard": 0, "epoch": state.clock[0], "base_epoch": state.clock[1],
+                           "progress": {str(p): t for p, t in progress.items()}}, rows.to_bytes())
+    gone.close()
+    forget_copies()
+    state.write(ShardRunner(job).run(0, *state.clock, rows, progress, state))  # the worker's own run, persisted
+    assert hosted(job, state, 2).how == "rebuilt", "the host's copy of batch 1 was not the state's"
