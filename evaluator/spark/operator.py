@@ -19,9 +19,9 @@ raw columns. A copy that replayed brings its groups' values to the last evaluate
 boundary once, for the keys the replayed batches changed, before its next rows
 (``ShardEvaluator._sync``), so its next batch costs what it costs a cached copy.
 
-Each batch the operator also answers the condition previews its shard has not
-answered yet (see ``evaluator.preview``), and emits its transitions followed by
-its clock for the sink (see ``evaluator.spark.sink``).
+Each batch the shard also answers the condition previews it has not answered yet
+(see ``evaluator.preview``), and the operator emits its transitions followed by its
+clock for the sink (see ``evaluator.spark.sink``).
 """
 
 from __future__ import annotations
