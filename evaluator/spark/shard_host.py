@@ -122,8 +122,10 @@ def _reap() -> None:
 
 def _start(address: str, anchor: int, job: ShardJob, idle_s: float) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # In this worker's process group, which is the pyspark daemon's: the daemon's SIGHUP to its group when the
+    # executor stops ends the host with the workers (the watchdog below is for a daemon that could not send it).
     host = subprocess.Popen([sys.executable, "-m", "evaluator.spark.shard_host"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, start_new_session=True, close_fds=True)
+                            stdout=subprocess.PIPE, env=env, close_fds=True)
     _STARTED.append(host)
     assert host.stdin is not None and host.stdout is not None
     with host.stdin:

@@ -256,3 +256,29 @@ def test_a_result_the_task_never_took_leaves_no_copy_behind(busy: Settings) -> N
     forget_copies()
     state.write(ShardRunner(job).run(0, *state.clock, rows, progress, state))  # the worker's own run, persisted
     assert hosted(job, state, 2).how == "rebuilt", "the host's copy of batch 1 was not the state's"
+
+
+def test_a_host_ends_with_its_workers_process_group(busy: Settings) -> None:
+    """The pyspark daemon ends its workers with a SIGHUP to its process group: the hosts they started go too."""
+    job, state = job_for(busy, "grouped"), State()
+    script = (
+        "import os, pickle, sys, time\n"
+        "from evaluator.spark import shard_host\n"
+        "shard_host.anchor_pid = lambda: int(sys.argv[1])  # an anchor that lives on: only the group ends it\n"
+        "job, clock, rows, progress, state = pickle.load(sys.stdin.buffer)\n"
+        "shard_host.run_on_host(job, 60.0, 0, *clock, rows, progress, state)\n"
+        "sys.stdout.write('ran\\n'); sys.stdout.flush(); time.sleep(120)\n"
+    )
+    rows, progress = batch(0)
+    worker = subprocess.Popen([sys.executable, "-c", script, str(os.getpid())], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write(pickle.dumps((job, state.clock, rows, progress, state)))
+    worker.stdin.close()
+    assert worker.stdout.readline() == b"ran\n"
+    (host,) = host_pids(job)
+    assert os.getpgid(host) == worker.pid
+    os.killpg(worker.pid, signal.SIGHUP)
+    worker.wait()
+    psutil.Process(host).wait(timeout=5)
