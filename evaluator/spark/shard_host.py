@@ -213,40 +213,49 @@ class _Host:
         self.last = time.monotonic()
 
     def serve(self, conn: Connection) -> None:
-        """One task's batch. A task that goes away leaves the next one to find the copy current or rebuild it."""
+        """One task's batch. A task that goes away leaves the next one to find the copy current or rebuild it; a
+        request this host cannot read costs that task, never the host."""
         with conn, self.busy:
             try:
                 self._serve(conn)
             except (OSError, EOFError, _TaskGone) as error:
                 log.warning("shard_host_task_gone", error=repr(error))
+            except Exception:  # the host goes on serving the shard's other batches
+                log.exception("shard_host_request_failed")
             finally:
                 self.last = time.monotonic()
 
     def _serve(self, conn: Connection) -> None:
         header, blobs = receive(conn, self.silence_s)
-        progress = {int(p): int(t) for p, t in header["progress"].items()}
-        assert blobs[0] is not None
+        shard = int(header["shard"])
+        delivered = False
         try:
-            result = self.runner.run(int(header["shard"]), int(header["epoch"]), int(header["base_epoch"]),
+            delivered = self._answer(conn, shard, header, blobs)
+        finally:
+            if not delivered:
+                # The task fails, or may run the batch itself (the operator's fallback, on a catalog this host did
+                # not see): the copy this batch made need not be the one the state will hold. The next one rebuilds.
+                self.runner.forget(shard)
+
+    def _answer(self, conn: Connection, shard: int, header: dict[str, Any], blobs: list[bytes | None]) -> bool:
+        """Run the batch and send its result (True), or the error it failed with (False)."""
+        try:
+            assert blobs and blobs[0] is not None, "a batch without its pane rows"
+            progress = {int(p): int(t) for p, t in header["progress"].items()}
+            result = self.runner.run(shard, int(header["epoch"]), int(header["base_epoch"]),
                                      PaneRows.from_bytes(blobs[0]), progress, _RemoteState(conn, self.silence_s))
+            # the output as Arrow: a drain batch has tens of thousands of transitions (as JSON records: ~0.5 s)
+            output = pa.BufferOutputStream()
+            table = pa.Table.from_pandas(result.output, preserve_index=False)
+            with pa.ipc.new_stream(output, table.schema) as writer:
+                writer.write_table(table)
         except _TaskGone:
             raise
         except Exception as error:  # noqa: BLE001 - the task fails with it, in the worker that asked
             send(conn, {"op": "error", "message": "".join(traceback.format_exception(error))})
-            return
-        # the output as Arrow: a drain batch has tens of thousands of transitions (as JSON records: ~0.5 s)
-        output = pa.BufferOutputStream()
-        table = pa.Table.from_pandas(result.output, preserve_index=False)
-        with pa.ipc.new_stream(output, table.schema) as writer:
-            writer.write_table(table)
-        try:
-            send(conn, {"op": "result", **result.header()}, output.getvalue().to_pybytes(), result.delta,
-                 result.snapshot)
-        except (OSError, EOFError):
-            # The task may run the batch itself now (the operator's fallback), on a catalog this host did not see:
-            # the copy this batch made may not be the one the state will hold. The next batch rebuilds.
-            self.runner.forget(int(header["shard"]))
-            raise
+            return False
+        send(conn, {"op": "result", **result.header()}, output.getvalue().to_pybytes(), result.delta, result.snapshot)
+        return True
 
     def watch(self, address: str, anchor: int, idle_s: float) -> None:
         """Exit once the anchor is gone, or after ``idle_s`` without a batch (never during one)."""

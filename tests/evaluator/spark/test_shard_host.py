@@ -282,3 +282,14 @@ def test_a_host_ends_with_its_workers_process_group(busy: Settings) -> None:
     os.killpg(worker.pid, signal.SIGHUP)
     worker.wait()
     psutil.Process(host).wait(timeout=5)
+
+
+def test_a_request_the_host_cannot_read_costs_that_request_not_the_host(busy: Settings) -> None:
+    job, state = job_for(busy, "garbled"), State()
+    hosted(job, state, 0)
+    garbled = Client(address_of(job, 0, os.getpid()), family="AF_UNIX")
+    shard_host.send(garbled, {"op": "batch", "epoch": 1})  # no shard, no rows: not a batch this host can run
+    with pytest.raises(EOFError):
+        garbled.recv_bytes()  # dropped
+    garbled.close()
+    assert hosted(job, state, 1).how == "cached", "the same host, with its copy, ran the next batch"
