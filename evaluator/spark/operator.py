@@ -44,7 +44,7 @@ from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows
 from evaluator.spark.registry import checkpoint_of
-from evaluator.spark.shard_host import ShardHostError, run_on_host
+from evaluator.spark.shard_host import run_on_host
 from evaluator.spark.shard_runner import BatchResult, ShardJob, ShardRunner
 from evaluator.streams import StreamShape
 from ingest.model import ATTRIBUTES
@@ -117,9 +117,7 @@ class ShardProcessor(StatefulProcessor):
             try:
                 return run_on_host(self.job, self.settings.evaluator_shard_host_idle_s, shard, epoch, base_epoch,
                                    rows, progress, state), 0
-            except ShardHostError:
-                raise
-            except (OSError, EOFError) as error:  # no host, or it died: this worker runs the batch (a rebuild)
+            except (OSError, EOFError) as error:  # no host, or it died (not ShardHostError: the batch's own failure)
                 log.warning("shard_host_unavailable", shard=shard, error=repr(error))
                 return ShardRunner(self.job).run(shard, epoch, base_epoch, rows, progress, state), 1
         return ShardRunner(self.job).run(shard, epoch, base_epoch, rows, progress, state), 0

@@ -34,6 +34,7 @@ from evaluator.streams import StreamShape
 from ingest.model import ATTRIBUTES, Event, Heartbeat
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog
+from tests.evaluator.streams import wait_until
 from tests.evaluator.test_pane_parser import NOW, frame, run
 from tests.evaluator.test_shard import pane_rows
 from tests.evaluator.test_stream_operator import Handle
@@ -101,13 +102,6 @@ def refused(address: str) -> bool:
     return False
 
 
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def busy(settings: Settings) -> Settings:
     spec = SubscriptionSpec(1, parse_condition("COUNT(*) OVER 1s >= 3"))
@@ -167,7 +161,7 @@ def test_a_retried_batch_and_a_lost_host_rebuild_from_the_state(busy: Settings) 
     # the host is killed: the next batch starts another, which rebuilds from the snapshot and the log
     (pid,) = host_pids(job)
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: refused(address_of(job, 0, os.getpid())))  # its threads gone too, and the socket with them
+    wait_until(lambda: refused(address_of(job, 0, os.getpid())), 10)  # its threads gone too, and the socket with them
     after = hosted(job, state, 4)
     assert after.how == "rebuilt"
     assert host_pids(job) != [pid]
@@ -191,7 +185,7 @@ def test_a_host_exits_with_its_anchor_and_when_idle(busy: Settings, monkeypatch:
     assert address.exists()
     anchor.kill()
     anchor.wait()
-    wait_for(lambda: not address.exists())
+    wait_until(lambda: not address.exists(), 10)
     assert not Path(f"{address}.lock").exists(), "nobody computes a gone anchor's address again"
 
     monkeypatch.setattr(shard_host, "anchor_pid", os.getpid)
@@ -199,7 +193,7 @@ def test_a_host_exits_with_its_anchor_and_when_idle(busy: Settings, monkeypatch:
     hosted(idle, state, 0, idle_s=1.0)
     address = Path(address_of(idle, 0, os.getpid()))
     assert address.exists()
-    wait_for(lambda: not address.exists())
+    wait_until(lambda: not address.exists(), 10)
 
 
 def test_a_socket_directory_others_can_write_to_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

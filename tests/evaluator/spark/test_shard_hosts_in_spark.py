@@ -4,7 +4,6 @@ up a copy another worker left behind (without hosts, the shards swap workers eve
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import redis
@@ -18,6 +17,7 @@ from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
 from tests.evaluator.spark.test_job import publish_catalog, recent_base
+from tests.evaluator.streams import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -43,10 +43,8 @@ def test_every_batch_of_a_shard_finds_its_copy_on_its_host(spark, settings: Sett
     feeding = threading.Thread(target=feed, daemon=True)
     feeding.start()
     try:
-        deadline = time.monotonic() + 120  # (not processAllAvailable: the feed never runs dry)
-        while int(client.hget(stats, "shard_batches") or 0) < 16:
-            assert time.monotonic() < deadline and query.isActive, query.exception()
-            time.sleep(0.2)
+        # polled, not processAllAvailable: the feed never runs dry
+        wait_until(lambda: int(client.hget(stats, "shard_batches") or 0) >= 16, 120, query=query)
     finally:
         stop.set()
         feeding.join()
