@@ -891,7 +891,7 @@ def main() -> None:
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
         args.semantics, args.two_streams, args.hosts_subscriptions = "300", 300, 30
         args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
-        args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 30.0, "100", 300, 15
+        args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 60.0, "100", 300, 15
         args.live_heavy_rates, args.live_warm_up = "", 5
 
     load_before = psutil.getloadavg()

@@ -35,6 +35,7 @@ JVM_PATHS = ("tests/evaluator/spark/", "tests/evaluator/cluster/", "tests/devsta
              "tests/test_e2e.py", "tests/rediscluster/test_job.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns the xdist_group marks into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if ("spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")

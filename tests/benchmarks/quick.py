@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: How long an interrupted benchmark may take to run its ``finally`` blocks (stop its Spark cluster, its stack).
+INTERRUPT_GRACE_S = 60
 
 
-def run_quick(script: str, timeout_s: float = 600) -> str:
-    """stdout of ``benchmarks/<script> --quick``, which must exit 0."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
+def run_quick(script: str, timeout_s: float = 600, folder: Path = ROOT / "benchmarks") -> str:
+    """stdout of ``benchmarks/<script> --quick``, which must exit 0.
+
+    Past ``timeout_s`` (or when the test's own timeout fires) the benchmark gets SIGINT, as from Ctrl-C, so it
+    stops what it started: a standalone cluster's JVMs run in sessions of their own and would outlive a SIGKILL
+    of the benchmark, loading the machine for every test after."""
+    process = subprocess.Popen(
+        [sys.executable, str(folder / script), "--quick"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert result.returncode == 0, result.stderr[-5_000:]
-    return result.stdout
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except BaseException:  # TimeoutExpired, or pytest-timeout's Failed raised in this frame
+        process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise
+    assert process.returncode == 0, stderr[-5_000:]
+    return stdout

@@ -10,6 +10,7 @@ from tests.benchmarks.test_pipeline_benchmark import number, table_rows
 
 @pytest.mark.spark
 @pytest.mark.slow  # two standalone clusters (master, workers, executors: separate JVMs), one after the other
+@pytest.mark.timeout(900)  # the subprocess's own deadline, not the suite's 300 s (two clusters start on a slow machine)
 def test_quick_run_measures_one_and_two_workers_beside_the_model() -> None:
     stdout = run_quick("scaling.py", timeout_s=900)
     assert "Per-core costs" in stdout and "Capacity model" in stdout  # the costs the prediction used

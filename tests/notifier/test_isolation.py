@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # fault injection: run in CI
 
 HOSTILE_DELIVERIES = 3
 TEST_ALERTS = 3
-OTHER_DELIVERIES = 40
-OTHER_RATE = 5.0  # per second
+OTHER_DELIVERIES = 30
+OTHER_RATE = 2.0  # per second: its own cap of 1 leaves a loaded machine 0.5 s per delivery, so only the hostile can queue it
 
 
 def _endpoint(settings, redis_client, target: str):

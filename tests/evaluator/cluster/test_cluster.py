@@ -47,7 +47,9 @@ from tests.evaluator.streams import (
 )
 from web.conditions import _ask_and_gather
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+# 900 s: the first test to need them also starts the module's cluster and runs the reference stream (~4 min on a slow
+# machine), within its own timeout
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 RUN_TIMEOUT_S = 300
 EXECUTORS_END_S = 60  # the master ends an application's executors once its driver is gone
