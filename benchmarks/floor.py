@@ -11,7 +11,7 @@ state store, Arrow, reused Python workers), Spark's built-in ``rate`` sources (r
 JVM, each carrying a ~70-byte JSON string like a Kafka event's value), so no broker and no Redis:
 
 - *JVM only*: source -> ``noop`` sink (scheduling, the offset and commit logs);
-- *+ Python stage*: source -> ``mapInPandas`` that pre-aggregates per (key, pane) with pandas, as
+- *+ Python stage*: source -> ``mapInArrow`` that pre-aggregates per (key, pane) with pyarrow, as
   the parser does after parsing -> ``noop`` (one Python worker round trip and its Arrow transfers);
 - *+ shuffle and Python state*: the same -> ``groupBy(shard).transformWithStateInPandas`` with a
   processor that keeps one counter per shard in RocksDB and emits one row per shard -> ``noop``
@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -62,21 +64,27 @@ PANES_SCHEMA = "shard int, key string, pane_start long, count long, sum_volume d
 
 
 class PreAggregate:
-    """mapInPandas: the parser's output shape from its input shape, one row per (key, pane), a shard per key."""
+    """mapInArrow: the parser's output shape from its input shape, one row per (key, pane), a shard per key.
+
+    Arrow in and out, as the parser (``evaluator.spark.parse``) runs since it moved to ``mapInArrow``."""
 
     def __init__(self, shards: int) -> None:
         self.shards = shards
 
-    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            key = frame["value"] % KEYS
-            pane = frame["ts"] // PANE_MS * PANE_MS
-            counts = frame.assign(key=key, pane=pane, payload_bytes=frame["payload"].str.len()).groupby(
-                ["key", "pane"], sort=False).agg(count=("value", "size"), sum_volume=("payload_bytes", "sum")).reset_index()
-            yield pd.DataFrame({"shard": (counts["key"] % self.shards).astype("int32"),
-                                "key": "SYM" + counts["key"].astype(str), "pane_start": counts["pane"].astype("int64"),
-                                "count": counts["count"].astype("int64"),
-                                "sum_volume": counts["sum_volume"].astype("float64")})
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            key = pc.remainder(batch.column("value"), KEYS)
+            pane = pc.multiply(pc.divide(batch.column("ts"), PANE_MS), PANE_MS)
+            table = pa.table({"key": key, "pane": pane, "payload_bytes": pc.utf8_length(batch.column("payload"))})
+            counts = table.group_by(["key", "pane"], use_threads=False).aggregate(
+                [("key", "count"), ("payload_bytes", "sum")])
+            keys = counts.column("key")
+            yield from pa.table({
+                "shard": pc.cast(pc.remainder(keys, self.shards), pa.int32()),
+                "key": pc.binary_join_element_wise("SYM", pc.cast(keys, pa.string()), ""),
+                "pane_start": pc.cast(counts.column("pane"), pa.int64()),
+                "count": pc.cast(counts.column("key_count"), pa.int64()),
+                "sum_volume": pc.cast(counts.column("payload_bytes_sum"), pa.float64())}).to_batches()
 
 
 def counter_processor() -> Any:
@@ -114,11 +122,11 @@ def jvm_only(frame: Any, _shards: int) -> Any:
 
 
 def python_stage(frame: Any, shards: int) -> Any:
-    return frame.mapInPandas(PreAggregate(shards), PANES_SCHEMA).writeStream.format("noop")
+    return frame.mapInArrow(PreAggregate(shards), PANES_SCHEMA).writeStream.format("noop")
 
 
 def _stateful(frame: Any, shards: int) -> Any:
-    panes = frame.mapInPandas(PreAggregate(shards), PANES_SCHEMA)
+    panes = frame.mapInArrow(PreAggregate(shards), PANES_SCHEMA)
     return panes.groupBy("shard").transformWithStateInPandas(counter_processor(), "shard int, total long", "append",
                                                               "None")
 
