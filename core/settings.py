@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     spark_executor_memory: str = Field(
         "1g", description="heap of each executor JVM on a cluster; must fit a worker's --memory"
     )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict, description="further Spark settings, applied after ours (JSON object: RocksDB memory "
+                                          "caps, a checkpoint file manager, or one of ours reverted)"
+    )
     trigger_interval: str = Field(
         "1 second", description="micro-batch trigger: a batch takes what arrived since the last (README: batching)"
     )

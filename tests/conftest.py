@@ -121,7 +121,9 @@ def spark(kafka_bootstrap: str, redis_url: str, workdir: Path):
     from evaluator.spark.session import spark_session
 
     session = spark_session(
-        Settings(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, spark_shuffle_partitions=2), "tocsin-tests"
+        Settings(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, spark_shuffle_partitions=2,
+                 spark_conf={"spark.tocsin.origin": "TOCSIN_SPARK_CONF"}),  # tests/evaluator/spark/test_session.py
+        "tocsin-tests",
     )
     yield session
     session.stop()

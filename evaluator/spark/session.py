@@ -35,7 +35,7 @@ def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> Spa
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_driver_bind_address)
-    spark = (
+    builder = (
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
@@ -48,12 +48,17 @@ def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> Spa
         .config("spark.executor.memory", settings.spark_executor_memory)
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        # A commit writes the batch's changes, not a RocksDB snapshot copied into the checkpoint (snapshots are
+        # taken in the background): the state store's share of every micro-batch (README: Spark's own floor).
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
-        .getOrCreate()
     )
+    for key, value in settings.spark_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(KafkaDataSource)
     return spark
