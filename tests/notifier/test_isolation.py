@@ -27,12 +27,15 @@ from subscriptions.service import SubscriptionService
 from tests.processes import running, worker_args
 from tests.users import new_user
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # fault injection: run in CI
+# fault injection: run in CI; and with the JVM tests, one at a time: its p99 bound is for the hostile tenants,
+# and beside a Spark suite on two cores the other tenant's deliveries queued up (p99 5-7 s on 2026-11-27's
+# slower machine, 0.48 s alone there)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.jvm]
 
 HOSTILE_DELIVERIES = 3
 TEST_ALERTS = 3
-OTHER_DELIVERIES = 30
-OTHER_RATE = 2.0  # per second: its own cap of 1 leaves a loaded machine 0.5 s per delivery, so only the hostile can queue it
+OTHER_DELIVERIES = 40
+OTHER_RATE = 5.0  # per second
 
 
 def _endpoint(settings, redis_client, target: str):
