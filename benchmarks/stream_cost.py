@@ -121,12 +121,14 @@ def phase(name: str, queries: dict, warm_up_s: float, seconds: float) -> dict:
         started = batch_end_s(p) - p["durationMs"].get("triggerExecution", 0) / 1000
         return begin <= started and batch_end_s(p) <= end
 
+    def every_query_measured() -> bool:
+        now = time.time()
+        return all(any(within(p, now) for p in by_id.values()) for by_id in seen.values())
+
     # ``seconds``, and on a slow machine longer (up to 10x) until a whole batch of every query lies within them:
     # a phase that measured none would report no batch cost at all
     with Resources() as used:
-        while (elapsed := time.time() - begin) < seconds or (
-                elapsed < seconds * 10 and not all(any(within(p, time.time()) for p in by_id.values())
-                                                   for by_id in seen.values())):
+        while (elapsed := time.time() - begin) < seconds or (elapsed < seconds * 10 and not every_query_measured()):
             time.sleep(min(5.0, max(0.5, seconds - elapsed)))
             for q, query in queries.items():
                 if (failed := query.exception()) is not None:

@@ -1,7 +1,9 @@
 """The suite's own layout: on pytest-xdist with ``--dist loadgroup`` (infra/test), the JVM tests share one worker.
 
-pytest 9.2 changed how node ids are held and pytest-xdist 3.8's ``loadgroup`` silently stopped grouping: the JVM
-suites then ran two at a time on two cores, the CI run took twice as long and timing-bound tests failed."""
+Two causes each stopped the grouping silently, and this test failed with each: ``tests/conftest.py`` marked the
+tests after pytest-xdist had read the marks (its hook now runs first), and pytest 9.2 keeps node ids where
+pytest-xdist 3.8 cannot add the group (pytest is held below 9.2). The JVM suites then ran two at a time on two
+cores, the CI run took twice as long and timing-bound tests failed."""
 
 from __future__ import annotations
 
