@@ -251,6 +251,11 @@ class RedisKeys:
     def inflight_owner(self, owner_id: int) -> str:
         return self._k("inflight", "owner", self._o(owner_id))
 
+    def attempt_time(self, owner_id: int, endpoint_id: int) -> str:
+        """How long the endpoint's last attempt took; in the owner's slot, read by the script that takes slots."""
+        return self._k("inflight", "took", self._o(owner_id), endpoint_id) if self.tagged else \
+            self._k("inflight", "took", endpoint_id)
+
     def preview_answers(self, request_id: str) -> str:
         return self._k("preview", request_id)
 

@@ -11,7 +11,9 @@
   ``<notification>:<endpoint>``, kept until an operator replays or discards them;
 - ``inflight:endpoint:<id>`` and ``inflight:owner:<user>``: sorted sets of the
   attempts in flight (scored by when their hold expires), the per-endpoint and
-  per-owner caps that keep one slow receiver from taking every worker thread.
+  per-owner caps that keep one slow receiver from taking every worker thread, and
+  ``inflight:took:<id>``, how long the endpoint's last attempt took (ms), which tells a
+  delivery that finds the endpoint's cap full when to look again.
 
 On a Redis Cluster a delivery's ``delivered`` and ``sending`` marks share a slot (claimed in one
 transaction), and an owner's in-flight sets share one (taken by one script); the final mark and the
@@ -29,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 
 import redis
 from celery import Celery
@@ -41,19 +44,24 @@ from subscriptions.routing import EndpointRoute
 
 ATTEMPT_LOG_LENGTH = 1_000
 DELIVERED_MARK_TTL_S = 30 * 24 * 3600
+ATTEMPT_TIME_TTL_S = 3600  # an endpoint's last attempt time, older than this, no longer says when a slot frees
 
 
+# KEYS: the endpoint's and the owner's in-flight sets, the endpoint's last attempt time. Returns 1 once both slots
+# are held, else {0, which cap is full (1 endpoint, 2 owner), the endpoint's last attempt time in ms or -1}.
 _TAKE_SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
-for i, key in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[i + 1]) then return 0 end
+for i = 1, 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  if redis.call('ZCARD', KEYS[i]) >= tonumber(ARGV[i + 1]) then
+    return {0, i, tonumber(redis.call('GET', KEYS[3]) or '-1') or -1}
+  end
 end
-for _, key in ipairs(KEYS) do
-  redis.call('ZADD', key, now + ttl, ARGV[1])
-  redis.call('PEXPIRE', key, ttl)
+for i = 1, 2 do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], ttl)
 end
 return 1
 """
@@ -63,6 +71,14 @@ _DELETE_IF_UNCHANGED = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
 """
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Why a delivery found no slot: which cap was full, and (its own endpoint's) how long its last attempt took."""
+
+    endpoint_full: bool
+    last_attempt_s: float | None = None
 
 
 def _json(value: dict) -> str:
@@ -235,19 +251,28 @@ class DeliveryRecords:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 
     def take_slot(self, endpoint_id: int, owner_id: int, token: str, endpoint_cap: int, owner_cap: int,
-                  ttl_s: float) -> bool:
-        """Hold one in-flight slot of the endpoint and of its owner, or neither if either is full.
+                  ttl_s: float) -> Busy | None:
+        """Hold one in-flight slot of the endpoint and of its owner (None), or neither if either is full (why).
 
         A holder that dies frees its slot when its hold expires (``ttl_s``, longer
         than any attempt); expiry uses the Redis server's clock, shared by all workers.
         """
-        keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id)]
-        return bool(self.redis.eval(_TAKE_SLOT, 2, *keys, token, endpoint_cap, owner_cap, int(ttl_s * 1000)))
+        keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id),
+                self.keys.attempt_time(owner_id, endpoint_id)]
+        reply = self.redis.eval(_TAKE_SLOT, 3, *keys, token, endpoint_cap, owner_cap, int(ttl_s * 1000))
+        if reply == 1:
+            return None
+        _, full, took_ms = reply
+        endpoint_full = int(full) == 1
+        return Busy(endpoint_full, int(took_ms) / 1000 if endpoint_full and int(took_ms) >= 0 else None)
 
-    def free_slot(self, endpoint_id: int, owner_id: int, token: str) -> None:
+    def free_slot(self, endpoint_id: int, owner_id: int, token: str, took_s: float | None) -> None:
+        """Give both slots back, and note how long the attempt took (``None``: it did not get to an end)."""
         pipe = self.redis.pipeline()
         pipe.zrem(self.keys.inflight_endpoint(owner_id, endpoint_id), token)
         pipe.zrem(self.keys.inflight_owner(owner_id), token)
+        if took_s is not None:
+            pipe.set(self.keys.attempt_time(owner_id, endpoint_id), round(took_s * 1000), ex=ATTEMPT_TIME_TTL_S)
         pipe.execute()
 
     # -- reading and operating (web) -----------------------------------------------------------

@@ -26,9 +26,12 @@ since it was queued is dropped, and the drop is recorded.
 
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
-a delivery that finds either full gives its worker thread back at once and looks
-again after about ``delivery_busy_delay_s``, doubling up to 8x while it keeps
-finding them full (not counted as an attempt).
+a delivery that finds either full gives its worker thread back at once (not counted
+as an attempt) and looks again about when a slot should be free: when its own
+endpoint is full, after twice that endpoint's last attempt time (at least
+``delivery_busy_min_delay_s``, so a fast receiver's burst is not held seconds
+behind itself), else after ``delivery_busy_delay_s``; doubling while it keeps
+finding them full, up to 8x ``delivery_busy_delay_s`` (see ``busy_delay_s``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
 from notifier.channels import EndpointView, channel_for, channels
-from notifier.deliveries import DeliveryRecords, binding
+from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
@@ -65,7 +68,8 @@ log = structlog.get_logger(__name__)
 
 ATTEMPTS = Counter("tocsin_delivery_attempts_total", "Delivery attempts", ["kind", "outcome"])
 LATENCY = Histogram("tocsin_delivery_latency_seconds", "Latency of delivery attempts", ["kind"])
-DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred because their endpoint or owner was busy")
+DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred because their endpoint or owner was busy",
+                   ["cap"])
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
 
 
@@ -92,6 +96,25 @@ def retry_delay_s(attempt: Attempt, retries: int, settings: Settings) -> float:
     if delay is None or not math.isfinite(delay):
         delay = backoff_s(retries, settings.delivery_backoff_base_s, settings.delivery_backoff_max_s)
     return min(max(delay, 0.0), settings.delivery_backoff_max_s)
+
+
+def busy_delay_s(settings: Settings, busy: Busy, deferrals: int) -> float:
+    """When a delivery that found no slot looks again, after ``deferrals`` earlier finds.
+
+    Its own endpoint full: twice that endpoint's last attempt time (a receiver answering in
+    20 ms has a slot again in milliseconds, so a burst to it is not held seconds behind
+    itself), at least ``delivery_busy_min_delay_s`` - which is also where it starts when no
+    attempt of the endpoint has ended yet (a first burst), doubling until one has - and at
+    most ``delivery_busy_delay_s``; its owner full (busy with other endpoints, whose times
+    this one does not know): ``delivery_busy_delay_s``. Never more than 8x
+    ``delivery_busy_delay_s``, and jittered so deliveries deferred together do not come back
+    together.
+    """
+    first = settings.delivery_busy_delay_s
+    if busy.endpoint_full:
+        took = busy.last_attempt_s or 0.0
+        first = min(first, max(settings.delivery_busy_min_delay_s, 2 * took))
+    return min(first * 2 ** min(deferrals, 30), 8 * settings.delivery_busy_delay_s) * random.uniform(0.5, 1.5)
 
 
 def load_endpoint(settings: Settings, endpoint_id: int) -> EndpointView | None:
@@ -217,9 +240,10 @@ class _Delivery:
                                kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
                                countdown=countdown, queue=queue_for(self.task.app, self.payload))
 
-    def busy_delay_s(self) -> float:
-        """Longer each time the same delivery finds its caps full (up to 8x), so a backlog does not spin."""
-        return self.settings.delivery_busy_delay_s * 2 ** min(self.deferrals, 3) * random.uniform(0.5, 1.5)
+    def busy_delay_s(self, busy: Busy) -> float:
+        """About when a slot should be free; doubling each time the same delivery finds its caps full, so a
+        backlog does not spin, up to 8x ``delivery_busy_delay_s``."""
+        return busy_delay_s(self.settings, busy, self.deferrals)
 
     def run(self) -> str:
         endpoint = load_endpoint(self.settings, self.endpoint_id)
@@ -236,15 +260,18 @@ class _Delivery:
         except UnknownKindError:  # stored, but no channel serves it (any more): no retry can help
             return self.failed(endpoint.kind, Attempt(False, False, 0.0, error=f"no channel for kind {endpoint.kind!r}"))
         token = uuid.uuid4().hex
-        if not self.records.take_slot(self.endpoint_id, endpoint.owner_id, token,
+        busy = self.records.take_slot(self.endpoint_id, endpoint.owner_id, token,
                                       self.settings.delivery_endpoint_concurrency,
-                                      self.settings.delivery_owner_concurrency, claim_ttl_s(self.settings)):
-            DEFERRED.inc()
-            raise self.again(self.busy_delay_s(), self.number, self.deferrals + 1)
+                                      self.settings.delivery_owner_concurrency, claim_ttl_s(self.settings))
+        if busy is not None:
+            DEFERRED.labels("endpoint" if busy.endpoint_full else "owner").inc()
+            raise self.again(self.busy_delay_s(busy), self.number, self.deferrals + 1)
+        attempt: Attempt | None = None
         try:
             attempt = channel.send(self.notification, endpoint)
         finally:
-            self.records.free_slot(self.endpoint_id, endpoint.owner_id, token)
+            self.records.free_slot(self.endpoint_id, endpoint.owner_id, token,
+                                   None if attempt is None else attempt.latency_ms / 1000)
         LATENCY.labels(endpoint.kind).observe(attempt.latency_ms / 1000)
         if attempt.ok:
             self.records.delivered(self.payload, self.endpoint_id, endpoint.kind, attempt, self.number)
