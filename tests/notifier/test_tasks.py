@@ -13,7 +13,7 @@ from notifier.attempt import Attempt
 from notifier.channels import EndpointView
 from notifier.channels.email import header_text, render
 from notifier.deliveries import Busy, endpoint_generation
-from notifier.tasks import busy_delay_s, retry_delay_s, stale_reason
+from notifier.tasks import busy_delay_s, busy_wait_s, retry_delay_s, stale_reason
 
 GENERATION = endpoint_generation("webhook", "https://a.example/hook", "secret-1")
 ENDPOINT = EndpointView("webhook", "https://a.example/hook", "secret-1", owner_id=7, generation=GENERATION, id=1)
@@ -67,6 +67,16 @@ def test_a_first_burst_to_an_endpoint_probes_from_the_shortest_delay() -> None:
 def test_an_owner_busy_elsewhere_or_a_slow_endpoint_waits_the_busy_delay(busy: Busy) -> None:
     settings = Settings(delivery_busy_delay_s=2.0)
     assert all(1.0 <= busy_delay_s(settings, busy, 0) <= 3.0 for _ in range(200))
+
+
+def test_only_a_quick_endpoint_busy_with_itself_is_waited_for_in_the_thread() -> None:
+    settings = Settings(delivery_busy_wait_s=0.5)
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.18)) == pytest.approx(0.36)
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.3)) == 0.0  # slow: give the thread back
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=10.0)) == 0.0  # a hostile receiver
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=None)) == 0.0  # not known to be quick
+    assert busy_wait_s(settings, Busy(endpoint_full=False)) == 0.0  # the owner's other endpoints: no idea when
+    assert busy_wait_s(Settings(delivery_busy_wait_s=0), Busy(endpoint_full=True, last_attempt_s=0.001)) == 0.0
 
 
 @given(st.booleans(), st.one_of(st.none(), st.floats(0, 1e6)), st.integers(0, 10_000))
