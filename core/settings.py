@@ -231,8 +231,9 @@ class Settings(BaseSettings):
                                "(at most; doubling up to 8x while it stays full)"
     )
     delivery_busy_wait_s: float = Field(
-        0.5, ge=0, description="a delivery whose own endpoint is full, and quick (twice its last attempt time within "
-                                "this), waits in its thread for a slot that long before giving the thread back (0: never)"
+        0.5, ge=0, le=2.0, description="a delivery whose own endpoint is full, and quick (twice its last attempt time "
+                                        "within this), waits in its thread for a slot, in one of its owner's slots, that "
+                                        "long at most before giving the thread back (0: never)"
     )
     delivery_busy_min_delay_s: float = Field(
         0.05, gt=0, description="a delivery whose own endpoint is at its cap looks again after twice that endpoint's "

@@ -47,18 +47,30 @@ DELIVERED_MARK_TTL_S = 30 * 24 * 3600
 ATTEMPT_TIME_TTL_S = 3600  # an endpoint's last attempt time, older than this, no longer says when a slot frees
 
 
-# KEYS: the endpoint's and the owner's in-flight sets, the endpoint's last attempt time. Returns 1 once both slots
-# are held, else {0, which cap is full (1 endpoint, 2 owner), the endpoint's last attempt time in ms or -1}.
+# KEYS: the endpoint's and the owner's in-flight sets, the endpoint's last attempt time (ms). ARGV: token, endpoint
+# cap, owner cap, hold (ms), the longest in-thread wait (ms). Returns 1 once both slots are held, else {0, which cap
+# is full (1 endpoint, 2 owner), the endpoint's last attempt time or -1, 1 if the token holds an owner slot while
+# it waits}. Only the endpoint full, and quick (twice its last attempt time within the wait): the token takes an
+# owner slot to wait in - so a thread waiting counts against its owner's cap like one sending - or keeps the one
+# it took at an earlier call, and the endpoint slot is added to it once one is free.
 _TAKE_SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
-for i = 1, 2 do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  if redis.call('ZCARD', KEYS[i]) >= tonumber(ARGV[i + 1]) then
-    return {0, i, tonumber(redis.call('GET', KEYS[3]) or '-1') or -1}
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local waiting = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  local took = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+  if not waiting and took >= 0 and 2 * took <= tonumber(ARGV[5])
+      and redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    waiting = true
   end
+  return {0, 1, took, waiting and 1 or 0}
 end
+if not waiting and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return {0, 2, -1, 0} end
 for i = 1, 2 do
   redis.call('ZADD', KEYS[i], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[i], ttl)
@@ -75,10 +87,12 @@ return 0
 
 @dataclass(frozen=True)
 class Busy:
-    """Why a delivery found no slot: which cap was full, and (its own endpoint's) how long its last attempt took."""
+    """Why a delivery found no slot: which cap was full, (its own endpoint's) how long its last attempt took, and
+    whether it holds one of its owner's slots to wait in."""
 
     endpoint_full: bool
     last_attempt_s: float | None = None
+    waiting: bool = False
 
 
 def _json(value: dict) -> str:
@@ -130,6 +144,7 @@ class DeliveryRecords:
     def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
         self.redis = client  # decode_responses=True
         self.keys = keys
+        self._take_slot = client.register_script(_TAKE_SLOT)  # by its digest: a waiting thread calls it often
 
     # -- writing (worker, dispatcher) ------------------------------------------------------
 
@@ -251,20 +266,24 @@ class DeliveryRecords:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 
     def take_slot(self, endpoint_id: int, owner_id: int, token: str, endpoint_cap: int, owner_cap: int,
-                  ttl_s: float) -> Busy | None:
+                  ttl_s: float, wait_s: float = 0.0) -> Busy | None:
         """Hold one in-flight slot of the endpoint and of its owner (None), or neither if either is full (why).
 
-        A holder that dies frees its slot when its hold expires (``ttl_s``, longer
+        With ``wait_s``, a token that finds only its endpoint full, and the endpoint quick
+        (twice its last attempt time within ``wait_s``), holds an owner slot to wait in
+        (``Busy.waiting``); called again with the same token, it gets the endpoint slot
+        once one is free. A waiter that gives up frees its hold with :meth:`free_slot`.
+        A holder that dies frees its slots when its hold expires (``ttl_s``, longer
         than any attempt); expiry uses the Redis server's clock, shared by all workers.
         """
         keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id),
                 self.keys.attempt_time(owner_id, endpoint_id)]
-        reply = self.redis.eval(_TAKE_SLOT, 3, *keys, token, endpoint_cap, owner_cap, int(ttl_s * 1000))
+        reply = self._take_slot(keys, [token, endpoint_cap, owner_cap, int(ttl_s * 1000), round(wait_s * 1000)])
         if reply == 1:
             return None
-        _, full, took_ms = reply
-        endpoint_full = int(full) == 1
-        return Busy(endpoint_full, int(took_ms) / 1000 if endpoint_full and int(took_ms) >= 0 else None)
+        _, full, took_ms, waiting = (int(v) for v in reply)
+        endpoint_full = full == 1
+        return Busy(endpoint_full, took_ms / 1000 if endpoint_full and took_ms >= 0 else None, waiting == 1)
 
     def free_slot(self, endpoint_id: int, owner_id: int, token: str, took_s: float | None) -> None:
         """Give both slots back, and note how long the attempt took (``None``: it did not get to an end)."""

@@ -122,15 +122,18 @@ def busy_delay_s(settings: Settings, busy: Busy, deferrals: int) -> float:
 def busy_wait_s(settings: Settings, busy: Busy) -> float:
     """How long a delivery that found no slot waits for one in its thread (0: it gives the thread back at once).
 
-    Only when its own endpoint is full and answers quickly - twice its last attempt time
-    within ``delivery_busy_wait_s`` - so a slot is milliseconds away: deferred, it came back
+    Only one that holds an owner slot to wait in (``Busy.waiting``: its own endpoint is full,
+    quick - twice its last attempt time within ``delivery_busy_wait_s`` - and its owner has
+    a slot to spare), twice that time: a slot is milliseconds away. Deferred, it came back
     to find a newer delivery in the slot, again and again (one waited 9 s at 5/s to an
-    endpoint taking 180 ms). A slow or hostile endpoint, or a busy owner, never holds a thread.
+    endpoint taking 180 ms). Waiting takes an owner slot, so one owner never holds more
+    threads, sending or waiting, than its cap (a flood to a 240 ms receiver, every thread
+    waiting, left another tenant at p50 12.6 s before that); a slow or hostile endpoint,
+    or a busy owner, never holds a thread.
     """
-    if not busy.endpoint_full or busy.last_attempt_s is None:
+    if not busy.waiting or busy.last_attempt_s is None:
         return 0.0
-    wait = 2 * busy.last_attempt_s
-    return wait if wait <= settings.delivery_busy_wait_s else 0.0
+    return min(2 * busy.last_attempt_s, settings.delivery_busy_wait_s)
 
 
 def load_endpoint(settings: Settings, endpoint_id: int) -> EndpointView | None:
@@ -266,12 +269,21 @@ class _Delivery:
         settings = self.settings
         take = functools.partial(self.records.take_slot, self.endpoint_id, owner_id, token,
                                  settings.delivery_endpoint_concurrency, settings.delivery_owner_concurrency,
-                                 claim_ttl_s(settings))
+                                 claim_ttl_s(settings), settings.delivery_busy_wait_s)
         busy = take()
-        deadline = time.monotonic() + (0.0 if busy is None else busy_wait_s(settings, busy))
-        while busy is not None and busy.endpoint_full and time.monotonic() < deadline:
-            time.sleep(BUSY_POLL_S)
-            busy = take()
+        if busy is None or not busy.waiting:
+            return busy
+        deadline = time.monotonic() + busy_wait_s(settings, busy)
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(BUSY_POLL_S)
+                busy = take()
+                if busy is None:
+                    return None
+        except BaseException:
+            self.records.free_slot(self.endpoint_id, owner_id, token, None)  # the owner slot it waited in
+            raise
+        self.records.free_slot(self.endpoint_id, owner_id, token, None)
         return busy
 
     def run(self) -> str:

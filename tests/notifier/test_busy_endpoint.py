@@ -1,10 +1,11 @@
-"""A tenant's own deliveries to one busy endpoint are served in turn, none starved (real worker, real receiver).
+"""A delivery waiting in its thread for its own quick endpoint never costs other tenants their bound (real worker,
+real receivers).
 
-At 5 deliveries/s to an endpoint answering in 180 ms with a cap of one attempt at a
-time, the endpoint is busy 90 % of the time. A delivery that found it busy and gave its
-thread back came back, again and again, to find a newer delivery in the slot: one of 40
-arrived 9-10 s late (2026-11-27). A delivery for a quick endpoint now waits for the slot
-in its thread, briefly (``notifier.tasks.busy_wait_s``).
+A delivery whose own endpoint is full and quick waits for the slot in its thread, briefly, in
+a spare slot of its owner (``notifier.tasks.busy_wait_s``; the wait itself is checked in
+``tests/notifier/test_records.py``). Here a tenant floods its own receiver, answering just
+quickly enough to be waited for, while another tenant's deliveries must stay within the
+README's isolation bound.
 """
 
 from __future__ import annotations
@@ -22,31 +23,41 @@ from tests.processes import running, worker_args
 
 pytestmark = pytest.mark.e2e
 
-DELIVERIES = 40
-RATE = 5.0  # per second
-RECEIVER_S = 0.18
+RATE = 5.0  # the other tenant's deliveries per second
 
 
-@pytest.mark.timeout(180)
-def test_a_busy_quick_endpoint_serves_every_delivery_in_turn(settings, redis_client, tmp_path) -> None:
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("owner_cap", [1, 2])  # 1: failed before (every thread waited); 2: one may wait
+def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(settings, redis_client, tmp_path,
+                                                                                owner_cap: int) -> None:
+    """Waiting in the thread counts against the owner's cap, so the isolation bound holds against a tenant whose
+    receiver answers just quickly enough to be waited for (found in review: 120 deliveries to a 240 ms receiver
+    left another tenant at p50 12.9 s, max 16.6 s, when every thread that took one waited up to 0.48 s)."""
     settings = settings.model_copy(update={
-        "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 1, "delivery_busy_delay_s": 0.5})
-    receiver = WebhookReceiver(latency_s=RECEIVER_S)
-    endpoint = _endpoint(settings, redis_client, receiver.url)
+        "webhook_total_timeout_s": 2.0, "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": owner_cap,
+        "delivery_busy_delay_s": 0.5, "delivery_visibility_margin_s": 60})
+    bound_s = settings.webhook_total_timeout_s + 1.0  # README, "The bound": 4 threads, 1 flooding tenant
+    flooded, normal = WebhookReceiver(latency_s=0.24), WebhookReceiver()
+    flooded_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (flooded, normal))
     celery = make_celery(settings)
     enqueued: dict[str, float] = {}
     try:
         with running(settings, tmp_path / "logs", ("worker", worker_args("alerts", concurrency=4))):
             time.sleep(3)  # the worker is up
-            for i in range(DELIVERIES):
-                notification = _notification("turn", i)
+            enqueue(celery, _notification("seed", 0), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
+            flooded.wait_for(lambda r: True, count=1, timeout_s=30)
+            time.sleep(0.5)  # its 240 ms is on record: quick enough to be waited for
+            for i in range(120):
+                enqueue(celery, _notification("flood", i), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
+            for i in range(20):
+                notification = _notification("normal", i)
                 enqueued[notification["notification_id"]] = time.time()
-                enqueue(celery, notification, endpoint.id, binding(EndpointRoute.of(endpoint)))
+                enqueue(celery, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
                 time.sleep(1 / RATE)
-            arrivals = receiver.wait_for(lambda r: True, count=DELIVERIES, timeout_s=60)
+            arrivals = normal.wait_for(lambda r: True, count=20, timeout_s=120)
     finally:
-        receiver.close()
+        flooded.close()
+        normal.close()
     latencies = sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
-    print(f"p50 {latencies[len(latencies) // 2]:.3f} s, max {latencies[-1]:.3f} s")
-    assert len({r.json["notification_id"] for r in arrivals}) == DELIVERIES
-    assert latencies[-1] < 3.0, f"a delivery waited {latencies[-1]:.2f} s for its own endpoint; {latencies}"
+    print(f"other tenant: p50 {latencies[len(latencies) // 2]:.3f} s, max {latencies[-1]:.3f} s")
+    assert latencies[-1] < bound_s, f"the other tenant waited {latencies[-1]:.2f} s; {latencies}"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.deliveries import Busy, DeliveryRecords
-from notifier.notification import build_notification, notification_id
+from notifier.notification import Notification, build_notification, notification_id
+from notifier.tasks import _Delivery
 
 
 def _notification() -> dict:
@@ -56,3 +60,63 @@ def test_a_full_cap_says_which_and_how_long_its_endpoint_last_took(settings: Set
     records.free_slot(1, 9, "c", None)
     assert records.take_slot(1, 9, "g", 1, 2, 30) is None
     assert records.take_slot(1, 9, "h", 1, 2, 30) == Busy(endpoint_full=True, last_attempt_s=0.023)
+
+
+def test_a_waiter_holds_an_owner_slot_so_waiting_threads_count_against_the_owner_cap(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Found in review: threads waiting for a quick endpoint held no slot, so one tenant's flood held them all."""
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    owner_set = RedisKeys(settings).inflight_owner(9)
+    assert records.take_slot(1, 9, "a", 1, 3, 30) is None
+    records.free_slot(1, 9, "a", 0.2)
+    assert records.take_slot(1, 9, "b", 1, 3, 30, wait_s=0.5) is None  # sending
+    assert records.take_slot(1, 9, "c", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=True)
+    assert records.take_slot(1, 9, "c", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=True)  # still its one hold
+    assert records.take_slot(1, 9, "d", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=True)
+    assert redis_client.zcard(owner_set) == 3  # one sending, two waiting: the owner's cap
+    assert records.take_slot(1, 9, "e", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=False)  # no slot to wait in
+    assert records.take_slot(2, 9, "f", 1, 3, 30, wait_s=0.5) == Busy(False)  # another endpoint: the owner is full
+    assert records.take_slot(1, 9, "g", 1, 3, 30, wait_s=0.3) == Busy(True, 0.2, waiting=False)  # 2 x 0.2 s > 0.3 s
+    records.free_slot(1, 9, "b", 0.2)
+    assert records.take_slot(1, 9, "c", 1, 3, 30, wait_s=0.5) is None  # the waiter gets the endpoint slot
+    assert redis_client.zcard(owner_set) == 2  # in the hold it had (c), and d still waiting
+    records.free_slot(1, 9, "d", None)  # d gives up
+    assert redis_client.zcard(owner_set) == 1
+
+
+def test_a_waiting_delivery_gets_the_slot_its_holder_frees_before_a_newcomer(settings: Settings,
+                                                                            redis_client: redis.Redis) -> None:
+    """The in-thread wait (notifier.tasks) takes the slot within its poll of it being freed, so a delivery that
+    arrives just after the free finds it taken (given back to the queue instead, it lost to newcomers)."""
+    settings = settings.model_copy(update={"delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 2,
+                                           "delivery_busy_wait_s": 0.5})
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    records.free_slot(1, 9, "earlier", 0.2)  # the endpoint answers in 200 ms
+    assert records.take_slot(1, 9, "holder", 1, 2, 30) is None
+    delivery = _Delivery(None, settings, records, Notification.from_json(_notification()), 1,  # type: ignore[arg-type]
+                         {"owner_id": 9, "generation": None}, 1, 0)
+    got: list[Busy | None] = []
+    waiter = threading.Thread(target=lambda: got.append(delivery.take_slot(9, "waiter")))
+    waiter.start()
+    time.sleep(0.2)
+    records.free_slot(1, 9, "holder", 0.2)
+    time.sleep(0.05)  # a newcomer, 50 ms after the free
+    newcomer = records.take_slot(1, 9, "newcomer", 1, 2, 30, wait_s=0.5)
+    waiter.join(5)
+    assert got == [None], "the waiter did not get the freed slot"
+    assert newcomer == Busy(True, 0.2, waiting=True)  # the slot is the waiter's now; the newcomer waits in turn
+
+
+def test_a_waiter_that_gives_up_frees_the_owner_slot_it_waited_in(settings: Settings,
+                                                                  redis_client: redis.Redis) -> None:
+    settings = settings.model_copy(update={"delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 2,
+                                           "delivery_busy_wait_s": 0.5})
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    records.free_slot(1, 9, "earlier", 0.1)
+    assert records.take_slot(1, 9, "holder", 1, 2, 30) is None
+    delivery = _Delivery(None, settings, records, Notification.from_json(_notification()), 1,  # type: ignore[arg-type]
+                         {"owner_id": 9, "generation": None}, 1, 0)
+    started = time.monotonic()
+    assert delivery.take_slot(9, "waiter") == Busy(True, 0.1, waiting=True)  # gave up after 2 x 100 ms
+    assert 0.15 < time.monotonic() - started < 2.0
+    assert redis_client.zrange(RedisKeys(settings).inflight_owner(9), 0, -1) == ["holder"]

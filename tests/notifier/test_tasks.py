@@ -69,14 +69,14 @@ def test_an_owner_busy_elsewhere_or_a_slow_endpoint_waits_the_busy_delay(busy: B
     assert all(1.0 <= busy_delay_s(settings, busy, 0) <= 3.0 for _ in range(200))
 
 
-def test_only_a_quick_endpoint_busy_with_itself_is_waited_for_in_the_thread() -> None:
+def test_only_a_delivery_holding_an_owner_slot_to_wait_in_waits_in_the_thread() -> None:
+    """The slot script decides who may wait (tests/notifier/test_records.py); the wait is twice the endpoint's
+    last attempt time, never more than the setting."""
     settings = Settings(delivery_busy_wait_s=0.5)
-    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.18)) == pytest.approx(0.36)
-    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.3)) == 0.0  # slow: give the thread back
-    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=10.0)) == 0.0  # a hostile receiver
-    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=None)) == 0.0  # not known to be quick
-    assert busy_wait_s(settings, Busy(endpoint_full=False)) == 0.0  # the owner's other endpoints: no idea when
-    assert busy_wait_s(Settings(delivery_busy_wait_s=0), Busy(endpoint_full=True, last_attempt_s=0.001)) == 0.0
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.18, waiting=True)) == pytest.approx(0.36)
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.4, waiting=True)) == 0.5
+    assert busy_wait_s(settings, Busy(endpoint_full=True, last_attempt_s=0.18)) == 0.0  # no owner slot to wait in
+    assert busy_wait_s(settings, Busy(endpoint_full=False)) == 0.0
 
 
 @given(st.booleans(), st.one_of(st.none(), st.floats(0, 1e6)), st.integers(0, 10_000))
