@@ -28,7 +28,7 @@ Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of it
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
 a delivery that finds either full gives its worker thread back (not counted as an
 attempt; only a quick endpoint busy with itself is first waited for, briefly, in the
-thread: ``busy_wait_s``) and looks again about when a slot should be free: when its own
+thread and in a spare slot of its owner: ``busy_wait_s``) and looks again about when a slot should be free: when its own
 endpoint is full, after twice that endpoint's last attempt time (at least
 ``delivery_busy_min_delay_s``, so a fast receiver's burst is not held seconds
 behind itself), else after ``delivery_busy_delay_s``; doubling while it keeps
@@ -280,10 +280,9 @@ class _Delivery:
                 busy = take()
                 if busy is None:
                     return None
-        except BaseException:
-            self.records.free_slot(self.endpoint_id, owner_id, token, None)  # the owner slot it waited in
-            raise
-        self.records.free_slot(self.endpoint_id, owner_id, token, None)
+        finally:
+            if busy is not None:  # it gives up, or failed: the owner slot it waited in goes back
+                self.records.free_slot(self.endpoint_id, owner_id, token, None)
         return busy
 
     def run(self) -> str:

@@ -6,9 +6,12 @@ with their own topics, Redis key prefixes and databases.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,14 @@ _topic_ids = itertools.count()
 # alone as in the full suite (once set by the Spark fixture only, it changed under tests that came later).
 # A test that waits for an info line asks for it: ``monkeypatch.setenv("TOCSIN_LOG_LEVEL", "INFO")``.
 os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
+
+# A test that builds Settings() without its own database or data directory writes to a scratch directory, never
+# to the checkout's var/ (the local platform's, which `infra/up` uses): a runner test once created its first
+# operator account there, and `infra/up` on that clone then showed none.
+_SCRATCH = Path(tempfile.mkdtemp(prefix="tocsin-tests-"))
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+os.environ.setdefault("TOCSIN_DATA_DIR", str(_SCRATCH))
+os.environ.setdefault("TOCSIN_DATABASE_URL", f"sqlite:///{_SCRATCH / 'tocsin.db'}")
 
 #: Tests that run a JVM (the shared SparkSession, an evaluator or a whole platform in a child process). infra/test
 #: runs the suite on two pytest-xdist workers (``--dist loadgroup``): these all go to one of them, one JVM at a time

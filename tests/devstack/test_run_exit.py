@@ -18,7 +18,10 @@ def test_a_dead_child_is_named_with_the_end_of_its_log(tmp_path: Path, capsys: p
     with socket.socket() as web:  # the runner announces the URL once something answers there
         web.bind(("127.0.0.1", 0))
         web.listen()
+        # its own database: the runner creates the first operator there (with the default, the checkout's
+        # var/tocsin.db, a CI run left an operator behind and `infra/up` on that clone showed no account)
         settings = Settings(web_host="127.0.0.1", web_port=web.getsockname()[1], data_dir=tmp_path,
+                            database_url=f"sqlite:///{tmp_path / 'tocsin.db'}",
                             redis_url=f"redis://127.0.0.1:{free_port()}/0")
         runner = Runner(settings)
         runner.logs.mkdir(parents=True)
@@ -26,6 +29,7 @@ def test_a_dead_child_is_named_with_the_end_of_its_log(tmp_path: Path, capsys: p
         runner.children.append(spawn("evaluator", [sys.executable, "-c", script], runner.logs / "evaluator.log"))
         assert runner.watch() == 1
     out = capsys.readouterr().out
+    assert (tmp_path / "tocsin.db").exists()
     assert "evaluator exited with code 3" in out and "the reason it died" in out
     assert "noise 79" not in out and "noise 99" in out  # the end, not the whole log
 
