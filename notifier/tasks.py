@@ -259,11 +259,6 @@ class _Delivery:
                                kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
                                countdown=countdown, queue=queue_for(self.task.app, self.payload))
 
-    def busy_delay_s(self, busy: Busy) -> float:
-        """About when a slot should be free; doubling each time the same delivery finds its caps full, so a
-        backlog does not spin, up to 8x ``delivery_busy_delay_s``."""
-        return busy_delay_s(self.settings, busy, self.deferrals)
-
     def take_slot(self, owner_id: int, token: str) -> Busy | None:
         """A slot of the endpoint and of its owner, waited for in the thread only as ``busy_wait_s`` allows."""
         settings = self.settings
@@ -303,7 +298,7 @@ class _Delivery:
         busy = self.take_slot(endpoint.owner_id, token)
         if busy is not None:
             DEFERRED.labels("endpoint" if busy.endpoint_full else "owner").inc()
-            raise self.again(self.busy_delay_s(busy), self.number, self.deferrals + 1)
+            raise self.again(busy_delay_s(self.settings, busy, self.deferrals), self.number, self.deferrals + 1)
         attempt: Attempt | None = None
         try:
             attempt = channel.send(self.notification, endpoint)
