@@ -256,6 +256,11 @@ class RedisKeys:
         return self._k("inflight", "took", self._o(owner_id), endpoint_id) if self.tagged else \
             self._k("inflight", "took", endpoint_id)
 
+    def endpoint_turn(self, owner_id: int, endpoint_id: int) -> str:
+        """The last turn handed to a delivery that found the endpoint full; in the owner's slot, like the above."""
+        return self._k("inflight", "turn", self._o(owner_id), endpoint_id) if self.tagged else \
+            self._k("inflight", "turn", endpoint_id)
+
     def preview_answers(self, request_id: str) -> str:
         return self._k("preview", request_id)
 

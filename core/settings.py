@@ -227,8 +227,8 @@ class Settings(BaseSettings):
     delivery_endpoint_concurrency: int = Field(2, ge=1, description="attempts in flight at once per endpoint")
     delivery_owner_concurrency: int = Field(3, ge=1, description="attempts in flight at once per endpoint owner")
     delivery_busy_delay_s: float = Field(
-        2.0, gt=0, description="a delivery whose endpoint or owner is at its cap looks again after about this long "
-                               "(at most; doubling up to 8x while it stays full)"
+        2.0, gt=0, description="a delivery whose owner is at its cap looks again after about this long (doubling up "
+                               "to 8x while it stays full); 8x this is also the furthest turn in an endpoint's line"
     )
     delivery_busy_wait_s: float = Field(
         0.5, ge=0, le=2.0, description="a delivery whose own endpoint is full, and quick (twice its last attempt time "
@@ -236,8 +236,9 @@ class Settings(BaseSettings):
                                         "long at most before giving the thread back (0: never)"
     )
     delivery_busy_min_delay_s: float = Field(
-        0.05, gt=0, description="a delivery whose own endpoint is at its cap looks again after twice that endpoint's "
-                                "last attempt time, at least this long"
+        0.05, gt=0, description="a delivery whose own endpoint is at its cap, without a turn in its line (no attempt "
+                                "of it ended yet, or a wait in the thread given up), looks again after twice that "
+                                "endpoint's last attempt time, at least this long"
     )
     delivery_restore_interval_s: int = Field(
         30, ge=1, description="how often workers look for deliveries a dead worker left unacknowledged"

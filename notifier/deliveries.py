@@ -11,9 +11,12 @@
   ``<notification>:<endpoint>``, kept until an operator replays or discards them;
 - ``inflight:endpoint:<id>`` and ``inflight:owner:<user>``: sorted sets of the
   attempts in flight (scored by when their hold expires), the per-endpoint and
-  per-owner caps that keep one slow receiver from taking every worker thread, and
+  per-owner caps that keep one slow receiver from taking every worker thread,
   ``inflight:took:<id>``, how long the endpoint's last attempt took (ms), which tells a
-  delivery that finds the endpoint's cap full when to look again.
+  delivery that finds the endpoint's cap full when to look again, and ``inflight:turn:<id>``,
+  the last turn (Redis clock, ms) handed to a delivery that found it full: deliveries that
+  find an endpoint full line up behind each other, each coming back when a slot should be
+  free for it, instead of all looking again and again.
 
 On a Redis Cluster a delivery's ``delivered`` and ``sending`` marks share a slot (claimed in one
 transaction), and an owner's in-flight sets share one (taken by one script); the final mark and the
@@ -47,12 +50,16 @@ DELIVERED_MARK_TTL_S = 30 * 24 * 3600
 ATTEMPT_TIME_TTL_S = 3600  # an endpoint's last attempt time, older than this, no longer says when a slot frees
 
 
-# KEYS: the endpoint's and the owner's in-flight sets, the endpoint's last attempt time (ms). ARGV: token, endpoint
-# cap, owner cap, hold (ms), the longest in-thread wait (ms). Returns 1 once both slots are held, else {0, which cap
-# is full (1 endpoint, 2 owner), the endpoint's last attempt time or -1, 1 if the token holds an owner slot while
-# it waits}. Only the endpoint full, and quick (twice its last attempt time within the wait): the token takes an
-# owner slot to wait in - so a thread waiting counts against its owner's cap like one sending - or keeps the one
-# it took at an earlier call, and the endpoint slot is added to it once one is free.
+# KEYS: the endpoint's and the owner's in-flight sets, the endpoint's last attempt time (ms), its last turn handed
+# out (ms). ARGV: token, endpoint cap, owner cap, hold (ms), the longest in-thread wait (ms), the furthest turn
+# (ms from now). Returns 1 once both slots are held, else {0, which cap is full (1 endpoint, 2 owner), the
+# endpoint's last attempt time or -1, 1 if the token holds an owner slot while it waits, its turn}. Only the
+# endpoint full, and quick (twice its last attempt time within the wait): the token takes an owner slot to wait
+# in - so a thread waiting counts against its owner's cap like one sending - or keeps the one it took at an
+# earlier call, and the endpoint slot is added to it once one is free. The endpoint full and the token not
+# waiting: its turn is ms from now after the last one handed out (or now), one slot's worth of the endpoint's
+# time later (its last attempt time, a quarter more for slack, over its cap), -2 if that is past the furthest
+# turn (the line is that long: it looks again then, holding no turn), -1 if the endpoint's time is unknown.
 _TAKE_SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -68,9 +75,19 @@ if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[2], ttl)
     waiting = true
   end
-  return {0, 1, took, waiting and 1 or 0}
+  local turn = -1
+  if not waiting and took >= 0 then
+    local line = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+    local at = math.max(now, line) + math.max(10, math.ceil(took * 1.25 / tonumber(ARGV[2])))
+    turn = -2
+    if at - now <= tonumber(ARGV[6]) then
+      redis.call('SET', KEYS[4], at, 'PX', at - now + ttl)
+      turn = at - now
+    end
+  end
+  return {0, 1, took, waiting and 1 or 0, turn}
 end
-if not waiting and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return {0, 2, -1, 0} end
+if not waiting and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return {0, 2, -1, 0, -1} end
 for i = 1, 2 do
   redis.call('ZADD', KEYS[i], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[i], ttl)
@@ -87,12 +104,15 @@ return 0
 
 @dataclass(frozen=True)
 class Busy:
-    """Why a delivery found no slot: which cap was full, (its own endpoint's) how long its last attempt took, and
-    whether it holds one of its owner's slots to wait in."""
+    """Why a delivery found no slot: which cap was full, (its own endpoint's) how long its last attempt took,
+    whether it holds one of its owner's slots to wait in, and its turn in the endpoint's line: in how long a slot
+    should be free for it (``turn_s``), or that the line is longer than a turn may be (``line_full``)."""
 
     endpoint_full: bool
     last_attempt_s: float | None = None
     waiting: bool = False
+    turn_s: float | None = None
+    line_full: bool = False
 
 
 def _json(value: dict) -> str:
@@ -266,24 +286,28 @@ class DeliveryRecords:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 
     def take_slot(self, endpoint_id: int, owner_id: int, token: str, endpoint_cap: int, owner_cap: int,
-                  ttl_s: float, wait_s: float = 0.0) -> Busy | None:
+                  ttl_s: float, wait_s: float = 0.0, furthest_turn_s: float = 0.0) -> Busy | None:
         """Hold one in-flight slot of the endpoint and of its owner (None), or neither if either is full (why).
 
         With ``wait_s``, a token that finds only its endpoint full, and the endpoint quick
         (twice its last attempt time within ``wait_s``), holds an owner slot to wait in
         (``Busy.waiting``); called again with the same token, it gets the endpoint slot
         once one is free. A waiter that gives up frees its hold with :meth:`free_slot`.
+        One that does not wait is given a turn in the endpoint's line, at most
+        ``furthest_turn_s`` away (``Busy.turn_s``; ``Busy.line_full`` past that).
         A holder that dies frees its slots when its hold expires (``ttl_s``, longer
         than any attempt); expiry uses the Redis server's clock, shared by all workers.
         """
         keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id),
-                self.keys.attempt_time(owner_id, endpoint_id)]
-        reply = self._take_slot(keys, [token, endpoint_cap, owner_cap, int(ttl_s * 1000), round(wait_s * 1000)])
+                self.keys.attempt_time(owner_id, endpoint_id), self.keys.endpoint_turn(owner_id, endpoint_id)]
+        reply = self._take_slot(keys, [token, endpoint_cap, owner_cap, int(ttl_s * 1000), round(wait_s * 1000),
+                                       round(furthest_turn_s * 1000)])
         if reply == 1:
             return None
-        _, full, took_ms, waiting = (int(v) for v in reply)
+        _, full, took_ms, waiting, turn_ms = (int(v) for v in reply)
         endpoint_full = full == 1
-        return Busy(endpoint_full, took_ms / 1000 if endpoint_full and took_ms >= 0 else None, waiting == 1)
+        return Busy(endpoint_full, took_ms / 1000 if endpoint_full and took_ms >= 0 else None, waiting == 1,
+                    turn_ms / 1000 if turn_ms >= 0 else None, turn_ms == -2)
 
     def free_slot(self, endpoint_id: int, owner_id: int, token: str, took_s: float | None) -> None:
         """Give both slots back, and note how long the attempt took (``None``: it did not get to an end)."""

@@ -433,3 +433,39 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
         store.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
     assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
+
+
+def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings, service, redis_client,
+                                                                       tmp_path) -> None:
+    """Celery's ``Task.retry`` turned a refused publish into ``Reject(requeue=False)``: a broker out of memory
+    refuses the retry's message but not the removal of the running one, and the delivery was gone (failed before:
+    never delivered). Its own Redis here, so the test can fill the broker's memory while the records stay."""
+    port = free_port()
+    broker_redis = start_redis(port, tmp_path / "broker")
+    settings = settings.model_copy(update={"celery_broker_url": f"redis://127.0.0.1:{port}/0",
+                                           "delivery_store_wait_s": 2.0})
+    broker = redis.Redis(port=port)
+    receiver = WebhookReceiver()
+    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+    subscription_id = _subscription(service, [endpoint.id])
+    celery = make_celery(settings)
+    try:
+        with worker(settings, tmp_path / "logs"):
+            _send(celery, _notification(subscription_id, "AAPL"), endpoint)
+            receiver.wait_for(lambda r: True)  # the worker is up and delivering
+            held = _notification(subscription_id, "MSFT")
+            sending = RedisKeys(settings).sending(held["notification_id"], endpoint.id)
+            redis_client.set(sending, "another copy", ex=60)  # so the delivery is sent again later: a retry
+            celery.send_task(DELIVER_TASK, args=(held, endpoint.id), kwargs=binding(EndpointRoute.of(endpoint)),
+                             queue=celery.conf.tocsin_lanes["alerts"], countdown=3)
+            time.sleep(1.5)  # the worker holds it until it is due
+            broker.config_set("maxmemory", 1)  # noeviction: every write that needs memory is refused
+            time.sleep(2.5)  # it ran at 3 s and could not publish its retry
+            broker.config_set("maxmemory", 0)
+            redis_client.delete(sending)
+            receiver.wait_for(lambda r: True, timeout_s=30, count=2)
+    finally:
+        receiver.close()
+        broker_redis.stop()
+    assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
+    assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from core.redis_schema import RedisKeys
@@ -53,13 +54,32 @@ def test_a_full_cap_says_which_and_how_long_its_endpoint_last_took(settings: Set
     assert records.take_slot(1, 9, "b", 1, 2, 30) == Busy(endpoint_full=True)  # no attempt of it has ended yet
     records.free_slot(1, 9, "a", 0.0234)
     assert records.take_slot(1, 9, "c", 1, 2, 30) is None
-    assert records.take_slot(1, 9, "d", 1, 2, 30) == Busy(endpoint_full=True, last_attempt_s=0.023)
+    assert records.take_slot(1, 9, "d", 1, 2, 30) == Busy(endpoint_full=True, last_attempt_s=0.023, line_full=True)
     assert records.take_slot(2, 9, "e", 1, 2, 30) is None
     assert records.take_slot(3, 9, "f", 1, 2, 30) == Busy(endpoint_full=False)  # the owner's 2 are taken
     records.free_slot(2, 9, "e", None)  # an attempt that did not end leaves the last time as it was
     records.free_slot(1, 9, "c", None)
     assert records.take_slot(1, 9, "g", 1, 2, 30) is None
-    assert records.take_slot(1, 9, "h", 1, 2, 30) == Busy(endpoint_full=True, last_attempt_s=0.023)
+    assert records.take_slot(1, 9, "h", 1, 2, 30) == Busy(endpoint_full=True, last_attempt_s=0.023, line_full=True)
+
+
+def test_deliveries_that_find_an_endpoint_full_line_up_one_slot_of_its_time_apart(settings: Settings,
+                                                                                   redis_client: redis.Redis) -> None:
+    """Each comes back when a slot should be free for it, not every few hundred ms each: 120 deliveries to a
+    receiver answering in 240 ms, looking again and again, kept another tenant's deliveries 1-2 s behind them."""
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    records.free_slot(1, 9, "earlier", 0.2)  # the endpoint answers in 200 ms: a slot's worth is 250 ms at cap 1
+    assert records.take_slot(1, 9, "holder", 1, 5, 30) is None
+    turns = [records.take_slot(1, 9, token, 1, 5, 30, furthest_turn_s=1.0) for token in "abcde"]
+    assert [t.turn_s for t in turns[:4]] == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=0.02)  # type: ignore[union-attr]
+    assert turns[4] == Busy(True, 0.2, line_full=True)  # past the furthest turn: no turn, the line is that long
+    records.free_slot(2, 9, "earlier", 0.2)
+    assert records.take_slot(2, 9, "holder", 2, 5, 30) is None
+    assert records.take_slot(2, 9, "holder2", 2, 5, 30) is None
+    assert records.take_slot(2, 9, "x", 2, 5, 30, furthest_turn_s=1.0).turn_s == pytest.approx(  # type: ignore[union-attr]
+        0.125, abs=0.02)  # two slots: one frees every 125 ms
+    waiter = records.take_slot(2, 9, "w", 2, 5, 30, wait_s=0.5, furthest_turn_s=1.0)
+    assert waiter == Busy(True, 0.2, waiting=True)  # one waiting in its thread takes no turn
 
 
 def test_a_waiter_holds_an_owner_slot_so_waiting_threads_count_against_the_owner_cap(
@@ -74,9 +94,9 @@ def test_a_waiter_holds_an_owner_slot_so_waiting_threads_count_against_the_owner
     assert records.take_slot(1, 9, "c", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=True)  # still its one hold
     assert records.take_slot(1, 9, "d", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=True)
     assert redis_client.zcard(owner_set) == 3  # one sending, two waiting: the owner's cap
-    assert records.take_slot(1, 9, "e", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, waiting=False)  # no slot to wait in
+    assert records.take_slot(1, 9, "e", 1, 3, 30, wait_s=0.5) == Busy(True, 0.2, line_full=True)  # no slot to wait in
     assert records.take_slot(2, 9, "f", 1, 3, 30, wait_s=0.5) == Busy(False)  # another endpoint: the owner is full
-    assert records.take_slot(1, 9, "g", 1, 3, 30, wait_s=0.3) == Busy(True, 0.2, waiting=False)  # 2 x 0.2 s > 0.3 s
+    assert records.take_slot(1, 9, "g", 1, 3, 30, wait_s=0.3) == Busy(True, 0.2, line_full=True)  # 2 x 0.2 s > 0.3 s
     records.free_slot(1, 9, "b", 0.2)
     assert records.take_slot(1, 9, "c", 1, 3, 30, wait_s=0.5) is None  # the waiter gets the endpoint slot
     assert redis_client.zcard(owner_set) == 2  # in the hold it had (c), and d still waiting

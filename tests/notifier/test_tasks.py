@@ -63,6 +63,13 @@ def test_a_first_burst_to_an_endpoint_probes_from_the_shortest_delay() -> None:
     assert [max(busy_delay_s(settings, first, n) for _ in range(200)) <= 0.075 * 2 ** n for n in range(4)] == [True] * 4
 
 
+def test_a_delivery_with_a_turn_comes_back_at_it_and_one_past_the_line_at_the_furthest_turn() -> None:
+    settings = Settings(delivery_busy_delay_s=2.0, delivery_busy_min_delay_s=0.05)
+    assert busy_delay_s(settings, Busy(True, 0.24, turn_s=3.75), 0) == 3.75  # the script spaced the line already
+    assert busy_delay_s(settings, Busy(True, 0.24, turn_s=0.0), 0) > 0  # never a spin
+    assert all(8 <= busy_delay_s(settings, Busy(True, 0.24, line_full=True), 0) <= 24 for _ in range(200))
+
+
 @pytest.mark.parametrize("busy", [Busy(endpoint_full=False), Busy(endpoint_full=True, last_attempt_s=9.5)])
 def test_an_owner_busy_elsewhere_or_a_slow_endpoint_waits_the_busy_delay(busy: Busy) -> None:
     settings = Settings(delivery_busy_delay_s=2.0)
