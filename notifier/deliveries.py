@@ -58,8 +58,11 @@ ATTEMPT_TIME_TTL_S = 3600  # an endpoint's last attempt time, older than this, n
 # in - so a thread waiting counts against its owner's cap like one sending - or keeps the one it took at an
 # earlier call, and the endpoint slot is added to it once one is free. The endpoint full and the token not
 # waiting: its turn is ms from now after the last one handed out (or now), one slot's worth of the endpoint's
-# time later (its last attempt time, a quarter more for slack, over its cap), -2 if that is past the furthest
-# turn (the line is that long: it looks again then, holding no turn), -1 if the endpoint's time is unknown.
+# time later (the longer of its last attempt time and the age of its oldest attempt in flight - so holds kept
+# long by a receiver that answers others at once space the line out -, a quarter more for slack, over its cap,
+# at least 10 ms), -2 if that is past the furthest turn (the line is that long: it holds no turn), -1 if the
+# endpoint's time is unknown or turns are not asked for (a furthest turn < 0). A line further ahead than the
+# furthest turn (the Redis clock stepped back) starts again from now.
 _TAKE_SLOT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -69,18 +72,22 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local waiting = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   local took = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
-  if not waiting and took >= 0 and 2 * took <= tonumber(ARGV[5])
+  if not waiting and took >= 0 and tonumber(ARGV[5]) > 0 and 2 * took <= tonumber(ARGV[5])
       and redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
     redis.call('PEXPIRE', KEYS[2], ttl)
     waiting = true
   end
   local turn = -1
-  if not waiting and took >= 0 then
-    local line = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
-    local at = math.max(now, line) + math.max(10, math.ceil(took * 1.25 / tonumber(ARGV[2])))
+  local furthest = tonumber(ARGV[6])
+  if not waiting and took >= 0 and furthest >= 0 then
+    local line = math.floor(tonumber(redis.call('GET', KEYS[4]) or '0') or 0)
+    if line > now + furthest then line = now end
+    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    local held = now - (tonumber(oldest[2]) - ttl)
+    local at = math.max(now, line) + math.max(10, math.ceil(math.max(took, held) * 1.25 / tonumber(ARGV[2])))
     turn = -2
-    if at - now <= tonumber(ARGV[6]) then
+    if at - now <= furthest then
       redis.call('SET', KEYS[4], at, 'PX', at - now + ttl)
       turn = at - now
     end
@@ -286,22 +293,22 @@ class DeliveryRecords:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 
     def take_slot(self, endpoint_id: int, owner_id: int, token: str, endpoint_cap: int, owner_cap: int,
-                  ttl_s: float, wait_s: float = 0.0, furthest_turn_s: float = 0.0) -> Busy | None:
+                  ttl_s: float, wait_s: float = 0.0, furthest_turn_s: float | None = None) -> Busy | None:
         """Hold one in-flight slot of the endpoint and of its owner (None), or neither if either is full (why).
 
         With ``wait_s``, a token that finds only its endpoint full, and the endpoint quick
         (twice its last attempt time within ``wait_s``), holds an owner slot to wait in
         (``Busy.waiting``); called again with the same token, it gets the endpoint slot
         once one is free. A waiter that gives up frees its hold with :meth:`free_slot`.
-        One that does not wait is given a turn in the endpoint's line, at most
-        ``furthest_turn_s`` away (``Busy.turn_s``; ``Busy.line_full`` past that).
+        With ``furthest_turn_s``, one that does not wait is given a turn in the endpoint's
+        line, at most that far away (``Busy.turn_s``; ``Busy.line_full`` past that).
         A holder that dies frees its slots when its hold expires (``ttl_s``, longer
         than any attempt); expiry uses the Redis server's clock, shared by all workers.
         """
         keys = [self.keys.inflight_endpoint(owner_id, endpoint_id), self.keys.inflight_owner(owner_id),
                 self.keys.attempt_time(owner_id, endpoint_id), self.keys.endpoint_turn(owner_id, endpoint_id)]
         reply = self._take_slot(keys, [token, endpoint_cap, owner_cap, int(ttl_s * 1000), round(wait_s * 1000),
-                                       round(furthest_turn_s * 1000)])
+                                       -1 if furthest_turn_s is None else round(furthest_turn_s * 1000)])
         if reply == 1:
             return None
         _, full, took_ms, waiting, turn_ms = (int(v) for v in reply)

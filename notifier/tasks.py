@@ -100,7 +100,8 @@ def retry_delay_s(attempt: Attempt, retries: int, settings: Settings) -> float:
 
 
 def furthest_turn_s(settings: Settings) -> float:
-    """The longest a delivery that found its endpoint full is given back to the queue for, with a turn or without."""
+    """The furthest turn in an endpoint's line; one that finds the line longer looks again about that long later
+    (x0.5-1.5, without a turn)."""
     return 8 * settings.delivery_busy_delay_s
 
 
@@ -274,12 +275,13 @@ class _Delivery:
         """Send this delivery again later, in its lane, as attempt number ``attempt``.
 
         A new message, published before this one is acknowledged (late): a crash in between
-        runs the delivery twice at worst (its claim and final mark keep that to one send). Not
-        Celery's ``Task.retry``, which turns a failed publish into ``Reject(requeue=False)``,
-        removing the message (a broker out of memory refuses the publish but not the removal):
-        a failed publish here is a store error, and the task is put back. ``retry`` also
-        builds a traceback for every call, a fifth of a worker's time when a flood to one
-        endpoint is deferred again and again.
+        runs the delivery twice at worst (its claim and final mark keep the sends one at a
+        time and stop them once one succeeded). Not Celery's ``Task.retry``, which turns a
+        failed publish into ``Reject(requeue=False)``: the message was removed if the broker
+        took writes again by then, else left for the visibility timeout (~18 min). A failed
+        publish here is a store error: the task is put back after ``delivery_store_wait_s``.
+        ``retry`` also builds a traceback for every call, a fifth of a worker's time when a
+        flood to one endpoint is deferred again and again.
         """
         self.task.apply_async(args=(self.payload, self.endpoint_id),
                               kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},

@@ -42,7 +42,7 @@ def test_what_one_script_or_transaction_touches_is_in_one_slot(changes: dict) ->
         assert len({key_slot(k.encode()) for k in together}) == 1
     assert len({key_slot(k.encode()) for k in (keys.delivered("n", 1), keys.sending("n", 1))}) == 1
     assert len({key_slot(k.encode()) for k in (keys.inflight_endpoint(4, 1), keys.inflight_owner(4),
-                                                keys.attempt_time(4, 1))}) == 1
+                                                keys.attempt_time(4, 1), keys.endpoint_turn(4, 1))}) == 1
     assert len({key_slot(k.encode()) for k in (keys.catalog_version, keys.catalog_changes, keys.catalog_snapshot,
                                                 keys.catalog_snapshot_version)}) == 1
     assert len({key_slot(s.encode()) for s in keys.alerts_streams}) == keys.partitions  # partitions spread

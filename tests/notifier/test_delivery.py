@@ -437,9 +437,10 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
 
 def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings, service, redis_client,
                                                                        tmp_path) -> None:
-    """Celery's ``Task.retry`` turned a refused publish into ``Reject(requeue=False)``: a broker out of memory
-    refuses the retry's message but not the removal of the running one, and the delivery was gone (failed before:
-    never delivered). Its own Redis here, so the test can fill the broker's memory while the records stay."""
+    """Celery's ``Task.retry`` turned a refused publish into ``Reject(requeue=False)``: with the broker out of
+    memory the message came back only after the visibility timeout (~18 min), or was removed if the broker took
+    writes again in between (failed before: not delivered within 30 s). Now it is put back once the broker takes
+    writes. Its own Redis here, so the test can fill the broker's memory while the records stay."""
     port = free_port()
     broker_redis = start_redis(port, tmp_path / "broker")
     settings = settings.model_copy(update={"celery_broker_url": f"redis://127.0.0.1:{port}/0",
