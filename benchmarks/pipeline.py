@@ -44,7 +44,8 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
 - *Latency*: events produced live at each ``--live-rates`` (event time = now, a
   producer process of its own) with ``--live-subscriptions`` at a ``--trigger``
   and the production cap, over a *per-symbol alert* mix (one key per subscription,
-  about ``--live-share`` of them over their threshold, the rest comfortably not;
+  about ``--live-share`` of them over their threshold, the rest comfortably not, and
+  ``--live-edge-share`` watching a key's 1-minute high or low against its starting price;
   rate 0 is a heartbeats-only feed: the near-empty batch, the latency floor) and the
   throughput rows' *heavy* mix (``--live-heavy-rates``). Measured in steady state,
   after ``--live-warm-up`` seconds whose first evaluations fire every match at
@@ -262,16 +263,23 @@ def selective_subscriptions(n: int, keys: list[str], rate: int, seconds: int, sh
 
 
 def alert_subscriptions(n: int, keys: list[str], rate: int, firing_share: float = 0.005,
-                        seed: int = 13) -> tuple[SubscriptionSpec, ...]:
+                        seed: int = 13, edge_share: float = 0.0) -> tuple[SubscriptionSpec, ...]:
     """Per-symbol alerts: each subscription watches one key, its threshold set from that key's own level.
 
     About ``firing_share`` of them are set to be over their threshold (the key's expected window value
     x 0.8, or its price level x 0.95 / 1.05), the rest comfortably not (x 1.5-4 counts and volumes,
     plus four standard deviations for thin keys; price levels x 1.05-1.3 or 0.75-0.95), so few pairs sit at
     their threshold and flap. Counts and volumes are expected values over the whole window at ``rate``.
+
+    About ``edge_share`` of them instead watch a key drawn by its trading weight for its 1-minute high
+    above (or low below) the price it starts at: "tell me when it breaks out" alerts, which fire and
+    resolve as the key's price walks, so a live run has alerts to time after its warm-up (with only the
+    above, a minute's run had ~5). Drawn from their own generator: the other subscriptions stay as they were.
     """
     rng = random.Random(seed)
+    edges = random.Random(seed + 1)
     weights = zipf_weights(len(keys))
+    cumulative = np.cumsum(weights).tolist()
     specs = []
     for i in range(n):
         k = rng.randrange(len(keys))
@@ -289,6 +297,10 @@ def alert_subscriptions(n: int, keys: list[str], rate: int, firing_share: float 
                                   high=level(k) * (1.05 if over else rng.uniform(0.75, 0.95)))
         else:
             condition = Condition(aggregate, "price", window, low=level(k) * (0.95 if over else rng.uniform(1.05, 1.3)))
+        if edges.random() < edge_share:
+            k = min(bisect.bisect_left(cumulative, edges.random() * cumulative[-1]), len(keys) - 1)
+            condition = (Condition(Aggregate.MAX, "price", WINDOWS[0], low=level(k)) if edges.random() < 0.5
+                         else Condition(Aggregate.MIN, "price", WINDOWS[0], high=level(k)))
         specs.append(SubscriptionSpec(i + 1, condition, frozenset([keys[k]])))
     return tuple(specs)
 
@@ -878,6 +890,9 @@ def main() -> None:
     parser.add_argument("--live-heavy-rates", default="1000", help="live feed rates of the heavy (old) mix")
     parser.add_argument("--live-share", type=float, default=0.005,
                         help="alert mix: about this share of the subscriptions over their threshold")
+    parser.add_argument("--live-edge-share", type=float, default=0.01,
+                        help="share of the live subscriptions watching a key's 1-minute high/low against the price "
+                             "it starts at: alerts that fire and resolve during the run, so there are some to time")
     parser.add_argument("--live-subscriptions", type=int, default=10_000)
     parser.add_argument("--live-warm-up", type=int, default=20, help="seconds fed before measuring")
     parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
@@ -973,14 +988,15 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
     """The per-symbol alert mix at each feed rate (0: calibrated at 1,000), then the heavy mix's rows.
 
     Realistic (:func:`alert_subscriptions`): one key per subscription, about ``--live-share`` of them
-    over their threshold, the rest comfortably not, as users set price and volume alerts. Heavy: the
+    over their threshold, the rest comfortably not, as users set price and volume alerts, and about
+    ``--live-edge-share`` breakout alerts, which fire and resolve while the run is measured. Heavy: the
     throughput rows' mix (every key, thresholds calibrated at 20,000 events/s, price thresholds near
     many keys' levels), whose pairs flap on the random-walk feed (~5 transitions per event) -- kept to
     show what a catalog of thresholds at the keys' levels costs.
     """
     n = args.live_subscriptions
     rows = [LiveRow(f"alerts {rate:,}" if rate else "alerts 0 (heartbeats only)",
-                    alert_subscriptions(n, keys, rate or 1_000, args.live_share), rate)
+                    alert_subscriptions(n, keys, rate or 1_000, args.live_share, edge_share=args.live_edge_share), rate)
             for rate in counts(args.live_rates)]
     heavy = subscriptions(n, keys, 20_000)
     return rows + [LiveRow(f"heavy {rate:,}", heavy, rate) for rate in counts(args.live_heavy_rates)]
