@@ -45,7 +45,7 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   producer process of its own) with ``--live-subscriptions`` at a ``--trigger``
   and the production cap, over a *per-symbol alert* mix (one key per subscription,
   about ``--live-share`` of them over their threshold, the rest comfortably not, and
-  ``--live-edge-share`` watching a key's 1-minute high or low against its starting price;
+  ``--live-edge-share`` watching a key's 10-second high or low against its starting price;
   rate 0 is a heartbeats-only feed: the near-empty batch, the latency floor) and the
   throughput rows' *heavy* mix (``--live-heavy-rates``). Measured in steady state,
   after ``--live-warm-up`` seconds whose first evaluations fire every match at
@@ -109,6 +109,7 @@ WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 
 ZIPF_S = 0.8
 MEAN_VOLUME = 90.0  # int(lognormvariate(4, 1)) + 1
 HEARTBEAT_MS = 200  # live feed heartbeats
+EDGE_WINDOW = 10 * SECOND  # the live breakout alerts' window: short, so they resolve and fire again within a run
 CORES = 2  # local[2]
 
 
@@ -271,10 +272,11 @@ def alert_subscriptions(n: int, keys: list[str], rate: int, firing_share: float 
     plus four standard deviations for thin keys; price levels x 1.05-1.3 or 0.75-0.95), so few pairs sit at
     their threshold and flap. Counts and volumes are expected values over the whole window at ``rate``.
 
-    About ``edge_share`` of them instead watch a key drawn by its trading weight for its 1-minute high
+    About ``edge_share`` of them instead watch a key drawn by its trading weight for its 10-second high
     above (or low below) the price it starts at: "tell me when it breaks out" alerts, which fire and
     resolve as the key's price walks, so a live run has alerts to time after its warm-up (with only the
-    above, a minute's run had ~5). Drawn from their own generator: the other subscriptions stay as they were.
+    above, a minute's run had ~5; with 1-minute windows, 9: few resolved within the run). Drawn from their
+    own generator: the other subscriptions stay as they were.
     """
     rng = random.Random(seed)
     edges = random.Random(seed + 1)
@@ -299,8 +301,8 @@ def alert_subscriptions(n: int, keys: list[str], rate: int, firing_share: float 
             condition = Condition(aggregate, "price", window, low=level(k) * (0.95 if over else rng.uniform(1.05, 1.3)))
         if edges.random() < edge_share:
             k = min(bisect.bisect_left(cumulative, edges.random() * cumulative[-1]), len(keys) - 1)
-            condition = (Condition(Aggregate.MAX, "price", WINDOWS[0], low=level(k)) if edges.random() < 0.5
-                         else Condition(Aggregate.MIN, "price", WINDOWS[0], high=level(k)))
+            condition = (Condition(Aggregate.MAX, "price", EDGE_WINDOW, low=level(k)) if edges.random() < 0.5
+                         else Condition(Aggregate.MIN, "price", EDGE_WINDOW, high=level(k)))
         specs.append(SubscriptionSpec(i + 1, condition, frozenset([keys[k]])))
     return tuple(specs)
 
@@ -891,8 +893,8 @@ def main() -> None:
     parser.add_argument("--live-share", type=float, default=0.005,
                         help="alert mix: about this share of the subscriptions over their threshold")
     parser.add_argument("--live-edge-share", type=float, default=0.01,
-                        help="share of the live subscriptions watching a key's 1-minute high/low against the price "
-                             "it starts at: alerts that fire and resolve during the run, so there are some to time")
+                        help="share of the live subscriptions watching a key's 10-second high/low against the "
+                             "price it starts at: alerts that fire and resolve during the run, so there are some to time")
     parser.add_argument("--live-subscriptions", type=int, default=10_000)
     parser.add_argument("--live-warm-up", type=int, default=20, help="seconds fed before measuring")
     parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
