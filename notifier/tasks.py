@@ -29,8 +29,8 @@ endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner
 a delivery that finds either full gives its worker thread back (not counted as an
 attempt; only a quick endpoint busy with itself is first waited for, briefly, in the
 thread and in a spare slot of its owner: ``busy_wait_s``) and looks again about when a slot should be free: when its own
-endpoint is full, at its turn in the endpoint's line (each one slot's worth of the endpoint's last attempt
-time after the one before), else after ``delivery_busy_delay_s``, doubling while it keeps finding the owner
+endpoint is full, at its turn in the endpoint's line (each one slot's worth of the endpoint's time after the
+one before: see ``notifier.deliveries``), else after ``delivery_busy_delay_s``, doubling while it keeps finding the owner
 full, up to 8x ``delivery_busy_delay_s`` (see ``busy_delay_s``).
 """
 
