@@ -16,12 +16,23 @@ live in ``core.redis_schema``, which the operators' dashboard reads too.
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import setup_logging
 from kombu import Exchange, Queue
 
+from core.logs import configure_logging
 from core.redis_schema import LANES, celery_key_prefix, lane_queue
 from core.settings import Settings, get_settings
 
 DELIVER_TASK = "tocsin.deliver"
+
+
+@setup_logging.connect
+def _structured_logging(**_: object) -> None:
+    """A worker logs like every Tocsin process (``core.logs``): JSON lines, Celery's per-task chatter only from
+    WARNING. Left to Celery, structlog's development renderer drew an unexpected error in a delivery as a rich
+    traceback with every frame's locals: ~800 lines and 5-10 s of the worker per error (in CI a delivery's three
+    failures outlasted their test's 30 s), with settings such as the Redis URL - password included - in the log."""
+    configure_logging()
 
 
 def queue_for(celery: Celery, notification: dict) -> str:
