@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 from sqlalchemy import text
 
 from core.redis_schema import RedisKeys
@@ -25,6 +26,7 @@ from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher
 from notifier.notification import build_notification, notification_id
 from subscriptions.db import session_factory
+from subscriptions.models import Endpoint
 from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
@@ -403,13 +405,10 @@ def test_a_malformed_task_is_dead_lettered_with_its_reason(settings, service, re
     assert receiver.attempts == 1
 
 
-def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis_answers(
-        settings, service, tmp_path) -> None:
-    # The delivery records live in a Redis of their own here, so the test can take it away while the broker stays.
-    port = free_port()
-    store = start_redis(port, tmp_path / "store")
-    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
-                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+@contextmanager
+def _delivering(settings: Settings, service: SubscriptionService,
+                tmp_path: Path) -> Iterator[tuple[Celery, Endpoint, int, WebhookReceiver]]:
+    """A worker that has delivered one notification (AAPL) to a fresh receiver: up and delivering."""
     receiver = WebhookReceiver()
     endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
     subscription_id = _subscription(service, [endpoint.id])
@@ -417,7 +416,21 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
     try:
         with worker(settings, tmp_path / "logs"):
             _send(celery, _notification(subscription_id, "AAPL"), endpoint)
-            receiver.wait_for(lambda r: True)  # the worker is up and delivering
+            receiver.wait_for(lambda r: True)
+            yield celery, endpoint, subscription_id, receiver
+    finally:
+        receiver.close()
+
+
+def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis_answers(
+        settings, service, tmp_path) -> None:
+    # The delivery records live in a Redis of their own here, so the test can take it away while the broker stays.
+    port = free_port()
+    store = start_redis(port, tmp_path / "store")
+    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
+                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+    try:
+        with _delivering(settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
             store.stop()
             _send(celery, _notification(subscription_id, "MSFT"), endpoint)  # its claim cannot be written
             time.sleep(3)
@@ -429,7 +442,6 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
             _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
             time.sleep(1)
     finally:
-        receiver.close()
         store.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
     assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
@@ -446,14 +458,8 @@ def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings
     settings = settings.model_copy(update={"celery_broker_url": f"redis://127.0.0.1:{port}/0",
                                            "delivery_store_wait_s": 2.0})
     broker = redis.Redis(port=port)
-    receiver = WebhookReceiver()
-    endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
-    subscription_id = _subscription(service, [endpoint.id])
-    celery = make_celery(settings)
     try:
-        with worker(settings, tmp_path / "logs"):
-            _send(celery, _notification(subscription_id, "AAPL"), endpoint)
-            receiver.wait_for(lambda r: True)  # the worker is up and delivering
+        with _delivering(settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
             held = _notification(subscription_id, "MSFT")
             sending = RedisKeys(settings).sending(held["notification_id"], endpoint.id)
             redis_client.set(sending, "another copy", ex=60)  # so the delivery is sent again later: a retry
@@ -466,7 +472,6 @@ def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings
             redis_client.delete(sending)
             receiver.wait_for(lambda r: True, timeout_s=30, count=2)
     finally:
-        receiver.close()
         broker_redis.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
     assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
