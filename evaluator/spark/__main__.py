@@ -180,7 +180,7 @@ def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None: 
 def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event,
             supervisor: StreamSupervisor | None = None, refresh_s: float = 2.0) -> None:
     """Publish each micro-batch's progress until stopped, and let the supervisor follow the stream registry every
-    ``refresh_s``; raise if the (trades) query failed."""
+    ``refresh_s``; raise if the (trades) query ended before ``stop``, with an error or without."""
     last_batch = -1
     polled = float("-inf")
     while not stop.wait(min(1.0, refresh_s)) and query.isActive:
@@ -214,8 +214,14 @@ def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: th
         )
         if progress.get("numInputRows"):
             log.debug("batch", id=last_batch, rows=progress["numInputRows"], seconds=seconds)
-    if not stop.is_set() and query.exception():
-        raise RuntimeError(f"streaming query failed: {query.exception()}")
+    if stop.is_set():
+        return
+    # The query ended without being asked to: a failure even when Spark recorded no error (its stream thread
+    # can die of an Error its own handler raised, e.g. a StackOverflowError matching a long message), so the
+    # job exits non-zero and is restarted rather than going quiet.
+    error = query.exception()
+    raise RuntimeError(f"streaming query failed: {error}" if error else
+                       f"streaming query {query.name} ended by itself, without an error recorded")
 
 
 if __name__ == "__main__":
