@@ -379,7 +379,7 @@ def new_reader(bootstrap: str, request_timeout_ms: int) -> Any:  # confluent_kaf
         # A consumer back from the pool after a slice inside a backlog had queued ahead past its slice (up to
         # queued.min.messages); librdkafka then postponed the partition's next fetch by this much (1 s by
         # default), so the next slice it read waited a second for its first record: half the slices of a
-        # 1M-event drain, which ran at ~65 % of its speed (README: *Reading a backlog*).
+        # 1M-event drain, which ran at ~65 % of its speed (README: *Ingest benchmark*).
         "fetch.queue.backoff.ms": 5,
         # What it queues ahead of the reader (100,000 by default): more than a consume() takes (5,000), and
         # what lies past the slice's end is fetched and decoded for nothing (dropped at unassign).
