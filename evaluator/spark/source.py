@@ -215,6 +215,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  self.keep_bytes)
                         expected = offset + 1
                         taken += 1
+                        if len(rows) >= ARROW_BATCH_ROWS or rows.held_bytes >= ARROW_BATCH_BYTES:
+                            batch = rows.take(partition.topic, partition.partition)
+                            busy += time.perf_counter() - resumed
+                            yield batch
+                            resumed = time.perf_counter()
                 if taken:
                     deadline = time.monotonic() + self.read_timeout_s
                 else:
@@ -224,11 +229,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{partition.topic}[{partition.partition}]: stuck at offset {expected} "
                                            f"before {partition.end}")
-                if len(rows) >= ARROW_BATCH_ROWS:
-                    batch = rows.take(partition.topic, partition.partition)
-                    busy += time.perf_counter() - resumed
-                    yield batch
-                    resumed = time.perf_counter()
             if len(rows):
                 batch = rows.take(partition.topic, partition.partition)
                 busy += time.perf_counter() - resumed
@@ -251,6 +251,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 #: Rows per Arrow batch a read yields: large enough that per-batch costs vanish, small enough to stream.
 ARROW_BATCH_ROWS = 50_000
+#: Record bytes per Arrow batch, whichever limit comes first: 50,000 records of the largest size admitted
+#: (``maxRecordBytes``, 64 KiB by default) would be 3.2 GB in one batch, a publisher's way to exhaust a worker.
+ARROW_BATCH_BYTES = 64 << 20
 
 RAW_ARROW_SCHEMA = to_arrow_schema(RAW_SCHEMA, timezone="UTC")  # what Spark checks yielded batches against
 
@@ -269,6 +272,7 @@ class _RawColumns:
         self.values: list[bytes | None] = []
         self.sizes: list[int | None] = []
         self.digests: list[str | None] = []
+        self.held_bytes = 0  # keys and values held (an oversized record's value only its start)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -285,6 +289,7 @@ class _RawColumns:
         self.timestamps.append(timestamp[1] if timestamp[0] else None)
         self.keys.append(key)
         self.values.append(value)
+        self.held_bytes += len(value or b"") + len(key or b"")
         self.sizes.append(size)
         self.digests.append(digest)
 

@@ -276,3 +276,25 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
         assert not empty, f"slice from {start}: {len(empty)} fetches came back empty after {empty} s"
     for _, consumer in source._CONSUMERS._idle.pop(src._consumer_options()):
         consumer.close()
+
+
+def test_a_slice_of_large_records_is_handed_to_spark_in_bounded_batches(settings: Settings,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches were bounded by records only: 50,000 records of the largest admitted size (64 KiB) made one 3.2 GB
+    Arrow batch in a worker, a publisher's way to exhaust it. Now by bytes too, whichever comes first."""
+    from evaluator.spark import source
+    from evaluator.spark.source import KafkaSlice
+
+    ensure_topics(settings)
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    for i in range(30):
+        producer.send(settings.events_topic, key=b"k", value=bytes([i]) * 30_000, partition=0)
+    producer.flush()
+    producer.close()
+    monkeypatch.setattr(source, "ARROW_BATCH_BYTES", 100_000)
+    batches = list(reader(settings).read(KafkaSlice(settings.events_topic, 0, 0, 30)))
+    held = [sum(len(v) + len(k) for v, k in zip(b.column("value").to_pylist(), b.column("key").to_pylist(),
+                                                strict=True)) for b in batches]
+    assert max(held) < 100_000 + 30_001, held  # a batch ends at the record that reaches the bound
+    assert len(batches) >= 8, held
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(30))
