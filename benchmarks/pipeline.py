@@ -867,7 +867,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown (README)")
     parser.add_argument("--keys", type=int, default=5_000, help="keys (active at a time, in the churn stream)")
     parser.add_argument("--rate", type=int, default=20_000, help="events per event-second")
-    parser.add_argument("--seconds", type=int, default=50, help="event-seconds in the stream")
+    parser.add_argument("--seconds", type=int, default=200,
+                        help="event-seconds in the stream (4M events by default: ~10 batches at the admission cap)")
     parser.add_argument("--cap", type=int, default=default_cap, help="records per micro-batch (admission cap)")
     parser.add_argument("--subscriptions", default="1000,10000,100000", help="collective rows")
     parser.add_argument("--naive", default="1000", help="naive rows (subscription counts)")

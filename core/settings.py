@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         3_600_000, ge=0, description="longest QUANTILE window: shards keep every event value this long (0: off)"
     )
     source_max_records_per_trigger: int | None = Field(
-        100_000, ge=1, description="admission cap per micro-batch: a backlog drains in batches this large (None: all)"
+        400_000, ge=1, description="admission cap per micro-batch: a backlog drains in batches this large (None: all)"
     )
     evaluator_mode: Literal["collective", "naive"] = Field(
         "collective", description="collective indexes, or every subscription on every key (the baseline)"
