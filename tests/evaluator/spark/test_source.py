@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -42,6 +43,40 @@ def reader(settings: Settings, **extra: str) -> KafkaStreamReader:
 def rows(src: KafkaStreamReader, part) -> list[tuple]:
     """The records ``read`` yields for one slice (as Arrow batches), one tuple per record."""
     return [tuple(r.values()) for batch in src.read(part) for r in batch.to_pylist()]
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One ``consume()`` call of a slice reader: records asked for, records got, seconds it took."""
+
+    asked: int
+    got: int
+    seconds: float
+
+
+def spy_on_consume(monkeypatch: pytest.MonkeyPatch) -> list[Consumed]:
+    """Every ``consume()`` of the readers the source makes from now on (its pool emptied, so none from before)."""
+    from evaluator.spark import source
+
+    calls: list[Consumed] = []
+
+    class Spy:
+        def __init__(self, consumer) -> None:
+            self.consumer = consumer
+
+        def consume(self, num_messages: int, timeout: float) -> list:
+            started = time.monotonic()
+            got = self.consumer.consume(num_messages=num_messages, timeout=timeout)
+            calls.append(Consumed(num_messages, len(got), time.monotonic() - started))
+            return got
+
+        def __getattr__(self, name: str):
+            return getattr(self.consumer, name)
+
+    real = source.new_reader
+    monkeypatch.setattr(source, "new_reader", lambda *options: Spy(real(*options)))
+    monkeypatch.setattr(source, "_CONSUMERS", source._ConsumerPool())
+    return calls
 
 
 def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> None:
@@ -206,28 +241,13 @@ def test_a_slice_never_asks_librdkafka_for_more_records_than_it_holds(settings: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """consume() waits until it has the number of records asked for or its timeout: asking a 3-record slice for
     5,000 held every slice read 200 ms (a live 1,000 events/s batch spent ~1 s of its tasks reading 1,000 records)."""
-    from evaluator.spark import source
     from evaluator.spark.source import KafkaSlice
 
     ensure_topics(settings)
     produce(settings, {0: 10}, "asked")
-    asked: list[int] = []
-
-    class Spy:
-        def __init__(self, consumer) -> None:
-            self.consumer = consumer
-
-        def consume(self, num_messages: int, timeout: float) -> list:
-            asked.append(num_messages)
-            return self.consumer.consume(num_messages=num_messages, timeout=timeout)
-
-        def __getattr__(self, name: str):
-            return getattr(self.consumer, name)
-
-    real = source.new_reader
-    monkeypatch.setattr(source, "new_reader", lambda *options: Spy(real(*options)))
-    monkeypatch.setattr(source, "_CONSUMERS", source._ConsumerPool())
+    calls = spy_on_consume(monkeypatch)
     assert [r[2] for r in rows(reader(settings), KafkaSlice(settings.events_topic, 0, 4, 7))] == [4, 5, 6]
+    asked = [call.asked for call in calls]
     assert asked and all(n <= 3 for n in asked), asked
 
 
@@ -235,7 +255,7 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A pooled consumer that stopped inside a backlog had prefetched past its slice; librdkafka then postponed the
     partition's next fetch by ``fetch.queue.backoff.ms`` (1 s by default), so the next slice it read waited a
-    second for its first record: half the slices of a backlog drain, which ran at ~40 % of its speed."""
+    second for its first record: half the slices of a backlog drain, which ran at ~65 % of its speed."""
     from confluent_kafka import Producer
 
     from evaluator.spark import source
@@ -243,38 +263,21 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
 
     ensure_topics(settings)
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 50})
-    for i in range(150_000):  # more than librdkafka queues ahead (queued.min.messages: 100,000)
+    for i in range(150_000):  # more than librdkafka's default queue ahead (queued.min.messages: 100,000)
         producer.produce(settings.events_topic, value=b"%08d" % i, partition=0)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
-    waits: list[tuple[int, float]] = []
-
-    class Spy:
-        def __init__(self, consumer) -> None:
-            self.consumer = consumer
-
-        def consume(self, num_messages: int, timeout: float) -> list:
-            started = time.monotonic()
-            got = self.consumer.consume(num_messages=num_messages, timeout=timeout)
-            waits.append((len(got), time.monotonic() - started))
-            return got
-
-        def __getattr__(self, name: str):
-            return getattr(self.consumer, name)
-
-    real = source.new_reader
-    monkeypatch.setattr(source, "new_reader", lambda *options: Spy(real(*options)))
-    monkeypatch.setattr(source, "_CONSUMERS", source._ConsumerPool())
+    calls = spy_on_consume(monkeypatch)
     src = reader(settings)
     for start in (0, 20_000):
-        waits.clear()
+        calls.clear()
         got = [o for batch in src.read(KafkaSlice(settings.events_topic, 0, start, start + 20_000))
                for o in batch.column("offset").to_pylist()]
         assert got == list(range(start, start + 20_000))
     # The second slice, on the reused consumer: the postponed fetch showed as five empty 200 ms waits (1 s); a
     # slow broker under load may cost one or two
-    empty = [round(w, 3) for n, w in waits if n == 0]
+    empty = [round(call.seconds, 3) for call in calls if call.got == 0]
     assert len(empty) <= 2, f"the reused consumer's slice waited through {len(empty)} empty fetches: {empty} s"
     for _, consumer in source._CONSUMERS._idle.pop(src._consumer_options()):
         consumer.close()
@@ -282,8 +285,8 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
 
 def test_a_slice_of_large_records_is_handed_to_spark_in_bounded_batches(settings: Settings,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batches were bounded by records only: 50,000 records of the largest admitted size (64 KiB) made one 3.2 GB
-    Arrow batch in a worker, a publisher's way to exhaust it. Now by bytes too, whichever comes first."""
+    """Batches were bounded by records only: 50,000 records of the largest admitted size (64 KiB) would make one
+    3.2 GB Arrow batch in a worker, a publisher's way to exhaust it. Now by bytes too, whichever comes first."""
     from evaluator.spark import source
     from evaluator.spark.source import KafkaSlice
 
