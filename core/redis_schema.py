@@ -137,6 +137,7 @@ class RedisKeys:
         self.rate_limits = k("rate")  # the prefix of the `limits` library's counters
         self.evaluator_starts = k("evaluator", "starts")
         self.watchdog_state = k("ops", "watchdog")
+        self.clock_ahead = k("ops", "clock-ahead")  # sources dating records ahead of the clock (core.clock_ahead)
         self._k = k
         self._tags = [partition_tag(settings, f"p{n}") for n in range(self.partitions)]
         self.layout = k("layout")  # the key layout alerts are written in (see :func:`claim_layout`)

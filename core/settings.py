@@ -123,6 +123,17 @@ class Settings(BaseSettings):
         ),
     )
 
+    clock_tolerance_ms: int = Field(
+        1_000,
+        ge=0,
+        description=(
+            "a stream's clock (its partitions' progress) runs at most this far ahead of the evaluator's processing "
+            "clock: records dated later are kept and count when the clock reaches them, but close no window early. "
+            "Keep it below watermark_delay_ms: while a producer runs fast, the others' disorder budget is the "
+            "difference (docs/clock.md)"
+        ),
+    )
+
     # --- ingest ----------------------------------------------------------------
     heartbeat_interval_ms: int = Field(1_000, ge=1)
     feed_rate: float = Field(300.0, gt=0, description="synthetic feed events per second (mean over the day)")

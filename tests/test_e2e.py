@@ -47,13 +47,18 @@ def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> N
             ("worker", worker_args()),
             ("dispatcher", python_module("notifier.dispatcher")),
         ):
-            now = int(time.time() * 1000)
+            now = int(time.time() * 1000) - 3_000  # events dated in the last 3 s, as a live feed's are
             with EventPublisher(settings) as publisher:
                 for i in range(30):  # 30 x 500 = 15000 > 10000 within the minute; MSFT is not watched
                     publisher.publish(Event(key="AAPL", ts=now + i * 100, price=190.0, volume=500))
                     publisher.publish(Event(key="MSFT", ts=now + i * 100, price=410.0, volume=900))
                 publisher.publish(Event(key="AAPL", ts=now + 3_000, price=190.5, volume=1))
-                publisher.heartbeat(now + 3_000 + settings.watermark_delay_ms + settings.pane_ms)
+                closes = now + 3_000 + settings.watermark_delay_ms + settings.pane_ms
+                while (beat := min(int(time.time() * 1000), closes)) < closes:  # progress as time passes, never
+                    publisher.heartbeat(beat)  # ahead of the clock (docs/clock.md)
+                    publisher.flush()
+                    time.sleep(0.25)
+                publisher.heartbeat(closes)
             got = receiver.wait_for(lambda r: r.json["state"] == "firing", timeout_s=120)
     finally:
         query.stop()

@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import redis
@@ -29,6 +29,7 @@ from prometheus_client import Gauge
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.clock_ahead import recent as recent_clock_ahead
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import broker_client
 from core.redis_replies import text_hash
@@ -171,6 +172,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     except Exception as exc:  # noqa: BLE001 - the dashboard shows the broker as unreachable
         sample.update(log_end=None, lag=None, kafka=f"error: {exc}")
     sample["streams"] = stream_samples(settings, client, evaluator)
+    sample["clock_ahead"] = [asdict(m) for m in recent_clock_ahead(client, keys, settings.watchdog_window_s, now)]
     if previous:
         dt = max(now - previous["t"], 1e-3)
 

@@ -22,7 +22,9 @@ HTTP publisher cannot write to a partition its keys do not hash to: a stream wit
 partitions would never close a window. So once a batch is stored, the process sends a heartbeat at the
 batch's newest event time to every partition of the stream's topic (what ``ingest``'s publishers do
 for the demo streams), at most once per ``publish_heartbeat_ms`` per stream; the poller sends the
-newest time a paced round held back, so the last batch before a pause is never left out.
+newest time a paced round held back, so the last batch before a pause is never left out. A heartbeat
+never carries a time ahead of this process's clock: for a batch dated ahead (a publisher's clock
+running fast), the rounds go on at the current time until they reach it (docs/clock.md).
 
 Publishing's blocking work (the token's database check, judging a batch, producing it) runs on an
 executor of its own, ``publish_threads`` threads (:func:`publishing_executor`), never on the thread
@@ -46,11 +48,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
+import redis
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from prometheus_client import Counter, Gauge
 from redis import RedisError
 
+from core.clock_ahead import ClockAhead, mark
+from core.redis_schema import RedisKeys
 from core.series_limit import Refusal, SeriesLimit
 from core.settings import Settings
 from core.streams import StreamSchema, ValidatedBatch
@@ -65,6 +70,8 @@ REFUSED_BATCHES = Counter("tocsin_publish_backpressure_total", "Publish requests
 IN_FLIGHT = Gauge("tocsin_publish_inflight_records", "Records this process holds that Kafka has not acknowledged")
 HEARTBEATS = Counter("tocsin_publish_heartbeats_total", "Heartbeats the web process sent for streams published over "
                      "HTTP (one per partition)", ["stream"])
+CLOCK_AHEAD = Counter("tocsin_publish_clock_ahead_total", "Publish requests whose newest record was dated ahead of "
+                      "this process's clock by more than TOCSIN_CLOCK_TOLERANCE_MS", ["stream", "token"])
 DEAD_LETTERS_LOST = Counter("tocsin_publish_dead_letters_failed_total",
                             "Rejects of published batches that Kafka did not take on the dead-letter topic")
 
@@ -85,6 +92,19 @@ def within_series_limit(batch: ValidatedBatch, raw: Sequence[str | bytes], schem
         return batch
     return batch.refusing({int(i): limit.reason(schema.name, *split_cell(cells[i]), Refusal(why[i]))
                            for i in why.nonzero()[0]}, raw)
+
+
+def note_clock_ahead(client: redis.Redis, settings: Settings, stream: str, source: str, newest_ts: int) -> None:
+    """A batch from ``source`` dated ahead of this process's clock: counted, and marked for the dead man's switch
+    (``core.clock_ahead``). Its records are stored and count when their time comes; Redis not answering costs the
+    mark only."""
+    ahead_ms = newest_ts - int(time.time() * 1000)
+    CLOCK_AHEAD.labels(stream, source).inc()
+    log.warning("publisher_clock_ahead", stream=stream, source=source, ahead_ms=ahead_ms)
+    try:
+        mark(client, RedisKeys(settings), [ClockAhead(stream, source, ahead_ms, time.time())])
+    except RedisError as exc:
+        log.warning("clock_ahead_not_marked", stream=stream, reason=f"{type(exc).__name__}: {exc}")
 
 
 T = TypeVar("T")
@@ -233,8 +253,10 @@ class StreamProducer:
         if not interval:
             return
         now = time.monotonic()
+        wall_ms = int(time.time() * 1000)  # a heartbeat never claims a time ahead of this process's clock
         with self._lock:
-            due = [(topic, clock.stream, clock.partitions, clock.newest) for topic, clock in self._clocks.items()
+            due = [(topic, clock.stream, clock.partitions, min(clock.newest, wall_ms))
+                   for topic, clock in self._clocks.items()
                    if clock.newest > clock.sent and now - clock.round_at >= interval]
             for topic, *_rest, newest in due:
                 self._clocks[topic].sent, self._clocks[topic].round_at = newest, now

@@ -3,7 +3,7 @@
 An alerting platform's worst failure is silence, and a silent evaluator writes
 nothing that could trip an alert of its own. So the web app's sampler (one
 process at a time, under the sampler lock) judges every dashboard sample
-against six rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
+against seven rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 - ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
   (``watchdog_startup_s`` after the job starts) while records kept arriving (the
@@ -25,6 +25,10 @@ against six rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
   start), or has failed ``watchdog_stream_failures`` times in a row (the evaluator's stream supervisor
   restarts it with backoff and records the failures): its subscriptions are silent. One incident for
   all such streams; its detail names each.
+- ``clock``: within ``watchdog_window_s`` a producer dated records ahead of the processing clock by more
+  than ``clock_tolerance_ms`` (``core.clock_ahead``): their windows wait for the clock, so that
+  producer's alerts come late by its lead. The detail names each stream with its partition (seen by the
+  evaluator) or publisher token (seen by the web app).
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
@@ -46,6 +50,7 @@ import structlog
 from celery import Celery
 from prometheus_client import Gauge
 
+from core.clock_ahead import ClockAhead
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -54,11 +59,11 @@ from notifier.notification import build_notification, notification_id
 
 log = structlog.get_logger("watchdog")
 
-RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream")
+RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream", "clock")
 #: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
 REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
 #: ``series_refused`` is not a refusal counter of its own: its events are in ``dead_lettered``.
-STREAM_COUNTERS = ("late_events_applied", "series_refused", *REFUSAL_COUNTERS)
+STREAM_COUNTERS = ("late_events_applied", "series_refused", "events_ahead_of_clock", *REFUSAL_COUNTERS)
 
 RULE_FIRING = Gauge("tocsin_watchdog_firing", "1 while a dead man's switch rule fires", ["rule"])
 RULE_SINCE = Gauge("tocsin_watchdog_firing_since_seconds", "Unix time the rule started firing (0: not firing)",
@@ -184,6 +189,18 @@ def stream(samples: list[dict], starts: list[float], settings: Settings, now: fl
     return RuleStatus(True, min(since for since, _ in found), "; ".join(detail for _, detail in found))
 
 
+def clock(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
+    """A producer dated records ahead of the processing clock (beyond the tolerance) within the window."""
+    marks = (samples[-1].get("clock_ahead") or []) if samples else []
+    seen = [ClockAhead(**m) for m in marks if now - m["at"] <= settings.watchdog_window_s]
+    if not seen:
+        return RuleStatus(False)
+    return RuleStatus(True, min(m.at for m in seen),
+                      "; ".join(m.describe() for m in seen)
+                      + f" (more than {settings.clock_tolerance_ms} ms: their windows wait for the clock, so these "
+                        "alerts come late by that much; fix the producer's clock)")
+
+
 def samples_needed(settings: Settings) -> int:
     """How many of the newest samples the rules look at: their longest span, within the history kept."""
     span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
@@ -200,6 +217,7 @@ def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: 
         "down": down(samples, settings, now),
         "catalog": catalog(samples, settings, now),
         "stream": stream(samples, starts, settings, now),
+        "clock": clock(samples, settings, now),
     }
 
 

@@ -54,6 +54,8 @@ TOTALS = {
         "late_events_dropped": "Events older than every window still to be evaluated, dropped",
         "future_events_refused": "Events dated beyond the processing clock + TOCSIN_MAX_FUTURE_SKEW_MS, dead-lettered",
         "future_heartbeats_refused": "Heartbeats dated beyond the processing clock + TOCSIN_MAX_FUTURE_SKEW_MS, refused",
+        "events_ahead_of_clock": "Events dated beyond the processing clock + TOCSIN_CLOCK_TOLERANCE_MS: kept, counted "
+                                 "when the clock reaches them (a producer's clock runs fast; see docs/clock.md)",
         "series_refused": "Events of new series beyond a stream's TOCSIN_STREAM_MAX_SERIES, dead-lettered",
         "dead_lettered": "Records the evaluator sent to the dead-letter topic",
         "invalid_events_dropped": "Events with a non-finite value that reached a shard, dropped (should stay 0)",

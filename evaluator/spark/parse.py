@@ -20,11 +20,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 
+from core.clock_ahead import ClockAhead, mark, partition_source
 from core.gc_policy import apply_gc_policy
+from core.redis_schema import RedisKeys
 from core.series_limit import SeriesLimit
 from core.settings import Settings
 from core.stream_names import TRADES
+from evaluator.clock import bounded_progress
 from evaluator.panerows import PaneRows
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
@@ -169,7 +173,8 @@ class PaneParser:
                     producer.send(self.settings.dead_letter_topic, value=letter.to_json())
                 producer.flush()
                 add_totals(pipe, stats.keys, {"dead_lettered": len(parsed.dead), **parsed.refused})
-            rows = self._frame(parsed.events(), parsed.progress)
+            progress = self._bounded(parsed, batch_clock(raw), pipe, stats.keys)
+            rows = self._frame(parsed.events(), progress)
             pipe.hincrbyfloat(stats.keys.evaluator_stats, "parse_ms_total",  # the per-stage profile
                               round((time.perf_counter() - started) * 1000, 3))
             pipe.execute()
@@ -191,13 +196,24 @@ class PaneParser:
                              {a: v[keep] for a, v in parsed.values.items()}, parsed.progress,
                              parsed.dead + dead, {**parsed.refused, "series_refused": len(dead)})
 
+    def _bounded(self, parsed: ParsedRecords, now: int, pipe: redis.client.Pipeline, keys: RedisKeys) -> dict[int, int]:
+        """The batch's progress held to the processing clock (``evaluator.clock``); partitions whose records ran
+        ahead of it are marked for the dead man's switch, and their events counted."""
+        tolerance = self.settings.clock_tolerance_ms
+        progress, ahead = bounded_progress(parsed.progress, now, tolerance)
+        if ahead:
+            seen = time.time()
+            mark(pipe, keys, (ClockAhead(self.stream, partition_source(p), ms, seen) for p, ms in ahead.items()))
+            add_totals(pipe, keys, {"events_ahead_of_clock": int((parsed.ts > now + tolerance).sum())})
+        return progress
+
     def _source(self, topic: str, partition: int, offset: int) -> str:
         """Where a record came from, as dead letters name it."""
         return f"{topic}[{partition}]@{offset}"
 
     def parse(self, raw: pd.DataFrame) -> ParsedRecords:
         """Judge every record of ``raw`` (no I/O)."""
-        now = int(raw["now"].iat[0]) if len(raw) else 0  # one batch timestamp for every row
+        now = batch_clock(raw)
         plain = np.zeros(len(raw), dtype=bool)
         fast: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None = None
         if self.vectorised and len(raw):
@@ -381,6 +397,11 @@ class PaneParser:
 
 def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
     return np.concatenate(lists.to_list()).astype(dtype) if len(lists) else np.empty(0, dtype=dtype)
+
+
+def batch_clock(raw: pd.DataFrame) -> int:
+    """The micro-batch's processing clock (ms), one timestamp for every row (see :class:`PaneParser`)."""
+    return int(raw["now"].iat[0]) if len(raw) else 0
 
 
 def pane_rows(frame: pd.DataFrame, attributes: tuple[str, ...] = ATTRIBUTES) -> PaneRows:

@@ -26,7 +26,7 @@ import pandas as pd
 from core.settings import Settings
 from core.streams import RecordLimits as StreamLimits
 from core.streams import StreamSchema, StreamValidator
-from evaluator.spark.parse import PaneParser, ParsedRecords
+from evaluator.spark.parse import PaneParser, ParsedRecords, batch_clock
 from evaluator.views import read_wire
 from ingest.model import DeadLetter, Heartbeat, RecordLimits, parse_record
 
@@ -61,7 +61,7 @@ class StreamPaneParser(PaneParser):
     def parse(self, raw: pd.DataFrame) -> ParsedRecords:
         """Judge every record of ``raw`` (no I/O)."""
         limits = RecordLimits.of(self.settings)
-        now = int(raw["now"].iat[0]) if len(raw) else 0
+        now = batch_clock(raw)
         skew = self.settings.max_future_skew_ms
         values = raw["value"].tolist()
         digests = raw["value_sha256"].tolist()

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from core.evaluator_status import evaluator_status
 from core.settings import Settings
-from web.watchdog import RuleStatus, changes, degraded, down, evaluate, notification, restarting, stalled
+from web.watchdog import RuleStatus, changes, clock, degraded, down, evaluate, notification, restarting, stalled
 
 SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window_s=300, watchdog_max_refused_share=0.05,
                     watchdog_min_records=500, watchdog_restart_window_s=900, watchdog_max_restarts=3,
@@ -216,3 +216,19 @@ def test_an_idle_stream_or_one_whose_clock_keeps_moving_never_fires(arrivals: li
     history = _streams(_samples(len(arrivals)), live=lambda i: {"clock": i // every, "log_end": ends[i]},
                        idle=lambda i: {"clock": None if i < 5 else 1, "log_end": 0})
     assert not stream(history, [900.0], SETTINGS, history[-1]["t"]).firing
+
+
+def test_clock_fires_while_a_source_dated_records_ahead_within_the_window_and_names_it() -> None:
+    history = _samples(10)
+    now = history[-1]["t"]
+    fast = {"stream": "trades", "source": "partition 3", "ahead_ms": 240_000, "at": now - 20}
+    token = {"stream": "hosts", "source": "publisher token 'collector' (#5)", "ahead_ms": 61_500, "at": now - 5}
+    history[-1]["clock_ahead"] = [fast, token]
+    status = clock(history, SETTINGS, now)
+    assert status.firing and status.since == now - 20
+    assert "stream trades, partition 3: records 240.0 s ahead" in status.detail
+    assert "stream hosts, publisher token 'collector' (#5): records 61.5 s ahead" in status.detail
+    assert evaluate(history, [], SETTINGS, now)["clock"].firing
+    history[-1]["clock_ahead"] = [{**fast, "at": now - SETTINGS.watchdog_window_s - 1}]
+    assert not clock(history, SETTINGS, now).firing, "a source seen ahead before the window is no longer news"
+    assert not clock(_samples(10), SETTINGS, now).firing

@@ -23,6 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.clock_ahead import token_source
 from core.redis_client import make_redis
 from core.series_limit import SeriesLimit
 from core.settings import Settings
@@ -53,6 +54,7 @@ from web.publishing import (
     Backpressure,
     StreamProducer,
     dead_letters_failed,
+    note_clock_ahead,
     on_publishing_threads,
     publishing_executor,
     within_series_limit,
@@ -256,6 +258,7 @@ class Publishing:
     topic: str
     schema: dict
     token: int
+    token_name: str = ""
 
 
 async def _publisher_stream(request: Request, name: NamePath) -> Publishing:
@@ -287,7 +290,7 @@ def _check_publisher(settings: Settings, token: str, name: str) -> Publishing:
         if name not in {s.name for s in publisher.streams}:
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token may not publish to stream {name!r}")
         stream = service.get(name)
-        return Publishing(stream.name, stream.topic, stream.schema, publisher.id)
+        return Publishing(stream.name, stream.topic, stream.schema, publisher.id, publisher.name)
 
 
 @lru_cache(maxsize=256)
@@ -363,7 +366,12 @@ async def _publish(request: Request, settings: Settings, producer: StreamProduce
         if delivery.dead_failed:  # the records are stored: a 503 would have them sent (and stored) again
             dead_letter_error = dead_letters_failed(stream.name, delivery)
         if batch.accepted:
-            producer.published(stream.name, stream.topic, int(stream.schema["partitions"]), batch.newest_ts or 0)
+            newest = batch.newest_ts or 0
+            producer.published(stream.name, stream.topic, int(stream.schema["partitions"]), newest)
+            if newest > time.time() * 1000 + settings.clock_tolerance_ms:
+                await on_publishing_threads(executor, note_clock_ahead, request.app.state.series_limit.redis,
+                                            settings, stream.name, token_source(stream.token, stream.token_name),
+                                            newest)
     PUBLISHED.labels(stream.name, "accepted").inc(batch.accepted)
     PUBLISHED.labels(stream.name, "rejected").inc(len(batch.rejected))
     return PublishOut(accepted=batch.accepted, dead_letter_error=dead_letter_error,
