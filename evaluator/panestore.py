@@ -280,6 +280,18 @@ class RunningWindows:
     def window(self, ms: int) -> Window:
         return self.windows[ms]
 
+    def window_at(self, ms: int) -> tuple[Window, list[int]]:
+        """Window ``ms``'s aggregates at ``at`` and the units of its sums (per attribute, ``2**-shift``): the
+        running window when one is kept, else one summed from the store's panes of ``[at - ms, at)``, exact
+        alike. Changes nothing: a preview asks for a window no subscription may use."""
+        kept = self.windows.get(ms)
+        if kept is not None and kept.values:
+            return kept, self.shifts
+        window, shifts = Window(ms, self.n_attributes, self.keys.capacity, values=True), list(self.shifts)
+        if self.at is not None:
+            self._enter(window, self.store.rows(*self.store.span(self.at - ms, self.at)), shifts)
+        return window, shifts
+
     # -- updates ------------------------------------------------------------------------------------
 
     def _units(self, a: int, values: np.ndarray) -> np.ndarray:
@@ -292,12 +304,17 @@ class RunningWindows:
             self.shifts[a] = need
         return exact
 
-    def _enter(self, window: Window, rows: Panes) -> None:
+    def _enter(self, window: Window, rows: Panes, shifts: list[int] | None = None) -> None:
+        """Add ``rows`` to ``window``: a running one (the sums' units are the shared ``self.shifts``), or an empty
+        private one whose units are ``shifts``, set here (nothing else is rescaled)."""
         if not len(rows):
             return
         np.add.at(window.count, rows.ids, rows.counts)
         for a in range(len(window.sums)):
-            exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
+            if shifts is None:
+                exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
+            else:
+                exact, shifts[a] = units(rows.sums[a], shifts[a])
             np.add.at(window.sums[a], rows.ids, exact)
             np.minimum.at(window.mins[a], rows.ids, rows.mins[a])
             np.maximum.at(window.maxs[a], rows.ids, rows.maxs[a])

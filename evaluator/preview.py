@@ -4,6 +4,8 @@ The web app writes a :class:`PreviewRequest` into the ``previews`` hash; every s
 answers it once, at its next micro-batch, with a :class:`PreviewAnswer` pushed to
 ``preview:<request>``; the web app merges the answers (see ``web.conditions``).
 Both sides list matches the same way, most extreme values first (:func:`most_extreme`).
+A shard whose preview failed answers with the reason (``error``) instead of matches: the
+request fails with it, never the shard's batch nor another request.
 """
 
 from __future__ import annotations
@@ -47,19 +49,27 @@ class PreviewAnswer:
     matches: tuple[tuple[str, float], ...]  # the most extreme matches (see most_extreme)
     total: int  # every match of the shard
     watched: int  # keys the shard looked at
+    error: str | None = None  # why the shard could not answer (then nothing matched, nothing was watched)
 
     @classmethod
     def of(cls, shard: int, evaluated_at: int | None, matched: dict[str, float], watched: int) -> PreviewAnswer:
         """A shard's answer from everything that matched."""
         return cls(shard, evaluated_at, tuple(most_extreme(matched.items())), len(matched), watched)
 
+    @classmethod
+    def failed(cls, shard: int, evaluated_at: int | None, error: str) -> PreviewAnswer:
+        """A shard's answer when computing the preview raised: the reason, in words."""
+        return cls(shard, evaluated_at, (), 0, 0, error)
+
     def to_json(self) -> str:
-        return json.dumps({"shard": self.shard, "evaluated_at": self.evaluated_at,
-                           "matches": [list(m) for m in self.matches], "total": self.total, "watched": self.watched})
+        data = {"shard": self.shard, "evaluated_at": self.evaluated_at, "matches": [list(m) for m in self.matches],
+                "total": self.total, "watched": self.watched}
+        return json.dumps(data if self.error is None else {**data, "error": self.error})
 
     @classmethod
     def from_json(cls, payload: str | bytes) -> PreviewAnswer:
         data = json.loads(payload)
-        at = data["evaluated_at"]
+        at, error = data["evaluated_at"], data.get("error")
         return cls(int(data["shard"]), None if at is None else int(at),
-                   tuple((str(k), float(v)) for k, v in data["matches"]), int(data["total"]), int(data["watched"]))
+                   tuple((str(k), float(v)) for k, v in data["matches"]), int(data["total"]), int(data["watched"]),
+                   None if error is None else str(error))

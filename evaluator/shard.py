@@ -45,10 +45,16 @@ of the shard that replayed another's batches is decided against the firing sets.
 new or edited (catalog diffs, applied one subscription at a time) are tested against the
 whole values array at the next boundary. Semantics are those of the other plans, which stay:
 ``plan="index"`` evaluates every group in full by collective index lookups (CI-COUNT /
-CI-SUM with verification, the MAX/MIN staircases, built from the store on demand, as for
-previews), and ``collective=False`` evaluates every subscription on every key one by one:
-the baseline. Transitions come in one order whatever the plan: groups in ``_order``, then
-subscription id, firing before resolved, then key.
+CI-SUM with verification, the MAX/MIN staircases, built from the store on demand; a CI-SUM
+holding a negative value verifies every key it holds), and ``collective=False`` evaluates
+every subscription on every key one by one: the baseline. Transitions come in one order
+whatever the plan: groups in ``_order``, then subscription id, firing before resolved, then
+key.
+
+Previews (:meth:`ShardEvaluator.preview`) read the running windows (or sum a window no
+subscription uses from the store) exactly as the incremental plan computes a group's values:
+the same answer as a subscription of the condition, whatever the plan and the values' signs,
+and nothing the next batch sees changes (no index is built).
 
 Keys. A key is watched by a subscription while it has a pane in the horizon; a key the
 subscription lists (``keys``) always. So a no-data alert (``NO DATA FOR 5m``, or any condition
@@ -65,7 +71,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -75,10 +81,10 @@ from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
 from evaluator.comparators import Range
-from evaluator.incremental import Context, Flip, GroupState, PlanCosts, empty_value, values_of
+from evaluator.incremental import Context, Flip, GroupState, Members, PlanCosts, empty_value, values_of
 from evaluator.lifecycle import Raw, Tracker, aux_id
 from evaluator.panerows import PaneRows
-from evaluator.panestore import Panes, RunningWindows, to_floats
+from evaluator.panestore import Panes, RunningWindows, Window, to_floats
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
@@ -242,19 +248,24 @@ class BatchStats:
 class _Columns:
     """The running windows and retained events at one boundary, as :class:`~evaluator.aggregates.Columns`."""
 
-    def __init__(self, running: RunningWindows, values: KeyValues, attributes: tuple[str, ...], boundary: int) -> None:
+    def __init__(self, running: RunningWindows, values: KeyValues, attributes: tuple[str, ...], boundary: int,
+                 window: tuple[Window, list[int]] | None = None) -> None:
+        """``window``: the only time window read, with its sums' units (``RunningWindows.window_at``); else the
+        running windows."""
         self.running, self.values, self.boundary = running, values, boundary
         self.index = {a: i for i, a in enumerate(attributes)}
+        self.windows: Mapping[int, Window] = running.windows if window is None else {window[0].ms: window[0]}
+        self.shifts = running.shifts if window is None else window[1]
 
     def count(self, window_ms: int, ids: np.ndarray) -> np.ndarray:
-        return self.running.windows[window_ms].count[ids].astype(np.float64)
+        return self.windows[window_ms].count[ids].astype(np.float64)
 
     def sum(self, window_ms: int, attribute: str, ids: np.ndarray) -> np.ndarray:
         a = self.index[attribute]
-        return to_floats(self.running.windows[window_ms].sums[a][ids], self.running.shifts[a])
+        return to_floats(self.windows[window_ms].sums[a][ids], self.shifts[a])
 
     def extreme(self, window_ms: int, side: str, attribute: str, ids: np.ndarray) -> np.ndarray:
-        window = self.running.windows[window_ms]
+        window = self.windows[window_ms]
         held = (window.maxs if side == "maxs" else window.mins)[self.index[attribute]][ids]
         return np.where(window.count[ids] > 0, held, np.nan)
 
@@ -433,8 +444,17 @@ class ShardEvaluator:
 
     @property
     def indexes(self) -> CollectiveIndexes:
-        """CI-COUNT, CI-SUM and the staircases over the store's panes, for previews and the index and naive plans:
-        rebuilt from the store or caught up with the panes applied since their last use, on demand."""
+        """CI-COUNT, CI-SUM and the staircases over the store's panes, for the index and naive plans: rebuilt from
+        the store or caught up with the panes applied since their last use, on demand. Built all or not at all: if
+        building or catching up fails, they are dropped (the next use rebuilds them from the store), never left
+        half-built to answer wrong."""
+        try:
+            return self._caught_up()
+        except BaseException:
+            self._indexes, self._backlog, self._backlog_rows = None, [], 0
+            raise
+
+    def _caught_up(self) -> CollectiveIndexes:
         if self._indexes is None:
             self._indexes = CollectiveIndexes(self.config.attributes, p=self.config.p, bucket_ms=self.config.pane_ms)
             panes = self.running.store.live
@@ -694,21 +714,31 @@ class ShardEvaluator:
 
     def preview(self, condition: Condition,
                 keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float], int]:
-        """Keys whose window satisfies ``condition`` at the last evaluated boundary, by the same lookups as
-        subscriptions: ``(boundary, {key: value}, keys watched)``. Changes nothing."""
-        if self.evaluated_at is None:
+        """Keys whose window satisfies ``condition`` at the last evaluated boundary, with their values:
+        ``(boundary, {key: value}, keys watched)``.
+
+        The same answer as a subscription of ``condition`` evaluated there, whatever the plan and whatever the
+        values' signs: its values are computed as the incremental plan computes a group's (``values_of`` over the
+        running windows' exact aggregates; a window no subscription uses is summed from the store's panes) and
+        tested against its ranges as a member's are. Reads only: it builds no index and leaves nothing the next
+        batch sees."""
+        running, at = self.running, self.evaluated_at
+        if at is None or running.at is None:
             return None, {}, 0
-        now = self.evaluated_at - 1
-        known = self._known()
-        [group] = group_subscriptions(Catalog(0, (SubscriptionSpec(0, condition, keys),)))
-        if self.config.collective:
-            values = self._candidate_values(group, now, known)
-        else:
-            values = {k: v for k in known if (v := self.value(condition, k, now)) is not None}
-        owned = None if keys is None else {k for k in keys if self.owns(k)}
-        matched = {k: v for k, v in values.items() if condition.holds(v)
-                   and (k in known if owned is None else k in owned)}
-        return self.evaluated_at, matched, len(known if owned is None else owned)
+        names = running.keys.names
+        if keys is None:  # every key with data in the horizon
+            ids, others = np.flatnonzero(running.known), []
+        else:  # the listed keys this shard owns, with data or not (NO DATA would fire)
+            owned = sorted(k for k in keys if self.owns(k))
+            ids = np.array([kid for k in owned if (kid := running.keys.get(k)) is not None], dtype=np.int64)
+            others = [k for k in owned if running.keys.get(k) is None]
+        window = running.window_at(condition.window_ms) if condition.events is None else None
+        columns = _Columns(running, self.values, self.config.attributes, running.at, window)
+        values = np.concatenate([values_of(columns, condition, ids), np.full(len(others), empty_value(condition))])
+        watched = [*(names[k] for k in ids.tolist()), *others]
+        holds = Members([SubscriptionSpec(0, condition, keys)]).holds(np.zeros(values.size, dtype=np.int64), values)
+        matched = {watched[i]: float(values[i]) for i in np.flatnonzero(holds).tolist()}
+        return at, matched, len(watched)  # type: ignore[return-value]  # watched keys have names
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         plan = self.config.plan if self.config.collective else "naive"

@@ -2,11 +2,13 @@
 
 A preview asks the running evaluator, not a copy of the data: the request goes to
 Redis (``previews``), every shard answers at its next micro-batch with the keys
-that satisfy the condition at the last boundary it evaluated, computed by the same
-lookups as subscriptions (``ShardEvaluator.preview``), and the web app gathers the
+that satisfy the condition at the last boundary it evaluated, with the values a
+subscription of it would have there (``ShardEvaluator.preview``), and the web app gathers the
 answers for up to ``preview_timeout_s``. When no shard (or not every shard)
 answers, ``reason`` says why in words: the evaluator has not started, is still
-starting, has been silent since a given time, or was too slow.
+starting, has been silent since a given time, or was too slow. A shard whose
+preview failed answers with its error: the preview is then incomplete and says
+which shards failed and why (``errors``); the evaluator's batches are not affected.
 """
 
 from __future__ import annotations
@@ -92,12 +94,14 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
         client.delete(answers_key)
     matches = most_extreme(m for a in answers.values() for m in a.matches)
     evaluated = [a.evaluated_at for a in answers.values() if a.evaluated_at]
+    errors = [{"shard": a.shard, "error": a.error} for _, a in sorted(answers.items()) if a.error is not None]
     return {
-        "reason": _reason(status, shards, len(answers), settings),
+        "reason": _reason(status, shards, len(answers), settings, errors),
         "evaluator": status.state,
         "shards": shards,
         "answered": len(answers),
-        "complete": bool(shards) and len(answers) == shards,
+        "complete": bool(shards) and len(answers) == shards and not errors,
+        "errors": errors,
         "evaluated_at": min(evaluated) if evaluated else None,
         "total": sum(a.total for a in answers.values()),
         "watched": sum(a.watched for a in answers.values()),
@@ -105,8 +109,13 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
     }
 
 
-def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Settings) -> str | None:
-    """Why fewer than every shard answered, in words (None when all did)."""
+def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Settings,
+            errors: list[dict[str, Any]]) -> str | None:
+    """Why fewer than every shard answered, or some answered with an error, in words (None when all answered)."""
+    if errors:
+        failed = "; ".join(f"shard {e['shard']}: {e['error']}" for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        return f"{len(errors)} of {shards} evaluator shards could not compute the preview: {failed}{more}"
     if shards and answered == shards:
         return None
     if not status.ready:

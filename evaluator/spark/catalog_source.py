@@ -104,7 +104,8 @@ class CatalogSource:
 
     def previews(self, shard: int, stream: str = TRADES) -> list[tuple[str, PreviewRequest]]:
         """Preview requests on ``stream`` still waited for that ``shard`` (of that stream's query) has not answered
-        in this worker, by request id."""
+        in this worker, by request id. A request counts as answered once :meth:`answered` says so, after its
+        answer (or its error) is stored: one whose answer could not be stored is asked again at the next batch."""
         now = time.time()
         raw: dict[bytes, bytes] = self.redis.hgetall(self.keys.previews)  # type: ignore[assignment]  # bytes: no decode_responses
         self._answered = {k: at for k, at in self._answered.items() if now - at < 2 * self.preview_max_age_s}
@@ -122,9 +123,12 @@ class CatalogSource:
                 continue  # the query of the stream the condition names answers it
             if now - request.at > self.preview_max_age_s or (stream, shard, request_id) in self._answered:
                 continue
-            self._answered[(stream, shard, request_id)] = now
             pending.append((request_id, request))
         return pending
+
+    def answered(self, shard: int, request_id: str, stream: str = TRADES) -> None:
+        """``shard`` stored its answer to ``request_id`` (or its error): :meth:`previews` no longer lists it."""
+        self._answered[(stream, shard, request_id)] = time.time()
 
     def current(self) -> Catalog:
         now = time.monotonic()

@@ -14,14 +14,15 @@ never depends on which worker runs it.
 Catching up is cheap: the shard's hot-path state is arrays (the pane store, the running
 window aggregates, per-group values), so replaying a delta is array appends and scatter
 updates plus the firing sets; the collective indexes are not replayed at all (they are
-built from the store only when a preview needs them), and the snapshot is the store's
+built from the store only when the index or naive plan needs them), and the snapshot is the store's
 raw columns. A copy that replayed brings its groups' values to the last evaluated
 boundary once, for the keys the replayed batches changed, before its next rows
 (``ShardEvaluator._sync``), so its next batch costs what it costs a cached copy.
 
 Each batch the shard also answers the condition previews it has not answered yet
-(see ``evaluator.preview``), and the operator emits its transitions followed by its
-clock for the sink (see ``evaluator.spark.sink``).
+(see ``evaluator.preview``; a preview that fails is answered with its error and never
+fails the batch), and the operator emits its transitions followed by its clock for the
+sink (see ``evaluator.spark.sink``).
 """
 
 from __future__ import annotations

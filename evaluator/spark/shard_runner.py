@@ -18,18 +18,20 @@ from functools import partial
 from typing import Any, Protocol
 
 import pandas as pd
+import structlog
 
 from core.settings import Settings
 from evaluator.panerows import PaneRows
-from evaluator.preview import PreviewAnswer
+from evaluator.preview import PreviewAnswer, PreviewRequest
 from evaluator.shard import BatchStats, ShardConfig
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.parse import shard_of
 from evaluator.spark.sink import clock_record
-from evaluator.streams import StreamShape
+from evaluator.streams import StreamShape, refusal
 from evaluator.substreams import SubstreamDelta, SubstreamShard
 
 PREVIEW_ANSWER_TTL_S = 60
+log = structlog.get_logger("evaluator")
 
 #: This process's copies of the shards it has run, by (checkpoint, shard id, attributes), least recently used first
 #: (a stream whose attributes changed restarts its query on the same checkpoint: its old copies are not reused).
@@ -149,7 +151,7 @@ class ShardRunner:
         _COPIES[self._key(shard)] = shard_copy
         while len(_COPIES) > _COPIES_KEPT:  # copies of queries that stopped would otherwise stay forever
             del _COPIES[next(iter(_COPIES))]
-        answer_previews(source, shard, shard_copy, job.stream_name)
+        answer_previews(source, shard, shard_copy, job.stream_name, job.shape)
         records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         records.append(clock_record(shard, shard_copy.evaluated_at or 0))
@@ -157,15 +159,46 @@ class ShardRunner:
                            time.perf_counter() - restored)
 
 
-def answer_previews(source: CatalogSource, shard: int, shard_copy: SubstreamShard, stream: str) -> None:
-    """Answer the web app's condition previews on ``stream`` this shard has not answered yet (``web.conditions``)."""
+def answer_previews(source: CatalogSource, shard: int, shard_copy: SubstreamShard, stream: str,
+                    shape: StreamShape | None = None) -> None:
+    """Answer the web app's condition previews on ``stream`` this shard has not answered yet (``web.conditions``).
+
+    Never raises: the batch is the shard's, not the previews'. A preview that fails is answered with its reason
+    (``PreviewAnswer.error``; one the query cannot evaluate, with the reason a subscription would be refused,
+    ``evaluator.streams.refusal``), and only that request fails; one whose answer cannot be stored (Redis
+    unreachable) is not marked answered, so the next batch answers it while the web app still waits."""
+    try:
+        requests = source.previews(shard, stream)
+    except Exception as exc:  # noqa: BLE001 - Redis unreachable: the batch goes on, the requests wait
+        log.warning("preview_requests_unread", shard=shard, stream=stream, reason=f"{type(exc).__name__}: {exc}")
+        return
     keys = source.keys
-    for request_id, request in source.previews(shard, stream):
-        answer = PreviewAnswer.of(shard, *shard_copy.preview(request.condition, request.keys))
-        pipe = source.redis.pipeline()
-        pipe.rpush(keys.preview_answers(request_id), answer.to_json())
-        pipe.expire(keys.preview_answers(request_id), PREVIEW_ANSWER_TTL_S)
-        pipe.execute()
+    for request_id, request in requests:
+        answer = _answer(shard, shard_copy, request_id, request, shape)
+        try:
+            pipe = source.redis.pipeline()
+            pipe.rpush(keys.preview_answers(request_id), answer.to_json())
+            pipe.expire(keys.preview_answers(request_id), PREVIEW_ANSWER_TTL_S)
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - asked again at the next batch
+            log.warning("preview_answer_unstored", shard=shard, stream=stream, request_id=request_id,
+                        reason=f"{type(exc).__name__}: {exc}")
+            continue
+        source.answered(shard, request_id, stream)
+
+
+def _answer(shard: int, shard_copy: SubstreamShard, request_id: str, request: PreviewRequest,
+            shape: StreamShape | None) -> PreviewAnswer:
+    """The shard's answer to one request: its matches, or why it has none."""
+    try:
+        refused = refusal(request.condition, shape)  # e.g. asked of a schema the query does not run yet
+        if refused is not None:
+            return PreviewAnswer.failed(shard, shard_copy.evaluated_at, refused)
+        return PreviewAnswer.of(shard, *shard_copy.preview(request.condition, request.keys))
+    except Exception as exc:  # the request's failure, told to whoever asked (logged with its traceback)
+        reason = f"{type(exc).__name__}: {exc}"
+        log.warning("preview_failed", shard=shard, request_id=request_id, reason=reason, exc_info=True)
+        return PreviewAnswer.failed(shard, shard_copy.evaluated_at, reason)
 
 
 def forget_copies() -> None:

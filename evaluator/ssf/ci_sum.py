@@ -30,6 +30,13 @@ not float prefix sums, so a window's sum is its elements' exact sum rounded once
 hold for the true sums (float positions lose a small element after a large history:
 its stamps would never move and its key could be missed).
 
+Signs. A value-expanded stream has no element of negative length, so the stamps exist only while every
+element held is non-negative. An attribute that may be negative (a declared stream's attribute with no
+``min``) is still answered exactly: while the index holds a negative element (:attr:`CollectiveSum.negatives`)
+it keeps no stamp, and a lookup verifies every key held against its exact window sum (what an aggregate with
+no index costs); once the last negative element has expired, the stamps are rebuilt from the substreams,
+O(elements held), and lookups use them again. Exact sums (:meth:`CollectiveSum.value`) hold for any sign.
+
 Key churn. The index holds a key only while it has an element (of any value, zero
 included) in the retained horizon: :meth:`CollectiveSum.expire` trims just the keys
 whose oldest element it passes (found in a stamp index of oldest elements), and
@@ -79,6 +86,11 @@ class _Substream:
         return self.ts[i] if i < len(self.ts) else None
 
 
+def _negatives(base: int, ends: list[int]) -> int:
+    """How many of the elements ending at ``ends`` (the first starting at ``base``) are negative."""
+    return sum(b < a for a, b in pairwise([base, *ends]))
+
+
 @dataclass(frozen=True)
 class Candidates:
     """A superset of an SSF answer and what every member is guaranteed to satisfy."""
@@ -89,7 +101,8 @@ class Candidates:
 
 
 class CollectiveSum(SubstreamIndex):
-    """CI-SUM over non-negative values (CI-COUNT when each value is a count)."""
+    """CI-SUM (CI-COUNT when each value is a count): stamped lookups over non-negative values, exact
+    verification of every key held while a negative value is held (see the module doc)."""
 
     def __init__(self, p: int = 1, unit: float = 1.0, bucket_ms: int = 1_000) -> None:
         if p < 1:
@@ -110,6 +123,7 @@ class CollectiveSum(SubstreamIndex):
         self.by_id = self.keys.by_id
         self.names = self.keys.names
         self.latest_ts: int | None = None
+        self.negatives = 0  # elements held with a negative value: while any, no stamps (lookups verify every key)
 
     @property
     def epsilon(self) -> float:
@@ -127,8 +141,8 @@ class CollectiveSum(SubstreamIndex):
 
     def _units(self, value: float) -> int:
         """``value`` in exact units, refining every stored position first if it needs a finer unit."""
-        if not 0 <= value < math.inf:
-            raise ValueError(f"CI-SUM needs finite non-negative values, got {value}")
+        if not math.isfinite(value):
+            raise ValueError(f"CI-SUM needs finite values, got {value}")
         units, grow = self.fixed.units(value)
         if grow:
             self.unit_units <<= grow
@@ -150,7 +164,9 @@ class CollectiveSum(SubstreamIndex):
         new = old + units
         sub.ts.append(ts)  # a zero element too: it keeps its key held (SUM < v sees it), moving no stamp
         sub.ends.append(new)
-        if not units:
+        if units < 0:
+            self._negative()
+        if units <= 0 or self.negatives:
             return
         self.last.set(sub.id, ts)
         level, size = 0, self.unit_units
@@ -189,10 +205,31 @@ class CollectiveSum(SubstreamIndex):
             self.first.set(sub.id, ts)
         if not units:
             return
-        self.last.set(sub.id, max(self.last.stamp.get(sub.id, ts), ts))  # the key's newest zero may be newer
         for n in range(i + 1, len(sub.ends)):
             sub.ends[n] += units
+        if units < 0:
+            self._negative()
+        if self.negatives:
+            return
+        self.last.set(sub.id, max(self.last.stamp.get(sub.id, ts), ts))  # the key's newest zero may be newer
         self._restamp(sub)
+
+    def _negative(self) -> None:
+        """A negative element joined: the first one drops every stamp (they need non-negative elements)."""
+        self.negatives += 1
+        if self.negatives == 1:
+            self.indexes, self.last = {}, StampIndex(self.bucket_ms)
+
+    def _stamp_all(self) -> None:
+        """Every key's stamps and newest positive element, from its substream (every element non-negative)."""
+        for sub in self.substreams.values():
+            sub.ends = [e - sub.base for e in sub.ends]  # positions from 0 again: stamps start at position 0
+            sub.base = 0
+            starts = [0, *sub.ends[:-1]]
+            newest = next((sub.ts[n] for n in reversed(range(len(sub.ts))) if sub.ends[n] > starts[n]), None)
+            if newest is not None:
+                self.last.set(sub.id, newest)
+            self._restamp(sub)
 
     def _restamp(self, sub: _Substream) -> None:
         total = sub.total
@@ -216,18 +253,23 @@ class CollectiveSum(SubstreamIndex):
     def expire(self, before_ts: int) -> None:
         """Forget elements with ``ts <= before_ts`` (no window will reach them again), and the keys left empty.
 
-        Visits only the keys holding such an element: O(log B + those keys' expired elements).
+        Visits only the keys holding such an element: O(log B + those keys' expired elements), plus a rebuild of
+        the stamps when the last negative element held leaves (see the module doc).
         """
-        by_id = self.by_id
+        by_id, signed = self.by_id, self.negatives > 0
         for i in self.first.at_most(before_ts):
             sub = by_id[i]
             cut = bisect.bisect_right(sub.ts, before_ts)
+            if signed:
+                self.negatives -= _negatives(sub.base, sub.ends[:cut])
             if cut == len(sub.ts):
                 self._forget(sub)
                 continue
             sub.base = sub.ends[cut - 1]
             del sub.ts[:cut], sub.ends[:cut]
             self.first.set(i, sub.ts[0])
+        if signed and not self.negatives:
+            self._stamp_all()
 
     def _forget(self, sub: _Substream) -> None:
         """Drop a key with no element left: its stamps, its id and name.
@@ -288,13 +330,16 @@ class CollectiveSum(SubstreamIndex):
     def _candidate_ids(self, condition: Condition, t0: int) -> tuple[set[int], set[int], float | None, bool]:
         """``(ids to verify, ids matching with SUM exactly 0, guarantee, exact)``.
 
-        When the low bound admits 0 (``SUM < v`` alone), every key held is a candidate, but
+        While a negative element is held, every key held is a candidate. Otherwise, when the low
+        bound admits 0 (``SUM < v`` alone), every key held is a candidate, but
         those without a positive element in the window (no ``last`` stamp after ``t0``) have
         SUM exactly 0: one test decides them all, and only keys with a positive element in the
         window are left to verify. The set work is O(keys held) at C speed; nothing visits a
         key the index no longer holds.
         """
         zero: set[int] = set()
+        if self.negatives:  # no stamps: every key held is verified
+            return set(self.keys.live), zero, None, False
         low = condition.low
         if low is not None and low > 0:
             best = self._best_lower(low)
@@ -373,7 +418,7 @@ class CollectiveSum(SubstreamIndex):
         for sub in held:
             encoded = self.names[sub.id].encode()
             base = to_float(sub.base)
-            parts.append(struct.pack("<HId", len(encoded), len(sub.ts), base if base < math.inf else 0.0) + encoded)
+            parts.append(struct.pack("<HId", len(encoded), len(sub.ts), base if math.isfinite(base) else 0.0) + encoded)
             parts.append(np.asarray(sub.ts, dtype=np.int64).tobytes())
             values = [to_float(b - a) for a, b in pairwise([sub.base, *sub.ends])]
             parts.append(np.asarray(values, dtype=np.float64).tobytes())

@@ -75,6 +75,13 @@ def test_a_preview_answer_reads_back_and_lists_the_most_extreme(shard: int, at: 
         assert all(abs(v) <= weakest for k, v in matched.items() if (k, v) not in answer.matches)
 
 
+@given(st.integers(0, 2**31), st.none() | times, texts)
+def test_a_failed_preview_answer_reads_back_with_its_reason(shard: int, at: int | None, error: str) -> None:
+    answer = PreviewAnswer.failed(shard, at, error)
+    assert PreviewAnswer.from_json(answer.to_json()) == answer and answer.error == error
+    assert "error" not in PreviewAnswer.of(shard, at, {}, 0).to_json()  # an answer reads as it did before errors
+
+
 ATTRS = ("price", "volume")
 PANE = 1_000
 

@@ -142,9 +142,60 @@ def test_staircases_stay_small_and_compaction_keeps_answers() -> None:
     assert index.query(Condition(Aggregate.MAX, "price", 50, high=-949), 999) == {"falling": -950.0}
 
 
+signed_values = st.one_of(st.integers(-20, 20), st.integers(-10**12, 10**12), st.just(0)).map(float)
+signed_bound = st.one_of(st.none(), st.integers(-200, 200).map(float), st.integers(-10**13, 10**13).map(float))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(KEYS[:3]), st.integers(0, 40), signed_values, st.booleans()), max_size=200),
+       st.lists(st.tuples(st.integers(1, 2_000), signed_bound, signed_bound, st.booleans(), st.booleans()),
+                min_size=1, max_size=4),
+       st.sampled_from([1, 4]), st.integers(1, 3_000))
+def test_ci_sum_is_exact_over_values_of_any_sign_and_stamps_again_once_negatives_expired(stream, bounds, p,
+                                                                                         horizon) -> None:
+    """Negative elements (an attribute with no ``min``) are held and summed exactly; while one is held every key
+    is verified, and once the last has expired the stamps are back and keep their guarantees."""
+    index, events, ts = CollectiveSum(p=p, bucket_ms=7), [], 1_000
+    for key, gap, value, late in stream:
+        ts += gap
+        at = ts - gap // 2 if late else ts  # a late element: older than its key's newest, inserted in place
+        index.add_late(key, at, value)
+        events.append((key, at, value))
+        index.expire(ts - horizon)
+    cut = ts - horizon
+    held = [e for e in events if e[1] > cut]
+    assert index.negatives == sum(v < 0 for _, _, v in held)
+    assert bool(index.indexes) <= (index.negatives == 0), "no stamps while a negative element is held"
+    for window, low, high, li, hi in bounds:
+        if low is None and high is None:
+            low = 0.0
+        low, high = (high, low) if low is not None and high is not None and low > high else (low, high)
+        cond = Condition(Aggregate.SUM, "volume", min(window, horizon), low, high, li, hi)
+        want = brute(events, cond, ts, "SUM", expired=cut)
+        assert index.query(cond, ts) == want
+        assert index.matching_keys(cond, ts) == set(want)
+        restored = CollectiveSum.from_bytes(index.to_bytes())
+        assert restored.query(cond, ts) == want
+        candidates = index.candidates(cond, ts)
+        assert set(want) <= candidates.keys
+        if candidates.guaranteed_at_least is not None:
+            assert all(index.value(k, cond.window_ms, ts) >= candidates.guaranteed_at_least for k in candidates.keys)
+
+
+def test_a_key_whose_negative_element_expired_is_found_by_its_stamps() -> None:
+    """Its positions start below 0 after the expiry: the stamps are rebuilt from 0, or they would miss it."""
+    index = CollectiveSum(p=1)
+    index.add("k", 1, -5.0)
+    index.add("k", 2, 3.0)
+    index.expire(1)
+    assert index.negatives == 0 and index.indexes
+    assert index.query(Condition(Aggregate.SUM, "volume", 10, low=2.0), 2) == {"k": 3.0}
+
+
 def test_invalid_input_is_refused() -> None:
-    with pytest.raises(ValueError):
-        CollectiveSum().add("k", 1, -1.0)
+    for value in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError):
+            CollectiveSum().add("k", 1, value)
     index = CollectiveSum()
     index.add("k", 5, 1.0)
     with pytest.raises(ValueError):
