@@ -24,7 +24,7 @@ def plain_text(text: str) -> str:
     for position, char in enumerate(text, 1):
         category = unicodedata.category(char)
         if category in REFUSED_CATEGORIES:
-            raise ValueError(f"must not contain control or format characters: U+{ord(char):04X} "
+            raise ValueError(f"must not contain control characters or Unicode format characters: U+{ord(char):04X} "
                              f"({REFUSED_CATEGORIES[category]}) at character {position}")
     return text
 

@@ -99,6 +99,6 @@ def test_the_forms_refuse_names_with_control_or_format_characters_on_the_field(s
             ]:
                 refused = browser.post(path, data=data, headers=HTML)
                 assert refused.status_code == 422, (path, bad)
-                assert re.search(f'data-field="{field}">[^<]*control or format characters', refused.text), (path, bad)
+                assert re.search(f'data-field="{field}">[^<]*control characters or Unicode format characters', refused.text), (path, bad)
         assert browser.post("/streams/tokens", data={"token_name": "n" * 200, "streams": ["trades"]},
                             follow_redirects=False).status_code == 303
