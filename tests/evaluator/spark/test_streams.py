@@ -218,6 +218,7 @@ def topics(settings: Settings) -> set[str]:
         admin.close()
 
 
+@pytest.mark.slow  # a topic deleted and created again, two queries: run in CI
 def test_a_stream_deleted_and_declared_again_starts_clean_and_alerts(spark, settings: Settings,
                                                                       tmp_path: Path) -> None:
     """Deleted (topic and all) and declared again under its name between two polls of the supervisor, a stream is
