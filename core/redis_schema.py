@@ -128,6 +128,7 @@ class RedisKeys:
         r = (lambda *parts: k(registry, *parts)) if self.tagged else k
         self.stream_schemas = r("streams", "schemas")
         self.streams_version = r("streams", "version")
+        self.stream_ids = r("streams", "ids")  # name -> the streams row's id: a stream declared again has a new one
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")

@@ -37,6 +37,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from core.settings import Settings
 from core.stream_names import TRADES
+from core.text import PlainText
 
 #: Field names of the wire form; ``kind`` marks heartbeat records on the same topics.
 WIRE_KEY, WIRE_TIME, RESERVED = "key", "ts", "kind"
@@ -49,11 +50,11 @@ MAX_ATTRIBUTES = 64
 MAX_DIMENSIONS = 16
 MAX_REASON_CHARS = 1_000
 
-StreamName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$",
+StreamName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", max_length=63,
                                   description="lower case letters, digits and _; starts with a letter")]
 FieldName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
                                  description="letters, digits and _; starts with a letter or _")]
-Unit = Annotated[str, Field(min_length=1, max_length=32)]
+Unit = Annotated[str, Field(min_length=1, max_length=32), PlainText]
 Bound = Annotated[float, Field(allow_inf_nan=False)]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)

@@ -8,6 +8,7 @@ from sqlalchemy import JSON, Boolean, Column, DateTime, ForeignKey, Integer, Str
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from core.settings import Settings
+from core.text import MAX_NAME_LENGTH
 from subscriptions import vault
 
 ROLES = ("user", "operator")
@@ -50,7 +51,7 @@ class ApiToken(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
-    name: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to tell tokens apart
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -115,7 +116,7 @@ class Subscription(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     condition: Mapped[str] = mapped_column(Text)  # canonical text
     condition_spec: Mapped[dict] = mapped_column(JSON)
     keys: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # None: every key
@@ -222,7 +223,7 @@ class PublisherToken(Base):
     __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)

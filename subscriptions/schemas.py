@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from core.stream_names import TRADES
 from core.streams import StreamName
+from core.text import Name, plain_text
 from ingest.model import Key
 from subscriptions.channel_kinds import MAX_KIND_LENGTH, EndpointKind, endpoint_kind, endpoint_kinds
 from subscriptions.language import ANY_FIELDS, parse_filtered
@@ -26,7 +27,6 @@ def _printable(text: str) -> str:
 
 
 Printable = AfterValidator(_printable)
-Name = Annotated[str, Field(min_length=1, max_length=200), Printable]
 
 
 # The largest id both databases store (PostgreSQL's INTEGER is 32-bit): a larger one is refused, not an overflow.
@@ -238,7 +238,7 @@ class Credentials(BaseModel):
     @classmethod
     def _address(cls, email: str) -> str:
         email = email.strip().lower()
-        if not EMAIL_ADDRESS.match(email):
+        if not EMAIL_ADDRESS.match(email) or email != plain_text(email):
             raise ValueError("must be an e-mail address, like ada@example.com")
         return email
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -126,13 +126,18 @@ REGISTRY_CHECK_S = 5.0  # how often a process checks that Redis still holds the 
 REGISTRY_TIMEOUT_S = 0.5  # a Redis that does not answer within this costs a stream operation no more
 
 
-def publish_registry(client: Redis, keys: RedisKeys, schemas: Iterable[StreamSchema]) -> int:
-    """Rewrite the stream registry (name -> schema JSON) and bump its version, in one transaction; the version."""
+def publish_registry(client: Redis, keys: RedisKeys, schemas: Iterable[StreamSchema],
+                     ids: Mapping[str, int] | None = None) -> int:
+    """Rewrite the stream registry (name -> schema JSON, and name -> row id) and bump its version, in one
+    transaction; the version. The id tells the evaluator a stream deleted and declared again (same name, new row:
+    ids are never reused) from the one it knew, so its query starts clean (``evaluator.spark.registry``)."""
     mapping = {schema.name: schema.model_dump_json() for schema in schemas}
     pipe = client.pipeline(transaction=True)
-    pipe.delete(keys.stream_schemas)
+    pipe.delete(keys.stream_schemas, keys.stream_ids)
     if mapping:
         pipe.hset(keys.stream_schemas, mapping=mapping)  # type: ignore[arg-type]  # str -> str
+    if ids:
+        pipe.hset(keys.stream_ids, mapping=dict(ids))  # type: ignore[arg-type]  # str -> int
     pipe.incr(keys.streams_version)
     return int(pipe.execute()[-1])
 
@@ -181,10 +186,12 @@ class StreamService:
 
     def publish_registry(self) -> bool:
         """Write every declared stream's schema to the registry; False (logged) when Redis did not answer."""
-        schemas = [self.schema_of(s) for s in self.session.scalars(select(Stream).order_by(Stream.name))]
+        streams = list(self.session.scalars(select(Stream).order_by(Stream.name)))
+        schemas = [self.schema_of(s) for s in streams]
         space = (self.settings.redis_url, self.settings.redis_key())
         try:
-            version = publish_registry(_registry_client(self.settings), RedisKeys(self.settings), schemas)
+            version = publish_registry(_registry_client(self.settings), RedisKeys(self.settings), schemas,
+                                       {s.name: s.id for s in streams})
         except RedisError as exc:
             _REGISTRY[space] = (False, time.monotonic())
             log.warning("stream_registry_not_published", reason=f"{type(exc).__name__}: {exc}",

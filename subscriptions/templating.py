@@ -16,7 +16,12 @@ internals but bounds neither CPU nor memory; this module adds the bounds:
   ``max_output_chars``.
 - **no attribute access** beyond the documented variables: they are plain dicts,
   read with ``alert.key`` or ``alert["key"]``; methods of strings, lists and dicts
-  are out of reach (only ``loop``'s attributes are readable).
+  are out of reach, ``str.format`` too (only ``loop``'s data attributes are readable).
+- **no functions as values**: ``range`` may only be called, and a value that is callable
+  is never rendered (``{{ range }}`` would print ``<function … at 0x…>``).
+- **nesting bounded**: expressions nested deeper than :data:`MAX_NESTING` are refused
+  at save time, as is anything Jinja's recursive parser and compiler cannot take
+  (a ``RecursionError`` becomes a :class:`MessageTemplateError`, never a 500).
 
 Values interpolated with ``{{ ... }}`` are escaped for the channel (``escape``):
 the template's own text is the author's, the data (keys, names) is not, so a key
@@ -36,7 +41,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, nodes
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import SandboxedEnvironment, SecurityError
@@ -70,6 +75,7 @@ class MessageTemplateError(ValueError):
         super().__init__(f"line {line}: {message}" if line else message)
 
 
+MAX_NESTING = 40  # syntax-tree depth: Jinja parses and compiles recursively (~15 Python frames a level)
 WORK_PER_ITERATION = 50  # the work budget of a render: its iterations times this, in items touched (~1 s at worst)
 
 
@@ -140,6 +146,8 @@ def _weight(value: Any, budget: int | None = None) -> int:
     while pending:
         _charge(1)
         item = pending.pop()
+        if callable(item) and not isinstance(item, Undefined):  # Undefined is callable: it raises its own error
+            raise SecurityError("a function cannot be shown: call it, or use a value")
         if isinstance(item, list | tuple | set | frozenset):
             total += 2 + 2 * len(item)
             pending.extend(item)
@@ -296,9 +304,12 @@ class _Environment(SandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "**", "%", "//", "/", "-"})
     concat = staticmethod(_join)
 
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:  # noqa: ARG002 - Jinja's signature
-        """Only ``loop.index`` and friends: the variables are dicts, read by key."""
-        return isinstance(obj, LoopContext) and not attr.startswith("_")
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        """Only ``loop.index`` and friends (data, not ``loop.cycle``): the variables are dicts, read by key."""
+        return isinstance(obj, LoopContext) and not attr.startswith("_") and not callable(value)
+
+    def wrap_str_format(self, value: Any) -> None:
+        """No ``str.format``: it pads to any width it is given, and ``{{ ''.format }}`` printed a function."""
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "%" and isinstance(left, str):
@@ -348,6 +359,12 @@ def _check_tree(tree: nodes.Template, limits: TemplateLimits) -> None:
             depth += 1
             if depth > limits.max_loop_depth:
                 raise MessageTemplateError(f"loops nested {depth} deep: at most {limits.max_loop_depth}", node.lineno)
+        if isinstance(node, nodes.Name) and node.name in environment("text").globals and node.ctx == "load":
+            raise MessageTemplateError(f"{node.name} can only be called: {node.name}(…)", node.lineno)
+        if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Name):
+            for child in node.iter_child_nodes(exclude=("node",)):
+                walk(child, depth)
+            return
         if isinstance(node, nodes.Filter | nodes.Test):
             env = environment("text")
             known = env.filters if isinstance(node, nodes.Filter) else env.tests
@@ -404,6 +421,21 @@ def _error_line(exc: BaseException) -> int | None:
     return line
 
 
+def _depth(tree: nodes.Node) -> tuple[int, int | None]:
+    """How deep the syntax tree nests, and the line where it is deepest (walked without recursion)."""
+    deepest, line = 0, None
+    pending: list[tuple[nodes.Node, int]] = [(tree, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > deepest:
+            deepest, line = depth, getattr(node, "lineno", None)
+        pending.extend((child, depth + 1) for child in node.iter_child_nodes())
+    return deepest, line
+
+
+_TOO_DEEP = f"expressions nested too deep: at most {MAX_NESTING} levels of brackets, operators or filters"
+
+
 @lru_cache(maxsize=256)
 def _compiled(source: str, escape: str, limits: TemplateLimits) -> Any:
     env = environment(escape)
@@ -411,10 +443,18 @@ def _compiled(source: str, escape: str, limits: TemplateLimits) -> Any:
         tree = env.parse(source)
     except TemplateSyntaxError as exc:
         raise MessageTemplateError(exc.message or "syntax error", exc.lineno) from None
+    except RecursionError:  # the parser recurses per bracket or operator: too deep for it is too deep
+        raise MessageTemplateError(_TOO_DEEP) from None
+    depth, line = _depth(tree)
+    if depth > MAX_NESTING:
+        raise MessageTemplateError(_TOO_DEEP, line)
     _check_tree(tree, limits)
     for loop in tree.find_all(nodes.For):
         loop.iter = nodes.Filter(loop.iter, "tocsin_iter", [], [], None, None, lineno=loop.lineno)
-    return env.from_string(tree)
+    try:
+        return env.from_string(tree)
+    except (RecursionError, SyntaxError):  # the compiler's recursion, Python's own nesting limits
+        raise MessageTemplateError(_TOO_DEEP) from None
 
 
 def compile_template(source: str, limits: TemplateLimits, escape: str = "text") -> MessageTemplate:

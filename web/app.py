@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import redis
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
@@ -31,6 +35,14 @@ from web.pages.common import http_error as page_or_json_error
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
                             ["method", "route", "status"])
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a 422 echoes the input, which may hold a lone
+    surrogate (``"\\ud800"`` in the request's JSON) that UTF-8 cannot encode (it was a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def _field_error(field: str, message: str) -> JSONResponse:
@@ -77,6 +89,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         REQUEST_SECONDS.labels(request.method, getattr(route, "path", "unmatched"), str(response.status_code)
                                ).observe(time.perf_counter() - started)
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _AsciiJSONResponse(status_code=422, content={"detail": jsonable_encoder(exc.errors())})
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound) -> JSONResponse:

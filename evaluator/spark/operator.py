@@ -44,7 +44,7 @@ from evaluator.shard import ShardConfig
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows
-from evaluator.spark.registry import checkpoint_of
+from evaluator.spark.registry import checkpoint_identity
 from evaluator.spark.shard_host import run_on_host
 from evaluator.spark.shard_runner import BatchResult, ShardJob, ShardRunner
 from evaluator.streams import StreamShape
@@ -92,7 +92,7 @@ class ShardProcessor(StatefulProcessor):
             tuple_max_events=settings.tuple_max_events,
         )
         self.job = ShardJob(
-            settings, config, str(checkpoint_of(settings, shape.name)), shape.name, shape,
+            settings, config, checkpoint_identity(settings, shape.name), shape.name, shape,
             optional=stream.optional if stream is not None else frozenset(),
             cells=stream is not None,  # a declared stream's parser writes cell rows (evaluator.views)
             shard_ids=shard_ids,  # the parser's hash partitioning: which keys each shard owns (NO DATA)

@@ -32,7 +32,7 @@ from evaluator.clock import bounded_progress
 from evaluator.panerows import PaneRows
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
-from evaluator.views import key_of, split_cell
+from evaluator.views import SEP, key_of, split_cell
 from ingest.model import ATTRIBUTES, MAX_TS, DeadLetter, Event, Heartbeat, RecordLimits, parse_record
 
 
@@ -357,13 +357,25 @@ class PaneParser:
         (key, pane, time) with a stable sort, so among equal times arrival order holds and a pane's
         last event is LAST's; sums go through pandas' compensated group sum (as exact as ``math.fsum``
         to 1e-12), minima and maxima through ``reduceat``.
+
+        A declared stream's keys are cells (``evaluator.views``): events of one key with equal times in
+        different cells would be ordered by cell where a view joins the cells. So such ties split their
+        cells' rows by :func:`tie_ranks`, and rows come in (key, rank, cell, pane) order: joined in row
+        order and sorted stably by time (``evaluator.values``), equal times keep arrival order across cells.
+        Without such ties every rank is 0 and the rows are those of (cell, pane) order.
         """
         codes, uniques = pd.factorize(keys, sort=True)
         pane = (ts // self.settings.pane_ms) * self.settings.pane_ms
-        order = np.lexsort((ts, pane, codes))
+        rank = tie_ranks(codes, uniques, ts)
+        order = np.lexsort((ts, pane, codes, rank, _key_codes(uniques)[codes])) if rank is not None \
+            else np.lexsort((ts, pane, codes))
         codes, pane, ts = codes[order], pane[order], ts[order]
         values = {a: v[order] for a, v in values.items()}
-        first = np.flatnonzero(np.r_[True, (codes[1:] != codes[:-1]) | (pane[1:] != pane[:-1])])
+        boundary = (codes[1:] != codes[:-1]) | (pane[1:] != pane[:-1])
+        if rank is not None:
+            rank = rank[order]
+            boundary |= rank[1:] != rank[:-1]
+        first = np.flatnonzero(np.r_[True, boundary])
         ends = np.r_[first[1:], len(ts)]
         group = pd.Index(np.repeat(np.arange(len(first)), ends - first))
         shards = self._shards(uniques)
@@ -402,6 +414,36 @@ def _flat(lists: pd.Series, dtype: type) -> np.ndarray:
 def batch_clock(raw: pd.DataFrame) -> int:
     """The micro-batch's processing clock (ms), one timestamp for every row (see :class:`PaneParser`)."""
     return int(raw["now"].iat[0]) if len(raw) else 0
+
+
+def _key_codes(cells: np.ndarray | pd.Index) -> np.ndarray:
+    """Each (sorted, distinct) cell's key as a code, in the cells' order."""
+    return pd.factorize(np.array([key_of(c) for c in cells], dtype=object))[0]
+
+
+def tie_ranks(codes: np.ndarray, cells: np.ndarray | pd.Index, ts: np.ndarray) -> np.ndarray | None:
+    """Per event (in arrival order; ``codes`` index ``cells``): how many times the cell changed before it among
+    the events of its key with its very time. None when no key has events of one time in two cells.
+
+    Rows split by it and ordered by (key, rank, cell) list a key's equal-time events in arrival order:
+    ``A@5, B@5, A@5`` ranks 0, 1, 2; ``A@5, A@5, B@5`` ranks 0, 0, 1.
+    """
+    if len(ts) < 2 or not any(SEP in c for c in cells):
+        return None
+    keys = _key_codes(cells)[codes]
+    tied = np.flatnonzero(pd.DataFrame({"key": keys, "ts": ts}).duplicated(keep=False).to_numpy())  # a hash pass
+    if not tied.size:
+        return None
+    order = tied[np.lexsort((tied, ts[tied], keys[tied]))]  # the tied events by key, time, arrival
+    k, t, c = keys[order], ts[order], codes[order]
+    same = (k[1:] == k[:-1]) & (t[1:] == t[:-1])
+    switches = np.cumsum(np.r_[0, (same & (c[1:] != c[:-1])).astype(np.int64)])
+    if not switches[-1]:
+        return None
+    run_base = np.maximum.accumulate(np.where(np.r_[True, ~same], switches, 0))
+    rank = np.zeros(len(ts), dtype=np.int64)
+    rank[order] = switches - run_base
+    return rank
 
 
 def pane_rows(frame: pd.DataFrame, attributes: tuple[str, ...] = ATTRIBUTES) -> PaneRows:

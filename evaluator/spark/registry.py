@@ -9,6 +9,7 @@ app has not published yet (or a Redis that lost the registry) still evaluates it
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from evaluator.streams import StreamShape
 log = structlog.get_logger("evaluator")
 
 
-def _text(value: bytes | str) -> str:
+def text_of(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
@@ -35,7 +36,7 @@ def decode_registry(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> tuple[dic
     schemas: dict[str, StreamSchema] = {}
     problems: dict[str, str] = {}
     for name, payload in raw.items():
-        stream = _text(name)
+        stream = text_of(name)
         try:
             schema = StreamSchema.model_validate_json(payload)
         except (ValidationError, ValueError) as exc:
@@ -51,6 +52,42 @@ def decode_registry(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> tuple[dic
 def checkpoint_of(settings: Settings, stream: str) -> Path:
     """A stream's query's checkpoint: ``trades`` keeps today's, every other stream one under ``streams/<name>``."""
     return settings.checkpoint_path if stream == TRADES else settings.checkpoint_path / "streams" / stream
+
+
+INCARNATION = "incarnation"  # a file in a declared stream's checkpoint: the id of the streams row it belongs to
+
+
+def claim_checkpoint(settings: Settings, stream: str, incarnation: int | None) -> bool:
+    """Make ``stream``'s checkpoint the one of this declaration (``incarnation``: its row's id in the registry).
+
+    A stream deleted and declared again under its name is a new stream on a new topic: the old checkpoint's
+    offsets, windows and attribute columns are not its own (its query failed on offsets past the new topic's
+    end, or evaluated nothing). A checkpoint recorded for another id is removed, so the query starts clean; one
+    with no record (written before ids were published) is kept and claimed; None (an old registry) leaves it be.
+    True when an old checkpoint was removed.
+    """
+    if incarnation is None or stream == TRADES:
+        return False
+    checkpoint = checkpoint_of(settings, stream)
+    marker = checkpoint / INCARNATION
+    held = marker.read_text().strip() if marker.exists() else None
+    if held == str(incarnation):
+        return False
+    if held is not None:  # the predecessor's topic and records are gone with it: so is its checkpoint
+        log.info("stream_checkpoint_reset", stream=stream, incarnation=incarnation, previous=held,
+                 reason="the stream was deleted and declared again")
+        shutil.rmtree(checkpoint)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(incarnation))
+    return held is not None
+
+
+def checkpoint_identity(settings: Settings, stream: str) -> str:
+    """The checkpoint's path and the declaration it belongs to: what executors key their shard copies by, so a
+    stream declared again never reuses a copy of its predecessor's shards."""
+    checkpoint = checkpoint_of(settings, stream)
+    marker = checkpoint / INCARNATION
+    return f"{checkpoint}#{marker.read_text().strip()}" if marker.exists() else str(checkpoint)
 
 
 def checkpoint_partitions(checkpoint: Path) -> int | None:
@@ -96,6 +133,7 @@ class RegistryReader:
     settings: Settings
     version: int | None = None
     schemas: dict[str, StreamSchema] | None = None
+    ids: dict[str, int] | None = None  # each stream's row id (None from a registry that had none)
 
     def read(self) -> dict[str, StreamSchema]:
         """Every declared stream's schema (``trades`` always)."""
@@ -106,9 +144,14 @@ class RegistryReader:
                 schemas, problems = decode_registry(self.redis.hgetall(self.keys.stream_schemas))  # type: ignore[arg-type]
                 for stream, problem in problems.items():
                     log.warning("stream_schema_unreadable", stream=stream, problem=problem)
-                self.version, self.schemas = version, schemas
+                ids = {text_of(name): int(value) for name, value in self.redis.hgetall(self.keys.stream_ids).items()}
+                self.version, self.schemas, self.ids = version, schemas, ids
         except RedisError as exc:
             log.warning("stream_registry_unreadable", reason=f"{type(exc).__name__}: {exc}")
         schemas = dict(self.schemas or {})
         schemas.setdefault(TRADES, trades_schema(self.settings))
         return schemas
+
+    def incarnation(self, stream: str) -> int | None:
+        """The id of ``stream``'s declaration, as last read (None if the registry did not say)."""
+        return (self.ids or {}).get(stream)

@@ -11,6 +11,10 @@ own: an idle, late or poisoned stream holds back no other. Every ``TOCSIN_STREAM
 - restarts a stream's query when its schema changed (the judge of its records changed), on the same
   checkpoint: the shards keep their windows and firing state, widened to new attributes
   (``evaluator.evolution``; the query's attributes only grow, see ``registry.query_attributes``);
+- restarts a stream's query on an empty checkpoint when the stream was deleted and declared again (its id in
+  the registry changed; ``registry.claim_checkpoint``), its old shard clocks forgotten: a stream declared
+  again under an old name starts clean, on its new topic, even if this job never saw it deleted (a stream
+  merely missing from the registry, say Redis lost it, keeps its checkpoint);
 - restarts a failed query after a backoff (1 s, doubling, at most ``MAX_BACKOFF_S``) while the others run.
 
 What operators need to hear about goes to ``stats:evaluator`` (``core.redis_schema.stream_stat`` fields): when
@@ -36,7 +40,7 @@ from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema
-from evaluator.spark.registry import RegistryReader, checkpoint_of
+from evaluator.spark.registry import RegistryReader, checkpoint_of, claim_checkpoint, text_of
 
 log = structlog.get_logger("evaluator")
 
@@ -50,6 +54,7 @@ Starter = Callable[[SparkSession, Settings, StreamSchema], StreamingQuery]
 @dataclass
 class _Stream:
     schema: StreamSchema
+    incarnation: int | None = None  # the stream's row id: another one is a stream deleted and declared again
     query: StreamingQuery | None = None
     failures: int = 0
     retry_at: float = 0.0
@@ -82,9 +87,14 @@ class StreamSupervisor:
         now = self.clock()
         for name, schema in sorted(declared.items()):
             held = self.streams.get(name)
+            incarnation = self.registry.incarnation(name)
             if held is None:
-                held = self.streams[name] = _Stream(schema)
+                held = self.streams[name] = _Stream(schema, incarnation)
                 self._adopt(name, held)
+            elif incarnation is not None and held.incarnation != incarnation:  # between two polls
+                self._stop(name, "stream_query_restarting", reason="the stream was deleted and declared again")
+                held.schema, held.incarnation, held.retry_at = schema, incarnation, 0.0
+                self._recovered(name, held)
             elif held.schema != schema:
                 self._stop(name, "stream_query_restarting", reason="the stream's schema changed")
                 held.schema, held.retry_at = schema, 0.0
@@ -104,6 +114,8 @@ class StreamSupervisor:
 
     def _start(self, name: str, held: _Stream, now: float) -> None:
         try:
+            if claim_checkpoint(self.settings, name, held.incarnation):
+                self._forget_batches(name)
             held.query = self.start(self.spark, self.settings, held.schema)
             held.started_at = now
         except Exception as exc:  # noqa: BLE001 - e.g. its topic is not there yet: retried with backoff
@@ -153,6 +165,17 @@ class StreamSupervisor:
             if forget:
                 pipe.hdel(self.keys.evaluator_stats, *(stream_stat(name, f) for f in forget))
             pipe.execute()
+        except RedisError as exc:
+            log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    def _forget_batches(self, name: str) -> None:
+        """Remove the shard clocks and batch fields a deleted stream's query left (its successor may have fewer
+        shards, whose clocks would otherwise hold the stream's evaluated time back)."""
+        try:
+            ours = (stream_stat(name, "shard_"), stream_stat(name, "last_batch_"))
+            fields = [f for f in map(text_of, self.stats.hkeys(self.keys.evaluator_stats)) if f.startswith(ours)]
+            if fields:
+                self.stats.hdel(self.keys.evaluator_stats, *fields)
         except RedisError as exc:
             log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 

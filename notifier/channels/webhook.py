@@ -134,23 +134,38 @@ def _resolve(host: str, port: int, deadline: _Deadline) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+# IPv6 ranges whose last 32 bits are an IPv4 address the packet reaches: IPv4-compatible (``::a.b.c.d``,
+# RFC 4291, deprecated), IPv4-translated (``::ffff:0:a.b.c.d``, RFC 2765) and NAT64's well-known prefix
+# (``64:ff9b::a.b.c.d``, RFC 6052). ``::`` and ``::1`` are in the first, and not global by themselves.
+_LAST_32_BITS_IPV4 = (ipaddress.ip_network("::/96"), ipaddress.ip_network("::ffff:0:0:0/96"),
+                      ipaddress.ip_network("64:ff9b::/96"))
+# Refused whole: NAT64's local-use prefix (RFC 8215) may carry the IPv4 address at any of RFC 6052's bit
+# positions, and deprecated site-local addresses (fec0::/10) are private, though Python calls them global.
+_NEVER_PUBLIC = (ipaddress.ip_network("64:ff9b:1::/48"), ipaddress.ip_network("fec0::/10"))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address ``address`` carries, as ``ipaddress`` reads them (mapped, 6to4, Teredo's server and
+    client) and in the ranges above."""
+    found = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+    if any(address in net for net in _LAST_32_BITS_IPV4):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return [embedded for embedded in found if embedded is not None]
 
 
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Global unicast, and so is any IPv4 address carried inside it (mapped, 6to4, Teredo, NAT64).
+    """Global unicast, and so is every IPv4 address carried inside it (compatible, mapped, translated, 6to4,
+    Teredo, NAT64).
 
-    A NAT64 or 6to4 address is "global" by itself but reaches the IPv4 address it
-    embeds: ``64:ff9b::a00:1`` is 10.0.0.1 on a network with a NAT64 gateway.
+    Such an address can be "global" by itself but reach the IPv4 address it embeds:
+    ``64:ff9b::a00:1`` is 10.0.0.1 on a network with a NAT64 gateway, ``::127.0.0.1`` is 127.0.0.1.
     """
     if not address.is_global or address.is_multicast:
         return False
     if address.version == 6:
-        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
-        if embedded is None and any(address in net for net in _NAT64):
-            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        if embedded is not None:
-            return _public(embedded)
+        if any(address in net for net in _NEVER_PUBLIC):
+            return False
+        return all(_public(embedded) for embedded in _embedded_ipv4(address))
     return True
 
 

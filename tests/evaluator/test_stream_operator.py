@@ -6,11 +6,15 @@ state carry on (no second firing, no resolution) and the new attribute is aggreg
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 import pandas as pd
 import redis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -23,6 +27,7 @@ from evaluator.spark.stream_parse import StreamPaneParser
 from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog
+from tests.evaluator.oracle import oracle
 
 HOSTS = StreamSchema(name="hosts", attributes=(Attribute(name="cpu", min=0), Attribute(name="mem", min=0)),
                      dimensions=(Dimension(name="region"),), retention_ms=60_000, partitions=1)
@@ -121,3 +126,45 @@ def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_st
                                                    "disk": 6} for i in range(5)], T0 + 8_000))
     assert [(r["subscription_id"], r["key"], r["state"], r["value"]) for r in out] == [(3, "H1", "firing", 24.0)]
     # at +5 s the window [0, 5 s) holds the 5 earlier events (no disk: 0) and 4 later ones (6 each): 24
+
+
+# Equal times in different cells: LAST, CHANGE and tuple windows take the newest by (time, arrival), whichever
+# cell (dimension values) an event is in; the oracle (tests/evaluator/oracle.py) reads the events in arrival order.
+TIE_SPECS = [SubscriptionSpec(1, on_hosts("LAST(price) OVER 3s > 50")),
+             SubscriptionSpec(2, on_hosts("CHANGE(price) OVER 3s > 0")),
+             SubscriptionSpec(3, on_hosts("MIN(price) OVER LAST 2 EVENTS > 50")),
+             SubscriptionSpec(4, on_hosts("LAST(price) - AVG(price) OVER 3s > 0"))]
+tie_record = st.fixed_dictionaries({
+    "key": st.sampled_from(["H1", "H2"]), "ts": st.sampled_from([T0, T0 + 1, T0 + 1_000, T0 + 1_001, T0 + 2_000]),
+    "cpu": st.integers(0, 100)}, optional={"region": st.sampled_from(["eu", "us"])})
+
+
+_VERSIONS = itertools.count(1)
+
+
+@hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batches=st.lists(st.lists(tie_record, min_size=1, max_size=12), min_size=1, max_size=3),
+       every_event=st.booleans())
+def test_among_equal_times_the_newest_is_the_last_to_arrive_whatever_its_cell(
+        settings: Settings, batches: list[list[dict]], every_event: bool) -> None:
+    """Keys H1 and H2, with or without a region (so in up to three cells each), at five times, over 1-3 batches."""
+    run_settings = settings.model_copy(update={"max_window_ms": 10_000, "watermark_delay_ms": 0,
+                                               "tuple_max_events": 2 if every_event else 0,
+                                               "quantile_max_window_ms": 10_000 if every_event else 0})
+    specs = TIE_SPECS if every_event else [TIE_SPECS[0], TIE_SPECS[3]]  # LAST alone: each row's newest event only
+    assert publish_catalog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings),
+                           Catalog(next(_VERSIONS), specs))
+    forget_copies()
+    processor = ShardProcessor(run_settings, 1, SHARDS, shape_of(HOSTS), query_attributes(run_settings, HOSTS))
+    processor.init(Handle())
+    seen = 0  # no late events (the oracle counts every event): a batch's panes are not before an earlier batch's
+    for i, records in enumerate(batches):
+        batches[i] = [r for r in records if r["ts"] // 1_000 * 1_000 >= seen]
+        seen = max([seen, *(r["ts"] // 1_000 * 1_000 for r in records)])
+    got: set[tuple] = set()
+    end = T0 + 6_000
+    for i, records in enumerate(batches):
+        frame = batch(run_settings, HOSTS, [{**r, "mem": 1} for r in records], end if i == len(batches) - 1 else None)
+        got |= {(r["subscription_id"], r["key"], r["state"], r["evaluated_at"]) for r in run(processor, frame)}
+    events = [(r["key"], r["ts"], 1.0, float(r["cpu"])) for records in batches for r in records]  # cpu: 4th
+    assert got == oracle(events, specs, end // 1_000 * 1_000, 1_000, 10_000), (batches, every_event)

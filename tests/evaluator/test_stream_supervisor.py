@@ -14,7 +14,14 @@ import redis
 from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
-from evaluator.spark.registry import RegistryReader, checkpoint_partitions, query_attributes
+from evaluator.spark.registry import (
+    RegistryReader,
+    checkpoint_identity,
+    checkpoint_of,
+    checkpoint_partitions,
+    claim_checkpoint,
+    query_attributes,
+)
 from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
 from subscriptions.streams import publish_registry
 
@@ -167,3 +174,45 @@ def test_checkpoint_partitions_reads_the_newest_offset_entry_and_none_for_a_new_
         (offsets / str(batch)).write_text(f'v1\n{json.dumps(metadata)}\n{{"0":12}}')
     (offsets / ".1.crc").write_text("x")
     assert checkpoint_partitions(tmp_path / "old") == 2
+
+
+def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_forgotten(
+        settings: Settings, tmp_path: Path) -> None:
+    """Another row id under the same name is a stream deleted and declared again: its query restarts, its old
+    checkpoint and shard clocks are gone. The same id (a registry republished after Redis lost it) keeps them, and
+    a checkpoint from before ids were published is claimed, not removed."""
+    run = settings.model_copy(update={"checkpoint_dir": tmp_path / "checkpoint"})
+    client, keys = redis.Redis.from_url(run.redis_url), RedisKeys(run)
+    start = Starter()
+    supervisor = StreamSupervisor(None, run, RegistryReader(client, keys, run), start)  # type: ignore[arg-type]
+    checkpoint = checkpoint_of(run, "s")
+    (checkpoint / "offsets").mkdir(parents=True)  # a checkpoint written before ids were published
+    (checkpoint / "offsets" / "0").write_text("old")
+    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 7})
+    supervisor.poll()
+    first = supervisor.queries()["s"]
+    assert (checkpoint / "offsets" / "0").exists() and (checkpoint / "incarnation").read_text() == "7"
+    client.hset(keys.evaluator_stats, mapping={stream_stat("s", "shard_3_evaluated_at"): 5,
+                                               stream_stat("s", "last_batch_id"): 9, "shard_0_evaluated_at": 1})
+
+    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 7})  # republished: nothing changes
+    supervisor.poll()
+    assert supervisor.queries()["s"] is first and not first.stopped
+
+    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 8})  # deleted and declared again
+    supervisor.poll()
+    assert first.stopped and supervisor.queries()["s"] is not first
+    assert not (checkpoint / "offsets").exists() and (checkpoint / "incarnation").read_text() == "8"
+    assert {k.decode() for k in client.hkeys(keys.evaluator_stats)} == {  # trades' clock kept
+        "shard_0_evaluated_at", stream_stat("s", QUERY_STARTED_AT)}
+    assert checkpoint_identity(run, "s").endswith("#8")  # executors' shard copies of #7 are not reused
+
+
+def test_a_job_that_missed_the_deletion_still_starts_the_stream_clean(settings: Settings, tmp_path: Path) -> None:
+    run = settings.model_copy(update={"checkpoint_dir": tmp_path / "checkpoint"})
+    checkpoint = checkpoint_of(run, "s")
+    assert claim_checkpoint(run, "s", 1) is False and (checkpoint / "incarnation").read_text() == "1"
+    (checkpoint / "commits").mkdir()
+    assert claim_checkpoint(run, "s", 1) is False and (checkpoint / "commits").exists()
+    assert claim_checkpoint(run, "s", None) is False and (checkpoint / "commits").exists()  # an old registry
+    assert claim_checkpoint(run, "s", 2) is True and not (checkpoint / "commits").exists()

@@ -56,6 +56,38 @@ def test_refused_at_save_time_with_the_line(source: str, line: int, reason: str)
     assert str(refused.value).startswith(f"line {line}: ")
 
 
+DEEP = {  # each under the 4,000-character limit; Jinja's parser and compiler recurse once or more per level
+    "lists": "{{ " + "[" * 1500 + "]" * 1500 + " }}",
+    "brackets": "{{ " + "(" * 1300 + "1" + ")" * 1300 + " }}",
+    "not": "{{ " + "not " * 990 + "1 }}",
+    "filters": "{{ 1" + "|abs" * 990 + " }}",
+    "just over": "{{ 1" + "|abs" * 40 + " }}",
+}
+
+
+@pytest.mark.parametrize("source", DEEP.values(), ids=DEEP.keys())
+def test_expressions_nested_too_deep_are_refused_with_the_reason(source: str) -> None:
+    with pytest.raises(MessageTemplateError, match="nested too deep: at most 40 levels"):
+        check_template(source, LIMITS)
+
+
+def test_expressions_nested_within_the_limit_are_fine() -> None:
+    assert _render("{{ 1" + "|abs" * 30 + " }} {{ " + "(" * 30 + "2" + ")" * 30 + " }}") == "1 2"
+    assert _render("{{ " + "[" * 30 + "]" * 30 + "|length }}") == "1"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.format }}", "{{ range }}", "{{ [range]|first }}",
+    "{{ range ~ '' }}", "{% for i in range(2) %}{{ loop.cycle }}{% endfor %}",
+    "{{ '{:>999999999}'.format(1) }}",  # str.format pads to any width it is given, before any bound applies
+])
+def test_a_template_cannot_render_a_function_or_method(source: str) -> None:
+    with pytest.raises(MessageTemplateError) as refused:
+        check_template(source, LIMITS)
+    assert any(reason in refused.value.reason for reason in ("can only be called", "unsafe", "cannot be shown"))
+    assert "function" not in _render("{{ range(2)|list }} {% for i in range(2) %}{{ loop.index }}{% endfor %}")
+
+
 def test_a_template_over_the_size_limit_is_refused() -> None:
     with pytest.raises(MessageTemplateError, match="4,001 characters: at most 4,000"):
         check_template("x" * 4001, LIMITS)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from notifier.channels.webhook import (
     DestinationRefused,
     DestinationUnresolved,
     WebhookLimits,
+    _public,
     check_destination,
     http_attempt,
     post_webhook,
@@ -45,11 +47,21 @@ def test_signature_verifies_and_rejects_tampering_and_replay() -> None:
      "http://2130706433/", "http://0x7f.1/", "http://017700000001/", "http://127.1/", "http://0/",
      # IPv4 carried in IPv6: NAT64 (well-known and local-use prefixes) and 6to4 reach the private IPv4 inside
      "http://[64:ff9b::a00:1]/", "http://[64:ff9b::7f00:1]/", "http://[64:ff9b:1::a9fe:a9fe]/",
-     "http://[2002:a00:1::1]/", "http://[2002:7f00:1::1]/"],
+     "http://[2002:a00:1::1]/", "http://[2002:7f00:1::1]/",
+     # ... and IPv4-compatible (deprecated), IPv4-translated, NAT64 local-use at its /48 position, site-local
+     "http://[::127.0.0.1]/", "http://[::7f00:1]/", "http://[::10.0.0.1]/", "http://[::169.254.169.254]/",
+     "http://[::ffff:0:127.0.0.1]/", "http://[::ffff:0:a00:1]/", "http://[64:ff9b:1:a00:0:100::]/",
+     "http://[64:ff9b:1::808:808]/", "http://[fec0::1]/"],
 )
 def test_ssrf_guard_refuses_non_public_destinations(url: str) -> None:
     with pytest.raises(DestinationRefused):
         check_destination(url, allow_hosts=[])
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1"])
+def test_ssrf_guard_judges_an_embedded_ipv4_address_by_itself(address: str) -> None:
+    """The same encodings of a public IPv4 address pass: it is the address inside that decides."""
+    assert _public(ipaddress.ip_address(address))
 
 
 def test_ssrf_guard_allow_list_approves_the_resolved_addresses() -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from subscriptions.db import SchemaError, engine_for, migrate
+from subscriptions.db import SchemaError, alembic_config, engine_for, migrate
 from subscriptions.models import Base
 from tests.databases import postgres_database
 
@@ -36,3 +38,37 @@ def test_a_database_from_before_migrations_is_refused_with_a_clear_error(tmp_pat
         connection.execute(text("create table subscriptions (id integer primary key)"))
     with pytest.raises(SchemaError, match="predates schema migrations"):
         engine_for(url)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_token_names_widen_to_200_keeping_rows_and_never_reusing_ids(database: str, tmp_path: Path) -> None:
+    """0006 widens the token names (PostgreSQL refused 101-200 characters with a 500); on SQLite it
+    recreates the tables, which must keep their rows, links and AUTOINCREMENT high-water mark."""
+    with (nullcontext(f"sqlite:///{tmp_path / 'old.db'}") if database == "sqlite" else postgres_database()) as url:
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            command.upgrade(alembic_config(connection), "0005_streams")
+            connection.execute(text("insert into users (id, email, password_hash, role, created_at) "
+                                    "values (1, 'a@example.com', 'x', 'user', current_timestamp)"))
+            connection.execute(text("insert into streams (id, name, topic, schema, version, created_at, updated_at) "
+                                    "values (1, 's', 't', '{}', 1, current_timestamp, current_timestamp)"))
+            for n in (1, 2, 3):
+                connection.execute(text("insert into api_tokens (user_id, name, token_hash, prefix, created_at) "
+                                        f"values (1, 'api{n}', 'h{n}', 'p', current_timestamp)"))
+                connection.execute(text("insert into publisher_tokens (name, token_hash, prefix, created_at) "
+                                        f"values ('pub{n}', 'h{n}', 'p', current_timestamp)"))
+            connection.execute(text("insert into publisher_token_streams values (1, 1)"))
+            connection.execute(text("delete from api_tokens where id = 3"))
+            connection.execute(text("delete from publisher_tokens where id = 3"))
+        engine.dispose()
+        migrate(engine_for(url))
+        assert _differences(url) == []
+        with engine_for(url).begin() as connection:
+            assert connection.execute(text("select name from api_tokens order by id")).scalars().all() == ["api1", "api2"]
+            assert connection.execute(text("select * from publisher_token_streams")).all() == [(1, 1)]
+            for table in ("api_tokens", "publisher_tokens"):
+                user = "user_id, " if table == "api_tokens" else ""
+                new_id = connection.execute(text(f"insert into {table} ({user}name, token_hash, prefix, created_at) "
+                                                 f"values ({'1, ' if user else ''}:name, 'h9', 'p', current_timestamp) "
+                                                 "returning id"), {"name": "n" * 200}).scalar_one()
+                assert new_id == 4, (table, new_id)  # 3 was deleted before the upgrade: never handed out again

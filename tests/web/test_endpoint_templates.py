@@ -53,6 +53,19 @@ def test_the_form_takes_kinds_secrets_and_templates_and_shows_errors_on_the_fiel
         assert 'data-ok="false"' in failing.text and "line 2: UndefinedError" in failing.text
 
 
+def test_the_form_refuses_deep_or_function_printing_templates_on_the_field(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as client:
+        sign_in(client, user.email)
+        for template, reason in (("{{ " + "not " * 990 + "1 }}", "expressions nested too deep"),
+                                 ("{{ " + "[" * 1500 + "]" * 1500 + " }}", "expressions nested too deep"),
+                                 ("{{ ''.format }}", "attribute &#39;format&#39; of &#39;str&#39; object is unsafe")):
+            refused = client.post("/endpoints", data={"kind": "slack", "target": SLACK, "template": template})
+            assert refused.status_code == 422 and reason in refused.text, refused.text[-500:]
+            shown = client.post("/endpoints/template-preview", data={"kind": "slack", "template": template})
+            assert shown.status_code == 200 and 'data-ok="false"' in shown.text and reason in shown.text
+
+
 @pytest.fixture
 def server(settings: Settings) -> Iterator[str]:
     with serving(create_app(settings)) as url:

@@ -85,3 +85,20 @@ def test_tokens_and_secrets_are_shown_once(settings: Settings) -> None:
         assert second != first and 'id="new-secret"' not in browser.get("/endpoints", headers=HTML).text
         refused = browser.post("/endpoints", data={"kind": "webhook", "target": "ftp://x"})
         assert refused.status_code == 422 and "http(s) URL" in refused.text
+
+
+def test_the_forms_refuse_names_with_control_or_format_characters_on_the_field(settings: Settings) -> None:
+    operator, _ = new_user(settings, role="operator")
+    with api_client(settings) as browser:
+        sign_in(browser, operator.email)
+        for bad in ("in\tside", "right\u202eto-left", "zero\u200bwidth"):
+            for path, data, field in [
+                ("/account/tokens", {"name": bad}, "name"),
+                ("/streams/tokens", {"token_name": bad, "streams": ["trades"]}, "token_name"),
+                ("/subscriptions/new", {"name": bad, "condition": "COUNT(*) OVER 1m > 1"}, "name"),
+            ]:
+                refused = browser.post(path, data=data, headers=HTML)
+                assert refused.status_code == 422, (path, bad)
+                assert re.search(f'data-field="{field}">[^<]*control characters or Unicode format characters', refused.text), (path, bad)
+        assert browser.post("/streams/tokens", data={"token_name": "n" * 200, "streams": ["trades"]},
+                            follow_redirects=False).status_code == 303

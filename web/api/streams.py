@@ -43,6 +43,7 @@ from core.streams import (
     split_json_array,
     split_ndjson,
 )
+from core.text import Name
 from ingest.model import DeadLetter
 from ingest.model import RecordLimits as LetterLimits
 from subscriptions.db import session_factory
@@ -118,7 +119,7 @@ class StreamOut(BaseModel):
 class PublisherTokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=100)
+    name: Name
     streams: list[StreamName] = Field(min_length=1, max_length=100)
 
 

@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Path, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 
 from core.streams import Attribute, IncompatibleChange, StreamSchema
+from core.text import Name
 from subscriptions.admin import attribute_spec
 from subscriptions.errors import Conflict, Forbidden, NotFound
 from subscriptions.models import Stream, Subscription
@@ -26,6 +27,7 @@ from web.pages.common import Page, PagePrincipal, flash, form_errors, render, ta
 from web.pages.ops import _operator
 
 router = APIRouter(include_in_schema=False)
+NAME: TypeAdapter[str] = TypeAdapter(Name)
 
 NamePath = Annotated[str, Path(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
 FieldPath = Annotated[str, Path(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
@@ -183,8 +185,10 @@ def create_publisher_token(request: Request, principal: Page, session: DbDep, se
     _operator(principal)
     service = StreamService(session, settings)
     errors: dict[str, str] = {}
-    if not 1 <= len(token_name.strip()) <= 100:
-        errors["token_name"] = "the token's name: 1 to 100 characters"
+    try:
+        NAME.validate_python(token_name.strip())
+    except ValidationError as exc:
+        errors["token_name"] = f"the token's name {form_errors(exc)['form']}"
     if not streams:
         errors["token_streams"] = "choose at least one stream the token may publish to"
     if not errors:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -206,5 +206,61 @@ def test_streams_follow_the_registry_while_the_job_runs(spark, settings: Setting
         publish_registry(client, keys, [trades_schema(run)])
         supervisor.poll()
         assert supervisor.queries() == {} and not second.isActive
+    finally:
+        supervisor.stop_all()
+
+
+def topics(settings: Settings) -> set[str]:
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        return set(admin.list_topics())
+    finally:
+        admin.close()
+
+
+@pytest.mark.slow  # a topic deleted and created again, two queries: run in CI
+def test_a_stream_deleted_and_declared_again_starts_clean_and_alerts(spark, settings: Settings,
+                                                                      tmp_path: Path) -> None:
+    """Deleted (topic and all) and declared again under its name between two polls of the supervisor, a stream is
+    a new stream: its query starts on an empty checkpoint, reads its new topic from the start and alerts. On its
+    old checkpoint it failed on offsets past the new topic's end (or evaluated nothing), and never alerted."""
+    from subscriptions.streams import create_topic, delete_topic
+
+    run = stream_settings(settings, tmp_path)
+    ensure_topics(run)
+    create_topic(run, HOSTS)
+    client = redis.Redis.from_url(run.redis_url)
+    keys = RedisKeys(run)
+    first_sub = SubscriptionSpec(1, on_hosts(parse_condition("SUM(volume) OVER 5s > 100")))
+    publish_catalog(run, first_sub)
+    publish_registry(client, keys, [trades_schema(run), HOSTS], {"hosts": 1})
+    supervisor = StreamSupervisor(spark, run, RegistryReader(client, keys, run), build_query)
+    now = int(time.time() * 1000) // 1000 * 1000 - 120_000
+    try:
+        supervisor.poll()
+        with StreamPublisher(run, HOSTS) as publisher:  # 40 records: the new topic will have fewer
+            publisher.publish_records([json.dumps({"key": "H1", "ts": now + i * 100, "cpu": 1, "mem": 40})
+                                       for i in range(40)], ["t"] * 40)
+            publisher.heartbeat(now + 20_000)
+        wait_until(lambda: (1, "firing") in {(t["subscription_id"], t["state"]) for t in transitions(run)},
+                   timeout_s=120, query=supervisor.queries()["hosts"])
+
+        delete_topic(run, "hosts")  # as StreamService.delete and create do; the supervisor polls neither
+        wait_until(lambda: topic_name("hosts", run) not in topics(run), timeout_s=60)
+        create_topic(run, HOSTS)
+        second_sub = SubscriptionSpec(2, on_hosts(parse_condition("SUM(volume) OVER 5s > 100")))
+        publish_catalog(run, second_sub, version=2)
+        publish_registry(client, keys, [trades_schema(run), HOSTS], {"hosts": 2})
+        supervisor.poll()
+        with StreamPublisher(run, HOSTS) as publisher:  # earlier times than before: a fresh watermark takes them
+            publisher.publish_records([json.dumps({"key": "H2", "ts": now + i * 300, "cpu": 1, "mem": 40})
+                                       for i in range(5)], ["t"] * 5)
+            publisher.heartbeat(now + 6_000)
+        wait_until(lambda: supervisor.poll() is None and healthy(list(supervisor.queries().values()))
+                   and (2, "H2", "firing") in {(t["subscription_id"], t["key"], t["state"]) for t in transitions(run)},
+                   timeout_s=180)
+        shards = {k.decode(): v for k, v in client.hgetall(keys.evaluator_stats).items()
+                  if k.decode().startswith("stream:hosts:shard_")}
+        assert shards and all(int(v) > 0 for v in shards.values()), shards
     finally:
         supervisor.stop_all()

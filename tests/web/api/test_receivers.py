@@ -87,3 +87,28 @@ def test_the_preview_reports_a_failing_template_with_its_line(api: TestClient) -
                             "error": "SecurityError: range of 5,000 numbers: at most 1,000"}
     default = api.post("/api/endpoints/preview-template", json={"kind": "teams"}).json()
     assert default["ok"] and default["payload"]["attachments"][0]["content"]["type"] == "AdaptiveCard"
+
+
+HOSTILE_TEMPLATES = {  # each under the 4,000-character limit
+    "{{ " + "[" * 1500 + "]" * 1500 + " }}": "nested too deep",
+    "{{ " + "(" * 1300 + "1" + ")" * 1300 + " }}": "nested too deep",
+    "{{ " + "not " * 990 + "1 }}": "nested too deep",
+    "{{ 1" + "|abs" * 990 + " }}": "nested too deep",
+    "{{ ''.format }}": "attribute 'format' of 'str' object is unsafe",
+    "{{ range }}": "range can only be called",
+}
+
+
+def test_deep_or_function_printing_templates_are_refused_on_the_field_never_a_500(api: TestClient) -> None:
+    slack = {"kind": "slack", "target": "https://hooks.slack.com/services/x"}
+    kept = api.post("/api/endpoints", json={**slack, "template": "{{ title }}"}).json()["id"]
+    for template, reason in HOSTILE_TEMPLATES.items():
+        refused = api.post("/api/endpoints", json={**slack, "template": template})
+        assert refused.status_code == 422, (template[:20], refused.text)
+        [error] = refused.json()["detail"]
+        assert error["loc"] == ["body", "template"] and reason in error["msg"], error
+        changed = api.patch(f"/api/endpoints/{kept}", json={"template": template})
+        assert changed.status_code == 422 and reason in changed.text
+        shown = api.post("/api/endpoints/preview-template", json={"kind": "slack", "template": template})
+        assert shown.status_code == 200 and not shown.json()["ok"] and reason in shown.json()["error"]
+    assert api.get(f"/api/endpoints/{kept}").json()["template"] == "{{ title }}"

@@ -42,3 +42,55 @@ def test_an_invalid_cursor_is_a_422(settings: Settings) -> None:
         for cursor in ["99999999999999999999999-0", "1-99999999999999999999999"]:
             response = api.get(f"/api/subscriptions/{sid}/alerts", params={"before": cursor})
             assert response.status_code == 422, (cursor, response.text)
+
+
+BAD_NAMES = ["line\nbreak", "carriage\rreturn", "tab\there", "right\u202eto-left", "zero\u200bwidth", "nul\x00",
+             "line\u2028separator"]
+STREAM = {"name": "gauges", "attributes": [{"name": "v"}]}
+
+
+def test_names_with_control_or_format_characters_are_a_422_on_the_field(settings: Settings) -> None:
+    """Every name field: subscriptions, API and publisher tokens, sign-in tokens, attribute units."""
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as api:
+        assert api.post("/api/streams", json=STREAM).status_code == 201
+        for bad in BAD_NAMES:
+            for path, body, loc in [
+                ("/api/subscriptions", {"name": bad, "condition": "COUNT(*) OVER 1m > 1"}, ["body", "name"]),
+                ("/api/tokens", {"name": bad}, ["body", "name"]),
+                ("/api/publisher-tokens", {"name": bad, "streams": ["gauges"]}, ["body", "name"]),
+                ("/api/streams", {"name": "other", "attributes": [{"name": "v", "unit": bad}]},
+                 ["body", "attributes", 0, "unit"]),
+            ]:
+                response = api.post(path, json=body)
+                assert response.status_code == 422, (path, bad, response.text)
+                [error] = response.json()["detail"]
+                assert error["loc"] == loc and "control characters or Unicode format characters" in error["msg"], (path, bad, error)
+        fine = "Ünïcode names ✓ (emoji 🚨, Ελληνικά)"
+        assert api.post("/api/subscriptions", json={"name": fine, "condition": "COUNT(*) OVER 1m > 1"}).json()["name"] \
+            == fine
+
+
+def test_token_names_up_to_the_schema_limit_are_stored(settings: Settings) -> None:
+    """200 characters (the schema's limit) fit every name column; PostgreSQL's VARCHAR(100) made 101-200 a 500."""
+    _, token = new_user(settings, role="operator")
+    with api_client(settings, token) as api:
+        assert api.post("/api/streams", json=STREAM).status_code == 201
+        for length in (101, 200):
+            name = "n" * length
+            made = [api.post("/api/tokens", json={"name": name}),
+                    api.post("/api/publisher-tokens", json={"name": name, "streams": ["gauges"]})]
+            assert [r.status_code for r in made] == [201, 201], [r.text for r in made]
+            assert [r.json()["name"] for r in made] == [name, name]
+        assert api.post("/api/tokens", json={"name": "n" * 201}).status_code == 422
+
+
+def test_a_lone_surrogate_is_a_422_that_echoes_it_escaped(settings: Settings) -> None:
+    """JSON may spell a lone surrogate (\\ud800), which UTF-8 cannot encode: the 422 that echoes the input was a 500."""
+    _, token = new_user(settings)
+    with api_client(settings, token) as api:
+        for path, body in [("/api/subscriptions", '{"name": "a\\ud800", "condition": "COUNT(*) OVER 1m > 1"}'),
+                           ("/api/endpoints", '{"kind": "webhook", "target": "http://127.0.0.1/\\udfff"}')]:
+            response = api.post(path, content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 422, (path, response.text)
+            assert response.json()["detail"][0]["type"] == "string_unicode"
