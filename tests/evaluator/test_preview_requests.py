@@ -16,13 +16,14 @@ from evaluator.catalog import Catalog
 from evaluator.preview import PreviewAnswer, PreviewRequest
 from evaluator.shard import ShardConfig
 from evaluator.spark.catalog_source import CatalogSource
-from evaluator.spark.shard_runner import BatchResult, ShardJob, ShardRunner, forget_copies
+from evaluator.spark.shard_runner import ShardJob, ShardRunner, forget_copies
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.streams import StreamShape
 from evaluator.substreams import SubstreamShard
 from ingest.model import ATTRIBUTES
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog
+from tests.evaluator.shard_state import State
 from tests.evaluator.test_shard import pane_rows
 
 
@@ -54,29 +55,6 @@ def test_a_preview_is_answered_by_the_query_of_the_stream_its_condition_names(se
     assert [r for r, _ in source.previews(shard=0)] == ["t"]  # answered per (stream, shard, request)
 
 
-class _State:
-    """A shard's persisted state as the operator keeps it (here a dict): the snapshot and the change log."""
-
-    def __init__(self) -> None:
-        self.base: bytes | None = None
-        self.log: dict[int, bytes] = {}
-        self.clock = (0, 0)
-
-    def snapshot(self) -> bytes | None:
-        return self.base
-
-    def log_entry(self, epoch: int) -> bytes | None:
-        return self.log.get(epoch)
-
-    def write(self, result: BatchResult) -> None:
-        if result.snapshot is not None:
-            self.base, self.log = result.snapshot, {}
-        else:
-            assert result.delta is not None
-            self.log[result.epoch] = result.delta
-        self.clock = (result.epoch, result.base_epoch)
-
-
 def _ask(client: redis.Redis, keys: RedisKeys, request_id: str, condition: Condition) -> None:
     client.hset(keys.previews, request_id, PreviewRequest(condition, None, time.time()).to_json())
 
@@ -104,7 +82,7 @@ def test_a_failing_preview_fails_only_its_request_with_its_reason_never_the_batc
     _ask(redis_client, keys, "count", parse_condition("COUNT(*) OVER 1s >= 1"))
     _ask(redis_client, keys, "alien", Condition(Aggregate.SUM, "heat", 1_000, low=1.0))  # not an attribute of trades
     forget_copies()
-    state, runner, t0 = _State(), ShardRunner(job), 1_700_000_000_000
+    state, runner, t0 = State(), ShardRunner(job), 1_700_000_000_000
     for i in range(2):  # two batches: A fires in the first; the requests are answered once, a new one at once
         rows = pane_rows([("A", t0 + i * 1_000 + j * 100, 10.0 + j, 1.0) for j in range(3)])
         result = runner.run(0, *state.clock, rows, {0: t0 + (i + 1) * 1_000 + 500}, state)  # raises nothing

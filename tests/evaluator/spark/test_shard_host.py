@@ -34,38 +34,13 @@ from evaluator.streams import StreamShape
 from ingest.model import ATTRIBUTES, Event, Heartbeat
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog
+from tests.evaluator.shard_state import State
 from tests.evaluator.streams import wait_until
 from tests.evaluator.test_pane_parser import NOW, frame, run
 from tests.evaluator.test_shard import pane_rows
 from tests.evaluator.test_stream_operator import Handle
 
 T0 = 1_700_000_000_000
-
-
-class State:
-    """A shard's persisted state, written as the operator writes a result."""
-
-    def __init__(self) -> None:
-        self.base: bytes | None = None
-        self.log: dict[int, bytes] = {}
-        self.clock = (0, 0)
-        self.reads = 0
-
-    def snapshot(self) -> bytes | None:
-        self.reads += 1
-        return self.base
-
-    def log_entry(self, epoch: int) -> bytes | None:
-        self.reads += 1
-        return self.log.get(epoch)
-
-    def write(self, result: BatchResult) -> None:
-        if result.snapshot is not None:
-            self.base, self.log = result.snapshot, {}
-        else:
-            assert result.delta is not None
-            self.log[result.epoch] = result.delta
-        self.clock = (result.epoch, result.base_epoch)
 
 
 def job_for(settings: Settings, name: str, snapshot_every: int = 1000) -> ShardJob:
