@@ -18,6 +18,10 @@
 - ``policy:<subscription>``: per key, what the subscriber was last told, and
   ``decision:<alert>``: what the alert policy decided for a transition, so that a
   re-handled transition is decided the same way (see ``notifier.dispatcher``);
+- ``sequence:<subscription>``: per key, the last ``sequence`` given to a notification of it, and
+  ``order:<subscription>:<endpoint>:<key>`` / ``order-state:...``: each endpoint's line of a key's
+  notifications not yet delivered, and ``order-wake:<subscription>:<endpoint>:<notification>``: the task of
+  one waiting in its lines (see ``notifier.order``);
 - ``deliveries:*``, ``delivered:*``, ``sending:*`` and ``inflight:*``: see ``notifier.deliveries``;
 - ``celery:*``: the Celery broker's keys, among them each delivery lane's queue
   (:func:`lane_queue`, :func:`celery_queue_keys`; see ``notifier.app``);
@@ -103,10 +107,10 @@ class RedisKeys:
     those of a single Redis. Otherwise (``redis_cluster`` or ``redis_partitions`` > 1):
 
     - the catalog's four keys carry ``{<ns>:catalog}`` (its scripts read and write them together);
-    - a subscription's keys (firing, history, counters, policy, delivery log), its alerts' dedupe
-      and decision marks, and the alert stream they go to carry ``{<ns>:p<n>}``, ``n`` the
-      subscription's :meth:`partition`: the sink's script and the dispatcher's decision
-      transaction each touch one partition, so one slot;
+    - a subscription's keys (firing, history, counters, policy, sequences, delivery log and delivery
+      order), its alerts' dedupe and decision marks, and the alert stream they go to carry ``{<ns>:p<n>}``,
+      ``n`` the subscription's :meth:`partition`: the sink's script, the dispatcher's decision
+      transaction and the order scripts each touch one partition, so one slot;
     - a delivery's ``delivered`` and ``sending`` marks carry ``{<notification id>}`` (claimed together),
       and an owner's in-flight sets (its own and its endpoints') ``{<ns>:owner:<id>}``;
     - a stream's series set is its own tag, and its publisher tokens' sets carry it (one script admits a batch).
@@ -227,6 +231,23 @@ class RedisKeys:
 
     def decision(self, subscription_id: int, alert_id: str) -> str:
         return self._s(subscription_id, "decision", alert_id)
+
+    def sequences(self, subscription_id: int) -> str:
+        """Per key, the last sequence given to a notification of the key (``notifier.order``)."""
+        return self._s(subscription_id, "sequence", subscription_id)
+
+    def order_line(self, subscription_id: int, endpoint_id: int, key: str) -> str:
+        """The notifications of one key not yet delivered to one endpoint, by sequence (``notifier.order``)."""
+        return self._s(subscription_id, "order", subscription_id, endpoint_id, key)
+
+    def order_state(self, subscription_id: int, endpoint_id: int, key: str) -> str:
+        """That line's highest sequence let go, its members' next expected runs and a stalled head's signature."""
+        return self._s(subscription_id, "order-state", subscription_id, endpoint_id, key)
+
+    def order_wake(self, subscription_id: int, endpoint_id: int, notification_id: str) -> str:
+        """The task of a delivery waiting in its lines, for the one ahead to wake it (the order scripts name
+        others' from the prefix this is with an empty ``notification_id``)."""
+        return self._s(subscription_id, "order-wake", subscription_id, endpoint_id, notification_id)
 
     # -- per delivery, endpoint, owner ---------------------------------------------------------------
 

@@ -370,6 +370,11 @@ class Settings(BaseSettings):
         )
 
     @property
+    def delivery_visibility_timeout_s(self) -> int:
+        """The broker's visibility timeout: an unacknowledged delivery is handed to another worker after this long."""
+        return int(self.delivery_retry_schedule_s + self.delivery_visibility_margin_s)
+
+    @property
     def checkpoint_path(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
 

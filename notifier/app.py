@@ -58,7 +58,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         "tocsin_lanes": lanes,
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
-            "visibility_timeout": int(settings.delivery_retry_schedule_s + settings.delivery_visibility_margin_s),
+            "visibility_timeout": settings.delivery_visibility_timeout_s,
             "unacked_restore_interval": settings.delivery_restore_interval_s,
             "unacked_restore_throttle": 1,
             "global_keyprefix": celery_key_prefix(settings),

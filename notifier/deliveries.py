@@ -289,6 +289,10 @@ class DeliveryRecords:
             self.release(notification_id, endpoint_id)
         return bool(claimed) and not delivered, bool(delivered)
 
+    def finished(self, notification_id: str, endpoint_id: int) -> bool:
+        """Whether the delivery ended for good (delivered, dead-lettered or dropped)."""
+        return bool(self.redis.exists(self.keys.delivered(notification_id, endpoint_id)))
+
     def release(self, notification_id: str, endpoint_id: int) -> None:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 

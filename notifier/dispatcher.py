@@ -7,8 +7,12 @@ evaluation's transitions from several tasks), passed through the owner's silence
 (``notifier.silences``) and the subscription's alert policy, and sent as one notification per endpoint when the policy groups
 keys, else one per key.
 
+Each notified transition, and each reminder, gets its key's next ``sequence``, and each
+notification is put in its lines to each endpoint before its deliveries are enqueued, so an
+endpoint gets a key's notifications in that order (``notifier.order``).
+
 Crash safety: the policy decision for each transition, including the id of the
-notification it joins, is stored before any task is enqueued, and entries are
+notification it joins and its sequence, is stored before any task is enqueued, and entries are
 acknowledged only after. A restarted dispatcher re-handles its pending entries,
 finds their decisions, and rebuilds the same notifications; the worker drops any
 it already delivered.
@@ -62,6 +66,7 @@ from evaluator.transition import Transition
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
+from notifier.order import DeliveryOrder, reserve
 from notifier.policy import KeyState, decide, reminder_due
 from notifier.silences import SilenceCache, silenced_decision
 from subscriptions.db import session_factory
@@ -106,6 +111,7 @@ class Dispatcher:
         self.redis = make_redis(settings, decode_responses=True)
         self.one_command = not is_cluster(self.redis)  # one XREADGROUP may name every partition's stream
         self.records = DeliveryRecords(self.redis, self.keys)
+        self.order = DeliveryOrder(self.redis, self.keys, settings)
         self.celery = celery or make_celery(settings)
         self.sessions = session_factory(settings.database_url)
         self.buffer: dict[tuple, _Group] = {}
@@ -353,10 +359,12 @@ class Dispatcher:
         """
         known = self.redis.mget([self.keys.decision(subscription_id, a["alert_id"]) for a in alerts])
         assigned = {a["alert_id"]: json.loads(raw)["notification"] for a, raw in zip(alerts, known, strict=True) if raw}
-        for alert, raw in zip(alerts, known, strict=True):  # the episode a decided transition belongs to
-            episode = json.loads(raw).get("episode") if raw else None
-            if episode:
-                alert["episode_id"] = episode
+        for alert, raw in zip(alerts, known, strict=True):  # the episode and sequence of a decided transition
+            decided = json.loads(raw) if raw else {}
+            if decided.get("episode"):
+                alert["episode_id"] = decided["episode"]
+            if decided.get("sequence") is not None:
+                alert["sequence"] = decided["sequence"]
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned
@@ -380,14 +388,20 @@ class Dispatcher:
             if reason is None and state.episode:
                 alert["episode_id"] = state.episode
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
-        notified = [a["alert_id"] for a in fresh if reasons[a["alert_id"]] is None]
-        shared = notification_id(notified) if policy.group and notified else None
+        notified = [a for a in fresh if reasons[a["alert_id"]] is None]
+        shared = notification_id([a["alert_id"] for a in notified]) if policy.group and notified else None
+        # Numbered before the decisions are stored with their numbers: a crash in between leaves a gap, never a
+        # number given twice.
+        for alert, sequence in zip(notified, reserve(self.redis, self.keys, subscription_id,
+                                                     [a["key"] for a in notified]), strict=True):
+            alert["sequence"] = sequence
         for alert in fresh:
             reason = reasons[alert["alert_id"]]
             nid = None if reason is not None else shared or notification_id([alert["alert_id"]])
             assigned[alert["alert_id"]] = nid
             pipe.set(self.keys.decision(subscription_id, alert["alert_id"]),
-                     json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id")}),
+                     json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id"),
+                                 "sequence": alert.get("sequence")}),
                      ex=DECISION_TTL_S)
             if reason is not None:
                 self.records.suppressed(subscription_id, alert, reason, pipe, counts,
@@ -398,6 +412,9 @@ class Dispatcher:
         return assigned
 
     def enqueue(self, notification: Notification, route: Route) -> None:
+        """Queue one delivery per endpoint, each in its lines first (``notifier.order``): a delivery of a key's
+        later notification, enqueued in turn, never finds this one missing from the line."""
+        self.order.join(notification, [endpoint.id for endpoint in route.endpoints])
         for endpoint in route.endpoints:
             enqueue_notification(self.celery, notification, endpoint.id, binding(endpoint))
         NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
@@ -426,6 +443,8 @@ class Dispatcher:
             ]
             if not due:
                 continue
+            sequences = reserve(self.redis, self.keys, route.subscription_id, [a["key"] for a in due])
+            due = [{**alert, "sequence": sequence} for alert, sequence in zip(due, sequences, strict=True)]
             for members in [due] if policy.group else [[a] for a in due]:
                 nid = notification_id([a["alert_id"] for a in members], reminder_at=now)
                 self.enqueue(make_notification(_info(route), members, nid, reminder=True), route)

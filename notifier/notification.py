@@ -49,6 +49,10 @@ class AlertLine(BaseModel):
     # "crossing" for a crossing (a one-off event, ``CROSSES ABOVE x``: nothing resolves it); absent for the edges
     # of a state (firing/resolved), so their alerts read as before crossings existed.
     kind: str | None = None
+    # The alert's place among its (subscription, key)'s notifications, growing by one for each notified
+    # transition or reminder of the key (``notifier.order``): each endpoint gets them in this order, and a
+    # receiver can order on it too. Only on the dispatcher's notifications, like ``episode_id``.
+    sequence: int | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
     evaluated_at: int | float | None = None
@@ -132,7 +136,8 @@ def make_notification(subscription: dict, alerts: list[dict], notification: str,
         created_at=time.time(),
         alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}
                                               | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {})
-                                              | ({"kind": a["kind"]} if a.get("kind", "state") != "state" else {}))
+                                              | ({"kind": a["kind"]} if a.get("kind", "state") != "state" else {})
+                                              | ({"sequence": a["sequence"]} if a.get("sequence") is not None else {}))
                      for a in ordered),
         **marks,
     )

@@ -31,6 +31,29 @@ class Message:
     error: str | None = None  # the template failed; ``text`` is the default message
 
 
+SEQUENCES_SHOWN = 10
+
+
+def sequences(notification: dict[str, Any]) -> dict[str, int]:
+    """Each alert's ``sequence`` by key (``notifier.order``): the alerts that have one (a subscription's)."""
+    return {str(alert["key"]): alert["sequence"] for alert in notification["alerts"]
+            if alert.get("sequence") is not None}
+
+
+def context_line(notification: dict[str, Any]) -> str:
+    """The line under a chat message: ``Tocsin · notification 3f2a… · sequence 7`` (``sequences AAPL 7, MSFT 3``
+    for several keys, the first ten), for a reader - or a flow reading the message - to match and order them."""
+    line = f"Tocsin · {'test alert · ' if notification.get('test') else ''}notification {notification['notification_id']}"
+    numbered = list(sequences(notification).items())
+    if len(numbered) == 1 and len(notification["alerts"]) == 1:
+        return f"{line} · sequence {numbered[0][1]}"
+    if numbered:
+        shown = ", ".join(f"{key} {sequence}" for key, sequence in numbered[:SEQUENCES_SHOWN])
+        more = f" +{len(numbered) - SEQUENCES_SHOWN}" if len(numbered) > SEQUENCES_SHOWN else ""
+        return f"{line} · sequences {shown}{more}"
+    return line
+
+
 def cut(text: str, limit: int) -> str:
     """``text`` within ``limit`` characters, marked with ``…`` when cut."""
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"

@@ -24,6 +24,12 @@ records of a failure for good is the task failed, logged with its whole notifica
 A delivery whose endpoint was deleted, changed hands or changed (a rotated secret)
 since it was queued is dropped, and the drop is recorded.
 
+Order: a delivery of a subscription's notification attempts only when every earlier notification of
+its keys to the same endpoint is delivered, dead-lettered or dropped; until then it waits, woken
+by the one ahead of it when that one ends (``notifier.order``). A copy woken fewer times than its
+line counts is stale and ends; a delivery superseded by a later notification of one of its keys,
+already sent, is dropped with that reason.
+
 Isolation: an attempt holds one of ``delivery_endpoint_concurrency`` slots of its
 endpoint and one of ``delivery_owner_concurrency`` slots of the endpoint's owner;
 a delivery that finds either full gives its worker thread back (not counted as an
@@ -37,6 +43,7 @@ full, up to 8x ``delivery_busy_delay_s`` (see ``busy_delay_s``).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import random
 import time
@@ -60,6 +67,7 @@ from notifier.attempt import Attempt
 from notifier.channels import EndpointView, channel_for, channels
 from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
+from notifier.order import DeliveryOrder, Turn, lost_after_s, places
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
 from subscriptions.routing import endpoint_route
@@ -71,6 +79,10 @@ LATENCY = Histogram("tocsin_delivery_latency_seconds", "Latency of delivery atte
 DEFERRED = Counter("tocsin_delivery_deferred_total", "Deliveries deferred because their endpoint or owner was busy",
                    ["cap"])
 BUSY_POLL_S = 0.01  # how often a delivery waiting in its thread for a quick endpoint's slot looks (one script call)
+WAITED = Counter("tocsin_delivery_order_waits_total",
+                 "Deliveries put back because an earlier notification of one of their keys was not delivered yet")
+ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
+                     "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
 
 
@@ -183,15 +195,15 @@ def claim_ttl_s(settings: Settings) -> float:
 
 
 def read_delivery(notification: object, endpoint_id: object, attempt: object, deferrals: object,
-                  extra: tuple, unknown: dict) -> Notification:
+                  extra: tuple, unknown: dict, woken: object = 0) -> Notification:
     """The notification of task arguments that are a delivery; :class:`MalformedNotificationError` says why not."""
     if extra or unknown:
         raise MalformedNotificationError(f"unexpected arguments {list(extra) + sorted(unknown)!r}"[:500])
     typed = Notification.from_json(notification)
     if type(endpoint_id) is not int or endpoint_id < 1:
         raise MalformedNotificationError(f"endpoint_id {endpoint_id!r} is not an id")
-    if type(attempt) is not int or attempt < 1 or type(deferrals) is not int or deferrals < 0:
-        raise MalformedNotificationError("attempt and deferrals must be counts")
+    if type(attempt) is not int or attempt < 1 or any(type(n) is not int or n < 0 for n in (deferrals, woken)):
+        raise MalformedNotificationError("attempt, deferrals and woken must be counts")
     return typed
 
 
@@ -209,11 +221,11 @@ STORE_BROKEN = Counter("tocsin_delivery_store_errors_total",
 @app.task(bind=True, name=DELIVER_TASK, acks_late=True, max_retries=None)
 def deliver(self: Task, notification: dict | None = None, endpoint_id: int | None = None, *extra: object,
             owner_id: int | None = None, generation: str | None = None, attempt: int = 1, deferrals: int = 0,
-            **unknown: object) -> str:
+            woken: int = 0, **unknown: object) -> str:
     settings = get_settings()
     try:
         return _deliver(self, settings, notification, endpoint_id, extra, owner_id, generation, attempt, deferrals,
-                        unknown)
+                        woken, unknown)
     except STORE_ERRORS as exc:
         REQUEUED.inc()
         log.warning("delivery_requeued_store_unavailable", endpoint_id=endpoint_id,
@@ -227,31 +239,45 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
 
 
 def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint_id: int | None, extra: tuple,
-             owner_id: int | None, generation: str | None, attempt: int, deferrals: int, unknown: dict) -> str:
+             owner_id: int | None, generation: str | None, attempt: int, deferrals: int, woken: int,
+             unknown: dict) -> str:
     records = DeliveryRecords(_redis(settings.redis_url, settings.redis_cluster), RedisKeys(settings))
     try:
-        typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown)
+        typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown, woken)
     except MalformedNotificationError as exc:  # never silence: a task that is not a delivery is a dead letter, with why
         reason = str(exc)
         letter = records.malformed({"notification": notification, "endpoint_id": endpoint_id, "extra": extra,
                                     "owner_id": owner_id, "generation": generation, "attempt": attempt,
-                                    **unknown}, reason)
+                                    "woken": woken, **unknown}, reason)
         ATTEMPTS.labels("unknown", "dead").inc()
         log.error("delivery_malformed", reason=reason, dead_letter=letter)
         return "malformed"
     assert type(endpoint_id) is int  # checked by read_delivery; for the type checker
-    delivery = _Delivery(self, settings, records, typed, endpoint_id,
-                         {"owner_id": owner_id, "generation": generation}, attempt, deferrals)
+    delivery = _Delivery(self, settings, records, typed, endpoint_id, {"owner_id": owner_id, "generation": generation},
+                         attempt, deferrals, woken)
     nid = typed.notification_id
+    turn = None
+    if places(typed):  # in lines: its turn comes before its claim, so a copy waiting or stale never holds the claim
+        if records.finished(nid, endpoint_id):
+            delivery.leave()  # a copy that died between its final mark and leaving its lines
+            return "duplicate"
+        turn = delivery.turn()
+        if turn.stale:
+            return "stale copy"
+        if turn.wait_s is not None:  # a notification of one of its keys is ahead of it, not yet delivered
+            WAITED.inc()
+            delivery.again(turn.wait_s, attempt, deferrals)
+            return "waiting"
     claimed, finished = records.claim(nid, endpoint_id, claim_ttl_s(settings))
     if finished:
+        delivery.leave()  # a copy that died between its final mark and leaving its lines
         return "duplicate"
     if not claimed:
         # Another copy is sending right now (or died doing so): look again once it must be done.
         delivery.again(claim_ttl_s(settings), attempt)
         return "sending elsewhere"
     try:
-        return delivery.run()
+        return delivery.run(turn)
     except STORE_ERRORS:
         raise
     except Exception as exc:
@@ -265,14 +291,16 @@ class _Delivery:
     """One run of the task, with the ways it can end."""
 
     def __init__(self, task: Task, settings: Settings, records: DeliveryRecords, notification: Notification,
-                 endpoint_id: int, bound: dict, attempt: int, deferrals: int) -> None:
+                 endpoint_id: int, bound: dict, attempt: int, deferrals: int, woken: int = 0) -> None:
         self.task, self.settings, self.records = task, settings, records
+        self.order = DeliveryOrder(records.redis, records.keys, settings)
         self.notification, self.endpoint_id, self.bound, self.number = notification, endpoint_id, bound, attempt
         self.payload = notification.to_json()  # as queued: what retries carry and records keep
-        self.deferrals = deferrals
+        self.deferrals, self.woken = deferrals, woken
 
     def again(self, countdown: float, attempt: int, deferrals: int = 0) -> None:
-        """Send this delivery again later, in its lane, as attempt number ``attempt``.
+        """Send this delivery again later, in its lane, as attempt number ``attempt``, and tell its lines when (a
+        sign of life, and the time a delivery waiting behind it looks again: see ``notifier.order``).
 
         A new message, published before this one is acknowledged (late): a crash in between
         runs the delivery twice at worst (its claim and final mark keep the sends one at a
@@ -283,9 +311,25 @@ class _Delivery:
         ``retry`` also builds a traceback for every call, a fifth of a worker's time when a
         flood to one endpoint is deferred again and again.
         """
-        self.task.apply_async(args=(self.payload, self.endpoint_id),
-                              kwargs={**self.bound, "attempt": attempt, "deferrals": deferrals},
+        self.order.expect(self.notification, self.endpoint_id, countdown)
+        self.task.apply_async(args=(self.payload, self.endpoint_id), kwargs=self.arguments(attempt, deferrals),
                               countdown=countdown, queue=queue_for(self.task.app, self.payload))
+
+    def arguments(self, attempt: int, deferrals: int) -> dict:
+        """The task's keyword arguments for its run as attempt number ``attempt``."""
+        return {**self.bound, "attempt": attempt, "deferrals": deferrals, "woken": self.woken}
+
+    def leave(self) -> None:
+        """Out of its lines (``notifier.order``), waking what waited behind it: a copy of each such delivery's task,
+        now; once published, the copy it woke from is stale and ends when it comes (a publish that fails leaves
+        that copy to come at its time)."""
+        waiters = self.order.leave(self.notification, self.endpoint_id)
+        for waiter in waiters:
+            task = json.loads(waiter.task)
+            self.task.apply_async(args=(task["notification"], task["endpoint_id"]),
+                                  kwargs={**task["kwargs"], "woken": waiter.woken},
+                                  queue=queue_for(self.task.app, task["notification"]))
+        self.order.woken(self.notification, self.endpoint_id, waiters)
 
     def take_slot(self, owner_id: int, token: str) -> Busy | None:
         """A slot of the endpoint and of its owner, waited for in the thread only as ``busy_wait_s`` allows."""
@@ -308,20 +352,31 @@ class _Delivery:
                 self.records.free_slot(self.endpoint_id, owner_id, token, None)
         return busy
 
-    def run(self) -> str:
+    def turn(self) -> Turn:
+        """Its turn in its lines (``notifier.order``), its task's arguments kept there while it waits."""
+        task = {"notification": self.payload, "endpoint_id": self.endpoint_id,
+                "kwargs": self.arguments(self.number, self.deferrals)}
+        turn = self.order.turn(self.notification, self.endpoint_id, json.dumps(task), self.woken)
+        for head in turn.lost:
+            ORDER_LOST.inc()
+            log.error("delivery_order_head_lost", notification=self.notification.notification_id,
+                      endpoint_id=self.endpoint_id, lost=head, after_s=lost_after_s(self.settings))
+        return turn
+
+    def run(self, turn: Turn | None = None) -> str:
+        """Attempt the delivery, given its ``turn`` in its lines (``None``: it has none, or it is not asked)."""
         endpoint = load_endpoint(self.settings, self.endpoint_id)
         reason = stale_reason(endpoint, self.bound["owner_id"], self.bound["generation"])
         if reason is not None:
-            self.records.dropped(self.payload, self.endpoint_id, reason, self.number)
-            ATTEMPTS.labels("unknown" if endpoint is None else endpoint.kind, "dropped").inc()
-            log.warning("delivery_dropped", notification=self.notification.notification_id,
-                        endpoint_id=self.endpoint_id, reason=reason)
-            return "dropped"
+            return self.dropped("unknown" if endpoint is None else endpoint.kind, reason)
         assert endpoint is not None  # stale_reason names a missing endpoint; this tells the type checker
         try:
             channel = channel_for(endpoint.kind, self.settings)
         except UnknownKindError:  # stored, but no channel serves it (any more): no retry can help
             return self.failed(endpoint.kind, Attempt(False, False, 0.0, error=f"no channel for kind {endpoint.kind!r}"))
+        if turn is not None and turn.superseded_by is not None:
+            return self.dropped(endpoint.kind, f"superseded: a later notification of one of its keys (sequence "
+                                               f"{turn.superseded_by}) went to this endpoint first")
         token = uuid.uuid4().hex
         busy = self.take_slot(endpoint.owner_id, token)
         if busy is not None:
@@ -341,13 +396,24 @@ class _Delivery:
         LATENCY.labels(endpoint.kind).observe(attempt.latency_ms / 1000)
         if attempt.ok:
             self.records.delivered(self.payload, self.endpoint_id, endpoint.kind, attempt, self.number)
+            self.leave()
             ATTEMPTS.labels(endpoint.kind, "delivered").inc()
             return "delivered"
         return self.failed(endpoint.kind, attempt)
 
+    def dropped(self, kind: str, reason: str) -> str:
+        """Never sent, for ``reason``: recorded, and out of its lines."""
+        self.records.dropped(self.payload, self.endpoint_id, reason, self.number)
+        self.leave()
+        ATTEMPTS.labels(kind, "dropped").inc()
+        log.warning("delivery_dropped", notification=self.notification.notification_id,
+                    endpoint_id=self.endpoint_id, reason=reason)
+        return "dropped"
+
     def failed(self, kind: str | None, attempt: Attempt) -> str:
         if not attempt.retryable or self.number > self.settings.delivery_max_retries:
             self.records.dead(self.payload, self.endpoint_id, kind, attempt, self.number, self.bound)
+            self.leave()  # what follows a dead letter goes (notifier.order)
             ATTEMPTS.labels(kind or "unknown", "dead").inc()
             log.warning("delivery_dead", notification=self.notification.notification_id,
                         endpoint_id=self.endpoint_id, **attempt.detail())

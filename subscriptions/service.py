@@ -162,9 +162,10 @@ def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.
 def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
     """Remove every piece of Redis state keyed by a deleted subscription's id.
 
-    Its firing set, history, counters, policy state and delivery log; the de-duplication and decision
+    Its firing set, history, counters, policy state, sequences and delivery log; the de-duplication and decision
     marks of the alerts in its history; and its dead letters (replaying one would deliver an alert of a
-    subscription that no longer exists). The evaluator forgets its own firing state when the next
+    subscription that no longer exists). Its delivery lines (``notifier.order``), keyed by endpoint and key
+    too, expire 30 days after their last use. The evaluator forgets its own firing state when the next
     catalog lacks the id; ids are never reused, so nothing can inherit any of it.
     """
     history = keys.history(subscription_id)
@@ -174,7 +175,7 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
         alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
         marks += [keys.alert_mark(subscription_id, alert_id), keys.decision(subscription_id, alert_id)]
     pipe = client.pipeline(transaction=False)
-    for key in (keys.firing(subscription_id), keys.key_states(subscription_id), history,
+    for key in (keys.firing(subscription_id), keys.key_states(subscription_id), keys.sequences(subscription_id), history,
                 keys.counters(subscription_id), keys.delivery_log(subscription_id), *marks):
         pipe.delete(key)  # one key per DEL: a Redis Cluster's pipelines take no other
     _drop_dead_letters(client, keys, pipe,

@@ -479,14 +479,15 @@ def check_template(source: str, limits: TemplateLimits) -> None:
 
 # -- the variables -------------------------------------------------------------------------------
 
-ALERT_VARIABLES = ("key", "state", "value", "window_start", "window_end", "evaluated_at", "alert_id")
+ALERT_VARIABLES = ("key", "state", "value", "window_start", "window_end", "evaluated_at", "alert_id", "sequence")
 VARIABLES: dict[str, str] = {
     "title": "the default one-line summary, e.g. FIRING: High volume (AAPL, MSFT +3)",
     "state": "firing or resolved",
     "reminder": "true when this repeats alerts still firing (re-notify)",
     "test": "true for the 'send test alert' button's",
     "subscription": "name, id and condition of the subscription: subscription.name ...",
-    "alerts": "the alerts, each with key, state, value, window_start, window_end, evaluated_at (epoch ms), alert_id",
+    "alerts": "the alerts, each with key, state, value, window_start, window_end, evaluated_at (epoch ms), alert_id, "
+              "sequence (its place among its key's notifications)",
     "alert": "the first alert (the only one in a PagerDuty event, which is one per key)",
     "alert_count": "how many alerts",
     "keys": "the alerts' keys",
@@ -521,8 +522,9 @@ def sample_notification(state: str = "firing") -> dict[str, Any]:
     """A notification to try templates on (saving checks against it; the preview renders it)."""
     at = 1_767_225_600_000  # 2026-01-01 00:00:00 UTC
     alerts = [{"alert_id": f"sample-{key.lower()}-{state}", "key": key, "state": state, "value": value,
-               "window_start": at - 300_000, "window_end": at, "evaluated_at": at}
-              for key, value in (("AAPL", 2_514_000.0), ("MSFT", 2_071_500.0))]
+               "window_start": at - 300_000, "window_end": at, "evaluated_at": at,
+               "sequence": sequence + (state == "resolved")}
+              for key, value, sequence in (("AAPL", 2_514_000.0, 7), ("MSFT", 2_071_500.0, 3))]
     return {"notification_id": f"sample-{state}", "subscription_id": 1, "subscription_name": "High volume",
             "condition": "SUM(volume) OVER 5m > 2e6", "state": state, "reminder": False, "evaluated_at": at,
             "created_at": at / 1000, "alerts": alerts}

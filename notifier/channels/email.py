@@ -7,6 +7,7 @@ network trouble are transient and retried, 5xx are permanent.
 from __future__ import annotations
 
 import html
+import json
 import re
 import smtplib
 import ssl
@@ -24,7 +25,7 @@ from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.channels import EndpointView, register
 from notifier.notification import Notification, summary
-from notifier.rendering import message, noted
+from notifier.rendering import message, noted, sequences
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.schemas import EMAIL_ADDRESS
 
@@ -74,6 +75,8 @@ def render(notification: dict, sender: str, recipient: str, endpoint_id: int, bo
     # Deterministic, so a receiving system can drop a redelivered copy.
     message["Message-ID"] = make_msgid(idstring=f"{notification['notification_id']}.{endpoint_id}", domain="tocsin")
     message["X-Tocsin-Notification"] = notification["notification_id"]
+    if numbered := sequences(notification):  # JSON, key -> sequence: ASCII, no line breaks
+        message["X-Tocsin-Sequence"] = json.dumps(numbered, separators=(",", ":"))
     env = _templates()
     if body is not None:
         message.set_content(body)

@@ -87,6 +87,7 @@ def pagerduty_events(notification: dict[str, Any], routing_key: str, template: s
                     "window_start": alert.get("window_start"), "window_end": alert.get("window_end"),
                     "reminder": bool(notification.get("reminder")),
                     "notification_id": notification["notification_id"],
+                    "sequence": alert.get("sequence"),
                 },
             },
         })

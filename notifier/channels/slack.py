@@ -2,7 +2,8 @@
 
 The payload Slack documents for incoming webhooks (also taken by Mattermost and
 Rocket.Chat): ``text`` is the message and the notification's fallback, ``blocks``
-its layout - one ``section`` of mrkdwn and a ``context`` line. The endpoint's
+its layout - one ``section`` of mrkdwn and a ``context`` line (the notification's id and each alert's
+``sequence``: ``notifier.rendering.context_line``). The endpoint's
 template, if any, renders the text (values escaped for mrkdwn: ``&``, ``<`` and
 ``>``, so a key can neither mention ``<!channel>`` nor make a link). Slack answers
 200 ``ok``; 429 (with ``Retry-After``) and 5xx are retried, other 4xx
@@ -17,7 +18,7 @@ from core.settings import Settings
 from notifier.channels import register
 from notifier.channels.chat import ChatChannel
 from notifier.channels.webhook import check_url
-from notifier.rendering import cut, message
+from notifier.rendering import context_line, cut, message
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.templating import ESCAPES, ms_time, number
 
@@ -41,10 +42,10 @@ def default_text(values: dict[str, Any]) -> str:
 def slack_payload(notification: dict[str, Any], template: str | None, settings: Settings) -> tuple[dict, str | None]:
     """The request body for ``notification``, and the template's failure if it failed."""
     text = message(notification, template, settings, "slack", default_text, TEXT_LIMIT)
-    context = f"Tocsin · {'test alert · ' if notification.get('test') else ''}notification {notification['notification_id']}"
     blocks = [
         {"type": "section", "text": {"type": "mrkdwn", "text": cut(text.text, SECTION_TEXT_LIMIT)}},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": _escape(context)}]},
+        {"type": "context", "elements": [{"type": "mrkdwn",
+                                          "text": cut(_escape(context_line(notification)), SECTION_TEXT_LIMIT)}]},
     ]
     return {"text": text.text, "blocks": blocks}, text.error
 

@@ -7,8 +7,9 @@ Teams webhook request is received") that replace them::
      "contentUrl": null, "content": {"$schema": ..., "type": "AdaptiveCard", "version": "1.4", "body": [...]}}]}
 
 The body is a title ``TextBlock``, the message ``TextBlock`` (the endpoint's
-template, values Markdown-escaped, or the default) and a ``FactSet`` of the first
-alerts. Teams answers 200 (connectors) or 202 (Workflows); 429 and 5xx are retried.
+template, values Markdown-escaped, or the default), a ``FactSet`` of the first
+alerts and a small ``TextBlock`` naming the notification and each alert's ``sequence``
+(``notifier.rendering.context_line``). Teams answers 200 (connectors) or 202 (Workflows); 429 and 5xx are retried.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from core.settings import Settings
 from notifier.channels import register
 from notifier.channels.chat import ChatChannel
 from notifier.channels.webhook import check_url
-from notifier.rendering import message
+from notifier.rendering import context_line, message
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.templating import ESCAPES, ms_time, number
 
@@ -52,6 +53,8 @@ def teams_payload(notification: dict[str, Any], template: str | None, settings: 
              "color": "Attention" if firing else "Good"},
             {"type": "TextBlock", "text": text.text, "wrap": True},
             {"type": "FactSet", "facts": facts},
+            {"type": "TextBlock", "text": _escape(context_line(notification)), "size": "Small", "isSubtle": True,
+             "wrap": True},
         ],
         "msteams": {"width": "Full"},
     }

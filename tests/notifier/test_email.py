@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ from notifier.notification import build_notification, notification_id
 
 ALERTS = [
     {"alert_id": "a1", "key": "AAPL", "state": "firing", "value": 2_500_000.0, "window_start": 1_700_000_000_000,
-     "window_end": 1_700_000_300_000, "evaluated_at": 1_700_000_300_000},
+     "window_end": 1_700_000_300_000, "evaluated_at": 1_700_000_300_000, "sequence": 4},
     {"alert_id": "a2", "key": "<MSFT>", "state": "firing", "value": 3_100_000.0, "window_start": 1_700_000_000_000,
-     "window_end": 1_700_000_300_000, "evaluated_at": 1_700_000_300_000},
+     "window_end": 1_700_000_300_000, "evaluated_at": 1_700_000_300_000, "sequence": 12},
 ]
 SUBSCRIPTION = {"id": 7, "name": "Heavy volume", "condition": "SUM(volume) OVER 5m > 2e6"}
 
@@ -48,6 +49,7 @@ def test_alert_email_arrives_with_text_and_html_parts() -> None:
     assert message["From"] == "Tocsin <alerts@example.com>"
     assert message["Subject"] == "[Tocsin] FIRING: Heavy volume (<MSFT>, AAPL)"
     assert message["X-Tocsin-Notification"] == _notification()["notification_id"]
+    assert json.loads(message["X-Tocsin-Sequence"]) == {"<MSFT>": 12, "AAPL": 4}  # each key's place in its order
     assert _notification()["notification_id"] in message["Message-ID"]
     text = message.get_body(("plain",)).get_content()
     html = message.get_body(("html",)).get_content()

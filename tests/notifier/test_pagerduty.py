@@ -56,6 +56,7 @@ def test_each_alert_triggers_its_own_incident_with_the_documented_fields(pagerdu
     assert payload["source"] == "AAPL" and payload["severity"] == "error"
     assert payload["timestamp"] == "2026-01-01T00:00:00.000+00:00"
     assert payload["custom_details"]["condition"] == "SUM(volume) OVER 5m > 2e6"
+    assert [r.json["payload"]["custom_details"]["sequence"] for r in receiver.received] == [7, 3]
     assert sorted(events_api.incidents) == ["sample-aapl-firing", "sample-msft-firing"]
 
 
@@ -154,6 +155,10 @@ def test_through_the_dispatcher_a_resolve_closes_the_incident_its_firing_opened(
     assert not events_api.rejected
     assert alert_id(subscription, "AAPL", "resolved", t2) != opened  # why the episode is tracked
     assert events_api.incidents[msft].status == "resolved" and events_api.incidents[msft].events == 3
+    # Each key's notifications numbered in order, the reminder too (AAPL's resolve was 2, MSFT's is 3).
+    assert sorted((r.json["payload"]["source"], r.json["payload"]["custom_details"]["sequence"])
+                  for r in receiver.received if r.json["event_action"] == "trigger") == [
+        ("AAPL", 1), ("MSFT", 1), ("MSFT", 2)]
     assert len(events_api.incidents) == 2
     log = DeliveryRecords(redis_client, RedisKeys(settings)).endpoint_log(created.id)
     assert sorted(entry["outcome"] for entry in log) == ["delivered"] * 4

@@ -42,6 +42,8 @@ def test_the_default_message_has_slacks_shape_and_lists_the_alerts(slack) -> Non
     assert got.json["text"].startswith("*FIRING: High volume (AAPL, MSFT)*")
     assert "• *AAPL*: 2.514e+06" in got.json["text"] and "`SUM(volume) OVER 5m &gt; 2e6`" in got.json["text"]
     assert [b["type"] for b in got.json["blocks"]] == ["section", "context"]
+    context = got.json["blocks"][1]["elements"][0]["text"]
+    assert context == "Tocsin · notification sample-firing · sequences AAPL 7, MSFT 3"
     assert got.headers["Content-Type"] == "application/json"
 
 

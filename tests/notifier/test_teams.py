@@ -43,11 +43,12 @@ def test_the_card_has_the_documented_envelope_title_text_and_facts(teams) -> Non
     assert got.json["type"] == "message" and got.json["attachments"][0]["contentType"] == ADAPTIVE
     card = _card(got)
     assert card["type"] == "AdaptiveCard" and card["version"] == CARD_VERSION
-    title, text, facts = card["body"]
+    title, text, facts, context = card["body"]
     assert title["text"] == "RESOLVED: High volume" and title["color"] == "Good"
     assert "Condition: SUM\\(volume\\) OVER 5m > 2e6" in text["text"].replace("\\>", ">")
     assert facts["facts"] == [{"title": "AAPL", "value": "2.514e+06 (resolved)"},
                               {"title": "MSFT", "value": "2.0715e+06 (resolved)"}]
+    assert context["text"] == "Tocsin · notification sample-resolved · sequences AAPL 8, MSFT 4"
 
 
 def test_a_template_renders_the_text_block_with_values_markdown_escaped(teams) -> None:
