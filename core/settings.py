@@ -159,6 +159,17 @@ class Settings(BaseSettings):
     request_body_timeout_s: float = Field(
         30.0, gt=0, description="longest a request body may take to arrive, from the route's first read of it; "
                                 "slower: 408 and the connection closed (a slow client holds no worker or buffer)")
+    # The web app's database pool (web.deps.web_sessions): a request holds one connection from its first query to its
+    # end. Other processes keep SQLAlchemy's pool.
+    web_db_pool_size: int = Field(5, ge=1, description="database connections a web process keeps open")
+    web_db_max_overflow: int = Field(
+        10, ge=0, description="connections a web process may open beyond web_db_pool_size while all are in use")
+    web_db_pool_timeout_s: float = Field(
+        1.0, gt=0, description="how long a request waits for a database connection when all are in use; then 503 "
+                               "with Retry-After (never a 500, never the 30 s SQLAlchemy waits by default)")
+    busy_retry_after_s: int = Field(
+        1, ge=1, description="the Retry-After of a 503 for a database pool with no connection free within "
+                             "web_db_pool_timeout_s")
     rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")
     rate_sign_up_client: str = Field("10/hour", description="sign-ups per client address")
     rate_preview_account: str = Field("30/minute", description="condition previews per account")

@@ -17,13 +17,13 @@ import redis
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.deliveries import DeliveryRecords
 from subscriptions.accounts import AccountService
-from subscriptions.db import session_factory
+from subscriptions.db import DbPool, session_factory
 from subscriptions.models import User, WebSession
 from subscriptions.schemas import MAX_ID
 from subscriptions.service import SubscriptionService
@@ -39,8 +39,19 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def web_pool(settings: Settings) -> DbPool:
+    """The web app's database pool: sized by the settings, and a short wait for a connection when all are in use
+    (then a 503, ``web.tenants.database_busy``), not SQLAlchemy's 30 s."""
+    return DbPool(settings.web_db_pool_size, settings.web_db_max_overflow, settings.web_db_pool_timeout_s)
+
+
+def web_sessions(settings: Settings) -> sessionmaker[Session]:
+    """Sessions from the web app's pool (:func:`web_pool`)."""
+    return session_factory(settings.database_url, web_pool(settings))
+
+
 def get_db(settings: Annotated[Settings, Depends(get_settings)]) -> Iterator[Session]:
-    session = session_factory(settings.database_url)()
+    session = web_sessions(settings)()
     try:
         yield session
     finally:
