@@ -24,11 +24,11 @@ from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import pages
 from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
-from web.deps import web_sessions
+from web.deps import SESSION_COOKIE, web_sessions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
 from web.pages.common import http_error as page_or_json_error
-from web.tenants import database_busy
+from web.tenants import AccountBound, AccountConcurrency, database_busy
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await sampler
         close_probes()
         app.state.redis.close()
+        await app.state.account_bound.aclose()
 
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,
                   description="Alerts on sliding-window aggregates of keyed event streams. Authenticate with "
@@ -64,6 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.limiter = RateLimiter(settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes, timeout_s=settings.request_body_timeout_s)
+    app.state.account_bound = AccountBound(settings, SESSION_COOKIE)
+    app.add_middleware(AccountConcurrency, bound=app.state.account_bound, refuse=page_or_json_error,
+                       exempt=("/static/",))  # outside the body limit: a refused request's body is never read
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
                    ops.router, health.router, pages.router, silences.router, streams.router, streams.tokens_router,

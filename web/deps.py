@@ -1,7 +1,8 @@
 """Dependencies injected into routes: settings, database session, Redis, the caller, services.
 
 The caller is authenticated by an API token (``Authorization: Bearer tcs_…``) or by
-the session cookie of the web UI. Cookie-authenticated requests that change
+the session cookie of the web UI, and its request then counts toward its account's
+requests in progress (``web.tenants``). Cookie-authenticated requests that change
 something must carry the session's CSRF token (``X-CSRF-Token`` header, or a
 ``csrf_token`` form field), so another site cannot make a browser act for its user.
 """
@@ -28,6 +29,7 @@ from subscriptions.models import User, WebSession
 from subscriptions.schemas import MAX_ID
 from subscriptions.service import SubscriptionService
 from subscriptions.streams import PUBLISHER_PREFIX
+from web.tenants import AccountBound
 
 SESSION_COOKIE = "tocsin_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -109,6 +111,9 @@ async def get_principal(
     request: Request, accounts: Annotated[AccountService, Depends(get_accounts)]
 ) -> Principal | None:
     principal = await run_in_threadpool(_identify, request, accounts)
+    if principal is not None:  # counted under its account now, if its credential was new to this process
+        bound: AccountBound = request.app.state.account_bound
+        await bound.admit(request.scope, principal.user.id)
     if principal is not None and principal.web_session is not None and request.method not in _SAFE_METHODS:
         sent: object = request.headers.get(CSRF_HEADER)  # a form field may be a file: checked below
         if sent is None and request.headers.get("content-type", "").startswith(
