@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, cast
 from urllib.parse import urlparse
 
 import redis
+import redis.asyncio
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.commands.core import Script
@@ -35,6 +36,14 @@ def connect(url: str, cluster: bool, decode_responses: bool = False, **options: 
         # The same commands as redis.Redis for one slot's keys (see the module's docstring).
         return cast("redis.Redis", RedisCluster.from_url(url, decode_responses=decode_responses, **options))
     return redis.Redis.from_url(url, decode_responses=decode_responses, **options)
+
+
+def make_async_redis(settings: Settings, **options: Any) -> redis.asyncio.Redis:
+    """An asyncio client of the deployment's Redis, single or cluster as configured (for code on an event loop
+    that must not wait on a thread for Redis). Make it on the loop that uses it: its connections belong there."""
+    if settings.redis_cluster:
+        return cast("redis.asyncio.Redis", redis.asyncio.RedisCluster.from_url(settings.redis_url, **options))
+    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
 
 
 def is_cluster(client: redis.Redis | Pipeline) -> bool:

@@ -35,6 +35,8 @@
 - ``previews`` and ``preview:<request>``: condition previews asked of the
   evaluator's shards and their answers (see ``web.conditions``);
 - ``rate:*``: rate-limit and sign-in lock-out counters (see ``web.limits``);
+- ``requests:<account or credential>``: the requests an account has in progress, a sorted set of leases
+  (see ``web.tenants``);
 - ``flash:<session>``: a secret to show once on the next page (see ``web.pages.common``).
 """
 
@@ -140,6 +142,7 @@ class RedisKeys:
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")
         self.rate_limits = k("rate")  # the prefix of the `limits` library's counters
+        self.requests_in_progress = k("requests")  # the prefix of each account's leases (web.tenants)
         self.evaluator_starts = k("evaluator", "starts")
         self.watchdog_state = k("ops", "watchdog")
         self.clock_ahead = k("ops", "clock-ahead")  # sources dating records ahead of the clock (core.clock_ahead)

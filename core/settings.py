@@ -170,6 +170,28 @@ class Settings(BaseSettings):
     request_body_timeout_s: float = Field(
         30.0, gt=0, description="longest a request body may take to arrive, from the route's first read of it; "
                                 "slower: 408 and the connection closed (a slow client holds no worker or buffer)")
+    # The web app's database pool (web.deps.web_sessions): a request holds one connection from its first query to its
+    # end, and one account at most account_max_requests of them (web.tenants). Other processes keep SQLAlchemy's pool.
+    web_db_pool_size: int = Field(5, ge=1, description="database connections a web process keeps open")
+    web_db_max_overflow: int = Field(
+        10, ge=0, description="connections a web process may open beyond web_db_pool_size while all are in use")
+    web_db_pool_timeout_s: float = Field(
+        1.0, gt=0, description="how long a request waits for a database connection when all are in use; then 503 "
+                               "with Retry-After (never a 500, never the 30 s SQLAlchemy waits by default)")
+    account_max_requests: int = Field(
+        6, ge=1, description="requests one account (API tokens and browser sessions together) may have in progress "
+                             "at once, over every web process (counted in Redis) and in each (counted locally); "
+                             "more: 429 with Retry-After before any thread or database connection is taken "
+                             "(web.tenants)")
+    account_request_lease_s: float = Field(
+        120.0, gt=0, description="a request's count in Redis lapses after this long if its web process dies before "
+                                 "taking it back")
+    account_count_timeout_s: float = Field(
+        0.5, gt=0, description="how long a request waits for Redis to count it toward its account's bound; beyond "
+                               "(or Redis down) each web process bounds its own requests alone for a few seconds")
+    busy_retry_after_s: int = Field(
+        1, ge=1, description="the Retry-After of a 429 for an account at account_max_requests and of a 503 for a "
+                             "database pool with no connection free within web_db_pool_timeout_s")
     rate_sign_in_client: str = Field("30/minute", description="sign-in attempts per client address")
     rate_sign_up_client: str = Field("10/hour", description="sign-ups per client address")
     rate_preview_account: str = Field("30/minute", description="condition previews per account")
@@ -349,6 +371,17 @@ class Settings(BaseSettings):
                                  "make one with: python -c 'from cryptography.fernet import Fernet; "
                                  "print(Fernet.generate_key().decode())'") from None
         return key
+
+    @model_validator(mode="after")
+    def _one_account_leaves_connections_to_others(self) -> Settings:
+        pool = self.web_db_pool_size + self.web_db_max_overflow
+        if self.account_max_requests + self.publish_threads >= pool:
+            raise ValueError(
+                f"TOCSIN_ACCOUNT_MAX_REQUESTS ({self.account_max_requests}) + TOCSIN_PUBLISH_THREADS "
+                f"({self.publish_threads}) must be below TOCSIN_WEB_DB_POOL_SIZE + TOCSIN_WEB_DB_MAX_OVERFLOW ({pool}): "
+                f"one account's requests and publishing's token checks could otherwise hold every database "
+                f"connection of a web process")
+        return self
 
     @model_validator(mode="after")
     def _broker_beside_a_cluster(self) -> Settings:

@@ -4,6 +4,9 @@ The schema is owned by Alembic (``subscriptions/migrations``). Every process tha
 opens the database brings it to the newest revision first, under a lock (a file
 lock for SQLite, an advisory lock for PostgreSQL), so processes starting together
 never race on DDL.
+
+Each caller may size its engine's pool (:class:`DbPool`); the web app does, with a short
+wait (``web.deps.web_sessions``), and other processes keep SQLAlchemy's defaults.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -80,6 +84,16 @@ def migrate(engine: Engine) -> None:
                 connection.commit()
 
 
+@dataclass(frozen=True)
+class DbPool:
+    """A connection pool's size: ``size`` connections kept open, ``max_overflow`` more while all are in use, and
+    how long a caller waits for one when none is free (then ``sqlalchemy.exc.TimeoutError``)."""
+
+    size: int
+    max_overflow: int
+    timeout_s: float
+
+
 def deployment_id(url: str) -> str:
     """The id this database was created with (see ``models.Deployment``)."""
     with engine_for(url).connect() as connection:
@@ -87,10 +101,13 @@ def deployment_id(url: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def engine_for(url: str) -> Engine:
+def engine_for(url: str, pool: DbPool | None = None) -> Engine:
+    """The engine of ``url`` with a ``pool`` of that size (None: SQLAlchemy's, 5 + 10 connections, 30 s waits)."""
+    sizing = {} if pool is None else {"pool_size": pool.size, "max_overflow": pool.max_overflow,
+                                      "pool_timeout": pool.timeout_s}
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **sizing)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -99,13 +116,13 @@ def engine_for(url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, pool_pre_ping=True, **sizing)
     migrate(engine)
     return engine
 
 
-def session_factory(url: str) -> sessionmaker[Session]:
-    return sessionmaker(engine_for(url), expire_on_commit=False)
+def session_factory(url: str, pool: DbPool | None = None) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(url, pool), expire_on_commit=False)
 
 
 @contextmanager

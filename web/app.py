@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import sqlalchemy.exc
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -22,15 +23,16 @@ from starlette.middleware.base import RequestResponseEndpoint
 from core.redis_client import make_redis
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
-from subscriptions.db import session_factory
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import pages
 from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
+from web.deps import SESSION_COOKIE, web_sessions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
 from web.pages.common import http_error as page_or_json_error
+from web.tenants import AccountBound, AccountConcurrency, database_busy
 
 STATIC = Path(__file__).parent / "static"
 REQUEST_SECONDS = Histogram("tocsin_http_request_seconds", "Web requests by route template and status",
@@ -58,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = make_redis(settings, decode_responses=True)
         # Redis down: readiness reports it, and the catalog is published again on the next change.
-        with session_factory(settings.database_url)() as session, suppress(redis.RedisError):
+        with web_sessions(settings)() as session, suppress(redis.RedisError):
             CatalogPublisher(session, settings, app.state.redis).republish()
         sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
@@ -67,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await sampler
         close_probes()
         app.state.redis.close()
+        await app.state.account_bound.aclose()
 
     app = FastAPI(title="Tocsin", version="0.1.0", lifespan=lifespan,
                   description="Alerts on sliding-window aggregates of keyed event streams. Authenticate with "
@@ -74,6 +77,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.limiter = RateLimiter(settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes, timeout_s=settings.request_body_timeout_s)
+    app.state.account_bound = AccountBound(settings, SESSION_COOKIE)
+    app.add_middleware(AccountConcurrency, bound=app.state.account_bound, refuse=page_or_json_error,
+                       exempt=("/static/",))  # outside the body limit: a refused request's body is never read
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
     for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
                    ops.router, health.router, pages.router, silences.router, streams.router, streams.tokens_router,
@@ -119,6 +125,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for error in STORE_DOWN:
         app.add_exception_handler(error, store_down)
+
+    @app.exception_handler(sqlalchemy.exc.TimeoutError)  # the pool had no connection free: 503, never a 500
+    async def database_is_busy(request: Request, _exc: sqlalchemy.exc.TimeoutError) -> Response:
+        return await page_or_json_error(request, database_busy(settings))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

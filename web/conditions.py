@@ -20,6 +20,7 @@ from typing import Any
 import redis
 import structlog
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from core.evaluator_status import EvaluatorStatus, evaluator_status
 from core.redis_replies import text_hash
@@ -29,7 +30,7 @@ from core.streams import StreamSchema
 from evaluator.preview import PreviewAnswer, PreviewRequest, most_extreme
 from evaluator.spec import Condition
 from subscriptions.language import combine_keys, explain, format_condition
-from subscriptions.service import checked_condition
+from subscriptions.service import checked_condition, stream_schema
 
 log = structlog.get_logger("web")
 
@@ -122,6 +123,15 @@ def _reason(status: EvaluatorStatus, shards: int, answered: int, settings: Setti
         return status.reason if not answered else f"only {answered} of {shards} shards answered: {status.reason}"
     return (f"only {answered} of {shards} evaluator shards answered within {settings.preview_timeout_s:g} s "
             f"(the evaluator is behind: its last batch ended {status.last_batch_age_s or 0:.0f} s ago)")
+
+
+def preview_schema(session: Session, settings: Settings, stream: str) -> StreamSchema:
+    """The schema a preview is over, and the session's database connection back to the pool: the wait for the
+    evaluator's answers (up to ``preview_timeout_s``) needs none (FieldError if there is no such stream)."""
+    try:
+        return stream_schema(session, settings, stream)
+    finally:
+        session.close()
 
 
 async def preview_matches(text: str, watch: list[str] | None, settings: Settings,

@@ -1,7 +1,8 @@
 """Dependencies injected into routes: settings, database session, Redis, the caller, services.
 
 The caller is authenticated by an API token (``Authorization: Bearer tcs_…``) or by
-the session cookie of the web UI. Cookie-authenticated requests that change
+the session cookie of the web UI, and its request then counts toward its account's
+requests in progress (``web.tenants``). Cookie-authenticated requests that change
 something must carry the session's CSRF token (``X-CSRF-Token`` header, or a
 ``csrf_token`` form field), so another site cannot make a browser act for its user.
 """
@@ -17,17 +18,18 @@ import redis
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.deliveries import DeliveryRecords
 from subscriptions.accounts import AccountService
-from subscriptions.db import session_factory
+from subscriptions.db import DbPool, session_factory
 from subscriptions.models import User, WebSession
 from subscriptions.schemas import MAX_ID
 from subscriptions.service import SubscriptionService
 from subscriptions.streams import PUBLISHER_PREFIX
+from web.tenants import AccountBound
 
 SESSION_COOKIE = "tocsin_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -39,8 +41,19 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def web_pool(settings: Settings) -> DbPool:
+    """The web app's database pool: sized by the settings, and a short wait for a connection when all are in use
+    (then a 503, ``web.tenants.database_busy``), not SQLAlchemy's 30 s."""
+    return DbPool(settings.web_db_pool_size, settings.web_db_max_overflow, settings.web_db_pool_timeout_s)
+
+
+def web_sessions(settings: Settings) -> sessionmaker[Session]:
+    """Sessions from the web app's pool (:func:`web_pool`)."""
+    return session_factory(settings.database_url, web_pool(settings))
+
+
 def get_db(settings: Annotated[Settings, Depends(get_settings)]) -> Iterator[Session]:
-    session = session_factory(settings.database_url)()
+    session = web_sessions(settings)()
     try:
         yield session
     finally:
@@ -98,6 +111,9 @@ async def get_principal(
     request: Request, accounts: Annotated[AccountService, Depends(get_accounts)]
 ) -> Principal | None:
     principal = await run_in_threadpool(_identify, request, accounts)
+    if principal is not None:  # counted under its account now, if its credential was new to this process
+        bound: AccountBound = request.app.state.account_bound
+        await bound.admit(request.scope, principal.user.id)
     if principal is not None and principal.web_session is not None and request.method not in _SAFE_METHODS:
         sent: object = request.headers.get(CSRF_HEADER)  # a form field may be a file: checked below
         if sent is None and request.headers.get("content-type", "").startswith(

@@ -15,7 +15,7 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from ingest.kafka import topic_end_offsets
 from subscriptions.db import engine_for
-from web.deps import RedisDep, SettingsDep
+from web.deps import RedisDep, SettingsDep, web_pool
 from web.ops import STREAM_PROBE_TIMEOUT_S
 
 router = APIRouter(tags=["operations"])
@@ -28,7 +28,7 @@ def healthz() -> dict:
 
 
 def _check_database(settings: Settings) -> None:
-    with engine_for(settings.database_url).connect() as connection:
+    with engine_for(settings.database_url, web_pool(settings)).connect() as connection:
         connection.execute(text("select 1"))
 
 

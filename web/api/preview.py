@@ -13,7 +13,7 @@ from core.streams import StreamName
 from ingest.model import Key
 from subscriptions.service import stream_schema
 from subscriptions.streams import StreamService
-from web.conditions import describe, preview_matches, stream_choices
+from web.conditions import describe, preview_matches, preview_schema, stream_choices
 from web.deps import DbDep, RedisDep, SettingsDep, UserDep
 from web.limits import LimiterDep, limit_previews
 
@@ -51,6 +51,6 @@ async def preview_condition(data: ConditionIn, request: Request, db: DbDep, sett
     ``complete`` is false when some shard did not answer within ``preview_timeout_s``
     (the evaluator is down or behind); ``matches`` lists the most extreme values first.
     """
-    schema = await run_in_threadpool(stream_schema, db, settings, data.stream)  # the database, off the loop
+    schema = await run_in_threadpool(preview_schema, db, settings, data.stream)  # the database, off the loop
     await run_in_threadpool(limit_previews, limiter, request, user.id)  # Redis, off the event loop
     return await preview_matches(data.condition, data.keys, settings, redis_client, schema)

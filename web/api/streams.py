@@ -46,10 +46,9 @@ from core.streams import (
 from core.text import Name
 from ingest.model import DeadLetter
 from ingest.model import RecordLimits as LetterLimits
-from subscriptions.db import session_factory
 from subscriptions.models import PublisherToken, Stream
 from subscriptions.streams import PUBLISHER_PREFIX, StreamService, TopicError, parse_schema
-from web.deps import DbDep, IdPath, OperatorDep, SettingsDep, get_operator
+from web.deps import DbDep, IdPath, OperatorDep, SettingsDep, get_operator, web_sessions
 from web.publishing import (
     PUBLISHED,
     Backpressure,
@@ -70,7 +69,7 @@ NamePath = Annotated[str, Path(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="t
 async def _producer_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Declares the built-in stream at start; the producer is made on the first publish, flushed at the end."""
     settings: Settings = app.state.settings
-    with session_factory(settings.database_url)() as session:
+    with web_sessions(settings)() as session:
         StreamService(session, settings).ensure_builtin()
     app.state.stream_producer = None
     app.state.publish_executor = executor = publishing_executor(settings)
@@ -282,7 +281,7 @@ async def _publisher_stream(request: Request, name: NamePath) -> Publishing:
 
 
 def _check_publisher(settings: Settings, token: str, name: str) -> Publishing:
-    with session_factory(settings.database_url)() as session:
+    with web_sessions(settings)() as session:
         service = StreamService(session, settings)
         publisher = service.publisher(token)
         if publisher is None:

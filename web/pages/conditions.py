@@ -13,7 +13,7 @@ from core.stream_names import TRADES
 from subscriptions.errors import FieldError
 from subscriptions.language import ConditionError
 from subscriptions.service import stream_schema
-from web.conditions import describe, preview_matches
+from web.conditions import describe, preview_matches, preview_schema
 from web.deps import DbDep, RedisDep, SettingsDep
 from web.limits import LimiterDep, limit_previews
 from web.pages.common import Page, render
@@ -44,7 +44,7 @@ async def preview_fragment(request: Request, principal: Page, db: DbDep, setting
         response.headers.update(exc.headers or {})
         return response
     try:
-        schema = await run_in_threadpool(stream_schema, db, settings, stream)
+        schema = await run_in_threadpool(preview_schema, db, settings, stream)
         result = await preview_matches(condition, keys.replace(",", " ").split() or None, settings, redis_client,
                                        schema)
     except (ConditionError, FieldError) as exc:

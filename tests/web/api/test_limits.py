@@ -53,8 +53,11 @@ def test_the_lock_out_is_one_per_address_whatever_its_case_or_surrounding_spaces
 
 
 def test_parallel_creates_stop_exactly_at_the_quota(settings: Settings) -> None:
+    # One account's PARALLEL requests all in progress at once: above its default bound (web.tenants), and each
+    # with a connection of its own while it waits for the lock on the user's row.
     settings = settings.model_copy(update={"user_max_subscriptions": 5, "user_max_endpoints": 4,
-                                           "user_max_tokens": 3})
+                                           "user_max_tokens": 3, "account_max_requests": PARALLEL,
+                                           "web_db_max_overflow": PARALLEL})
     _, token = new_user(settings)  # holds one of the 3 tokens
     headers = {"Authorization": f"Bearer {token}"}
     with serving(create_app(settings)) as url:
