@@ -178,12 +178,14 @@ def test_a_flapping_subscription_to_busy_receivers_is_delivered_in_order(setting
     flap(settings, redis_client, owner, tmp_path / "logs", keys=4, evaluations=30, period_s=0.1)
 
 
+@pytest.mark.jvm  # one heavy test at a time (a CI-mode run had test_isolation over its p99 bound, likely beside it)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_500_episodes_in_order(settings, redis_client, owner, tmp_path) -> None:
     flap(settings, redis_client, owner, tmp_path / "logs", keys=10, evaluations=101, period_s=0.1)
 
 
+@pytest.mark.jvm  # one heavy test at a time (a CI-mode run had test_isolation over its p99 bound, likely beside it)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_500_episodes_in_order_through_a_worker_killed_and_a_dispatcher_restarted(settings, redis_client, owner,

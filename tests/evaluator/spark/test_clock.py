@@ -152,6 +152,7 @@ def publishers(run: Settings) -> Iterator[tuple[httpx.Client, dict[str, str], di
         yield client, headers[0], headers[1], specs
 
 
+@pytest.mark.slow  # the same rule as above through the web app (~2 min of real time): CI runs it
 def test_a_publisher_running_fast_over_http_moves_no_clock(spark, settings: Settings, tmp_path: Path) -> None:
     run = run_settings(settings.model_copy(update={"publish_heartbeat_ms": 250}), tmp_path)
     with publishers(run) as (client, honest_token, fast_token, specs):

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from core.settings import Settings
 from subscriptions.db import engine_for
@@ -21,6 +22,7 @@ B_REQUESTS = 12
 DEADLINE_S = 1.0  # the bound on B's p99 (of 12 samples: their slowest)
 
 
+@pytest.mark.jvm  # a latency bound: run one heavy test at a time, not beside a Spark suite or another flood
 def test_one_accounts_flood_leaves_another_accounts_requests_fast_and_gets_no_500(settings: Settings) -> None:
     # A preview holds its request for preview_timeout_s while it waits for the (absent) evaluator's shard, as a
     # real one behind does; the flood's previews are not rate-limited, so they all reach that wait.
