@@ -145,6 +145,8 @@ class RedisKeys:
         self.requests_in_progress = k("requests")  # the prefix of each account's leases (web.tenants)
         self.evaluator_starts = k("evaluator", "starts")
         self.watchdog_state = k("ops", "watchdog")
+        self.process_restarts = k("ops", "restarts")  # the local runner's restarts per process (core.restarts)
+        self.stale_notices = k("ops", "stale")  # streams whose subscribers were told "stale" (web.stale)
         self.clock_ahead = k("ops", "clock-ahead")  # sources dating records ahead of the clock (core.clock_ahead)
         self._k = k
         self._tags = [partition_tag(settings, f"p{n}") for n in range(self.partitions)]

@@ -95,6 +95,20 @@ class Settings(BaseSettings):
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
 
+    # --- the local runner's supervision (devstack.run, docs/operations.md) ----------
+    runner_restart_backoff_s: float = Field(
+        1.0, gt=0, description="the runner's first wait before restarting a platform process that exited"
+    )
+    runner_restart_backoff_max_s: float = Field(
+        60.0, gt=0, description="the longest wait between restarts (the wait doubles per crash in a row up to this)"
+    )
+    runner_restart_reset_s: float = Field(
+        60.0, gt=0, description="a process up this long is healthy again: its next crash waits the first backoff"
+    )
+    runner_crash_loop_restarts: int = Field(
+        5, ge=1, description="crashes in a row after which the runner reports a process as crash-looping"
+    )
+
     # --- what a record may be (ingest.model.RecordLimits) ---------------------------
     max_record_bytes: int = Field(
         65_536, ge=256, description="larger records are dead-lettered unread (an event is ~80 bytes)"

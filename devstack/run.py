@@ -5,7 +5,15 @@ configured bootstrap address) with its topics, Redis (unless one answers), the
 web app, the Celery worker, the dispatcher, the Spark evaluator and the two
 demo publishers: the synthetic market feed (stream ``trades``) and host metrics
 (stream ``hosts``, declared here at start-up). Every child runs in its own process group and is stopped
-with it; if any child dies, everything is stopped, and the log to read is named and its last lines printed.
+with it.
+
+A platform process that exits (the web app, a worker, the dispatcher, the evaluator, a
+publisher) or the SMTP sink is restarted with backoff (``devstack.supervision``): the
+exit is logged (``process_exited``, with the end of its log printed), the restart
+too (``process_restarted``), and each is counted in Redis (``core.restarts``) for
+``/ops``. The broker and Redis the runner started hold their data in memory only: a
+restarted one would be an empty broker or Redis under a running platform, so their
+exit stops everything, naming the log to read with its last lines.
 
 "Tocsin is running" is printed once the evaluator has evaluated its first batch
 (about a minute after the start), not when the processes merely exist. On
@@ -17,15 +25,18 @@ query and SparkContext, and its JVM exits by itself; only after
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 import redis
 import structlog
 
+from core import restarts
 from core.evaluator_status import evaluator_status
 from core.logs import configure_logging, third_party_level
 from core.redis_client import make_redis
@@ -33,6 +44,7 @@ from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from devstack.services import ManagedProcess, ensure_redis, log_tail, python_module, spawn, start_tansu
+from devstack.supervision import Backoff
 from ingest.hosts import HOSTS, hosts_schema
 from ingest.kafka import ensure_topics
 from subscriptions.admin import LOCAL_OPERATOR, first_operator
@@ -93,6 +105,17 @@ class Runner:
         self.logs = settings.data_dir / "logs"
         self.children: list[ManagedProcess] = []
         self.stopping = False
+        self.recipes: dict[str, Callable[[], ManagedProcess]] = {}  # how to start again what may be restarted
+        self.backoffs: dict[str, Backoff] = {}
+        self.counts: dict[str, int] = {}  # restarts per process since the runner started
+        self.due: dict[str, float] = {}  # processes waiting for their restart, and when (monotonic)
+        self.last_exit: dict[str, tuple[float, int]] = {}  # when (Unix time) and with which code each last exited
+
+    def supervise(self, name: str, start: Callable[[], ManagedProcess]) -> None:
+        """Start a process the runner restarts when it exits."""
+        self.recipes[name] = start
+        self.backoffs[name] = Backoff.of(self.settings, time.monotonic())
+        self.children.append(start())
 
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -119,12 +142,15 @@ class Runner:
             log.info("smtp_found", address=smtp)
         else:  # somewhere for e-mail alerts to go: the sink prints each one to its log
             args = python_module("devstack.mailsink", "--host", self.settings.smtp_host, "--port", str(self.settings.smtp_port))
-            self.children.append(spawn("mail", args, self.logs / "mail.log"))
+            self.supervise("mail", functools.partial(spawn, "mail", args, self.logs / "mail.log"))
             log.info("smtp_started", address=smtp, log=str(self.logs / "mail.log"))
+        with contextlib.suppress(redis.RedisError):  # the counts on /ops are this run's
+            restarts.forget(make_redis(self.settings, socket_timeout=2), RedisKeys(self.settings))
         for name, args in platform_commands(self.settings):
             graceful = name in GRACEFUL
-            self.children.append(spawn(name, args, self.logs / f"{name}.log", graceful=graceful,
-                                       stop_timeout_s=self.settings.evaluator_stop_timeout_s if graceful else 10.0))
+            self.supervise(name, functools.partial(
+                spawn, name, args, self.logs / f"{name}.log", graceful=graceful,
+                stop_timeout_s=self.settings.evaluator_stop_timeout_s if graceful else 10.0))
             log.info("started", process=name, log=str(self.logs / f"{name}.log"))
 
     def evaluator_ready(self, client: redis.Redis) -> bool:
@@ -156,17 +182,64 @@ class Runner:
         while not self.stopping:
             for child in self.children:
                 code = child.process.poll()
-                if code is not None:
-                    path = self.logs / f"{child.name}.log"
+                if code is None or child.name in self.due:
+                    continue
+                path = self.logs / f"{child.name}.log"
+                tail = "\n".join(f"    {line}" for line in log_tail(path))
+                if child.name not in self.recipes:
                     log.error("process_exited", process=child.name, code=code, log=str(path))
-                    tail = "\n".join(f"    {line}" for line in log_tail(path))
                     print(f"\n  {child.name} exited with code {code}; the end of {path}:\n{tail}\n", flush=True)
                     return 1
+                self.exited(child, code, client, tail)
+            for name, due in list(self.due.items()):
+                if time.monotonic() >= due and not self.stopping:
+                    self.restart(name, client)
             if not ready and self.evaluator_ready(client):
                 ready = True
                 print(f"  Tocsin is running: {url}  (evaluator ready: first batch evaluated)\n", flush=True)
             time.sleep(0.5)
         return 0
+
+    def exited(self, child: ManagedProcess, code: int, client: redis.Redis, tail: str) -> None:
+        """A supervised process exited: what is left of its group goes, and its restart is due after its backoff."""
+        child.kill()  # a crashed driver's JVM, a worker's children: the new process must not meet them
+        backoff = self.backoffs[child.name]
+        delay = backoff.exited(time.monotonic())
+        self.due[child.name] = time.monotonic() + delay
+        path = self.logs / f"{child.name}.log"
+        log.warning("process_exited", process=child.name, code=code, log=str(path), restart_in_s=delay,
+                    in_a_row=backoff.in_a_row)
+        print(f"\n  {child.name} exited with code {code}; restarting it in {delay:g} s. The end of {path}:\n"
+              f"{tail}\n", flush=True)
+        if backoff.crash_looping:
+            log.error("process_crash_looping", process=child.name, in_a_row=backoff.in_a_row, code=code,
+                      log=str(path))
+            print(f"  {child.name} KEEPS CRASHING: {backoff.in_a_row} exits in a row, none up "
+                  f"{self.settings.runner_restart_reset_s:g} s; retrying every {delay:g} s at most. Read {path}.\n",
+                  flush=True)
+        self.last_exit[child.name] = (time.time(), code)
+        self.record(child.name, delay, client)
+
+    def restart(self, name: str, client: redis.Redis) -> None:
+        del self.due[name]
+        index = next(i for i, child in enumerate(self.children) if child.name == name)
+        self.children[index] = self.recipes[name]()
+        self.backoffs[name].restarted(time.monotonic())
+        self.counts[name] = self.counts.get(name, 0) + 1
+        log.warning("process_restarted", process=name, restarts=self.counts[name], pid=self.children[index].process.pid)
+        print(f"  {name} restarted (restart {self.counts[name]})\n", flush=True)
+        self.record(name, 0.0, client)
+
+    def record(self, name: str, delay: float, client: redis.Redis) -> None:
+        """The process's restarts in Redis, for /ops (Redis away: the log lines above still say it)."""
+        backoff = self.backoffs[name]
+        at, code = self.last_exit[name]
+        entry = restarts.Restarts(process=name, restarts=self.counts.get(name, 0), last_at=at, last_code=code,
+                                  in_a_row=backoff.in_a_row, crash_looping=backoff.crash_looping, next_in_s=delay)
+        try:
+            restarts.record(client, RedisKeys(self.settings), entry)
+        except redis.RedisError as exc:
+            log.warning("restart_not_recorded", process=name, error=str(exc))
 
     def stop(self) -> None:
         """The feed first, then the evaluator (gracefully), then what serves them."""

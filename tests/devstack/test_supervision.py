@@ -1,0 +1,96 @@
+"""The runner restarts a platform process that exits (real child processes, real Redis), with backoff, a log line
+and a count in Redis, reports one that keeps crashing, and still stops everything on request."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from core import restarts
+from core.redis_schema import RedisKeys
+from core.settings import Settings
+from devstack.run import Runner
+from devstack.services import spawn
+from devstack.supervision import Backoff
+
+
+def test_backoff_doubles_up_to_its_cap_and_starts_again_after_a_healthy_run() -> None:
+    backoff = Backoff(first_s=1.0, cap_s=5.0, reset_after_s=60.0, crash_loop_after=3, started_at=0.0)
+    waits = []
+    for now in (1.0, 3.0, 8.0, 15.0, 22.0):  # each run shorter than 60 s: crashes in a row
+        waits.append(backoff.exited(now))
+        backoff.restarted(now + waits[-1])
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert backoff.crash_looping and backoff.in_a_row == 5
+    assert backoff.exited(22.0 + 5.0 + 60.0) == 1.0, "up 60 s: healthy again, the first backoff"
+    assert backoff.in_a_row == 1 and not backoff.crash_looping
+    assert Backoff(1.0, 60.0, 60.0, 5).exited(1e9 + 0) == 1.0
+    many = Backoff(1.0, 60.0, 1e12, 5)
+    assert [many.exited(1.0) for _ in range(2000)][-1] == 60.0, "no overflow however long it crashes"
+
+
+def _wait(condition, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_killed_process_comes_back_counted_and_a_crash_loop_is_reported(
+        settings: Settings, redis_client: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = RedisKeys(settings)
+    with socket.socket() as web:  # the runner announces the URL once something answers there
+        web.bind(("127.0.0.1", 0))
+        web.listen()
+        settings = settings.model_copy(update={
+            "web_host": "127.0.0.1", "web_port": web.getsockname()[1], "data_dir": tmp_path,
+            "runner_restart_backoff_s": 0.2, "runner_restart_backoff_max_s": 0.8, "runner_crash_loop_restarts": 3})
+        runner = Runner(settings)
+        runner.logs.mkdir(parents=True)
+        sleeper = [sys.executable, "-c", "import time\nprint('dispatching', flush=True)\ntime.sleep(3600)"]
+        crasher = [sys.executable, "-c", "import sys\nprint('cannot start: no such setting', flush=True)\nsys.exit(2)"]
+        runner.supervise("dispatcher", lambda: spawn("dispatcher", sleeper, runner.logs / "dispatcher.log"))
+        first_pid = runner.children[0].process.pid
+        watching = threading.Thread(target=runner.watch, daemon=True)
+        watching.start()
+        try:
+            psutil.Process(first_pid).kill()  # SIGKILL, as the OOM killer would
+
+            def counted() -> restarts.Restarts | None:
+                found = {r.process: r for r in restarts.recorded(redis_client, keys)}.get("dispatcher")
+                return found if found is not None and found.restarts == 1 else None
+
+            _wait(counted, "the killed dispatcher was not restarted and counted")
+            entry = counted()
+            assert entry is not None and entry.last_code == -9 and not entry.crash_looping
+            dispatcher = next(c for c in runner.children if c.name == "dispatcher")
+            assert dispatcher.process.pid != first_pid and dispatcher.process.poll() is None
+            assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
+
+            runner.supervise("mail", lambda: spawn("mail", crasher, runner.logs / "mail.log"))
+
+            def looping() -> bool:
+                found = {r.process: r for r in restarts.recorded(redis_client, keys)}.get("mail")
+                return found is not None and found.crash_looping and found.restarts >= 3
+
+            _wait(looping, "the crashing process was not reported as crash-looping")
+            assert dispatcher.process.poll() is None, "the crash loop beside it stops nothing else"
+        finally:
+            runner.stopping = True
+            watching.join(timeout=30)
+            children = [c.process.pid for c in runner.children]
+            runner.stop()
+    out = capsys.readouterr().out
+    assert "dispatcher exited with code -9; restarting it in 0.2 s" in out
+    assert "dispatcher restarted (restart 1)" in out
+    assert "mail KEEPS CRASHING: 3 exits in a row" in out and "cannot start: no such setting" in out
+    assert not watching.is_alive()
+    alive = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, "stopping the runner stops the restarted processes too"
