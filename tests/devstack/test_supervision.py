@@ -94,3 +94,20 @@ def test_a_killed_process_comes_back_counted_and_a_crash_loop_is_reported(
     assert not watching.is_alive()
     alive = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, "stopping the runner stops the restarted processes too"
+
+
+def test_ops_shows_the_restarts_and_names_a_crash_loop(settings: Settings, redis_client: redis.Redis) -> None:
+    from tests.users import api_client, new_user, sign_in
+
+    keys = RedisKeys(settings)
+    restarts.record(redis_client, keys, restarts.Restarts("dispatcher", 2, time.time(), -9, 1, False, 0.0))
+    restarts.record(redis_client, keys, restarts.Restarts("evaluator", 7, time.time(), 1, 7, True, 60.0))
+    operator, _ = new_user(settings, role="operator")
+    with api_client(settings) as api:
+        sign_in(api, operator.email)
+        fragment = api.get("/ops/watchdog").text
+        page = api.get("/ops").text
+    for html in (fragment, page):
+        assert "Process restarts" in html
+        assert "<td>dispatcher</td><td>2</td>" in html and "<td>-9</td>" in html
+        assert "<td>evaluator</td><td>7</td>" in html and "keeps crashing" in html

@@ -7,7 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+import redis
+
 from core.redis_schema import RedisKeys
+from core.restarts import recorded
+from core.settings import Settings
 from subscriptions.models import ROLES
 from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, RecordsDep, RedisDep, SettingsDep
 from web.ops import samples, stream_load, subscription_load
@@ -15,6 +19,12 @@ from web.pages.common import Page, PagePrincipal, flash, render, take_flash
 from web.watchdog import banner, open_incidents
 
 router = APIRouter(include_in_schema=False)
+
+
+def _supervision(client: redis.Redis, settings: Settings) -> dict:
+    """What the refreshed banner shows: the dead man's switch's incidents and the runner's restarts."""
+    keys = RedisKeys(settings)
+    return {"incidents": banner(open_incidents(client, settings)), "restarts": recorded(client, keys)}
 
 
 def _operator(principal: PagePrincipal) -> None:
@@ -32,7 +42,7 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
                   dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
                   invitation=take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),
                   invitation_ttl=f"{settings.invitation_ttl_s // 3600} h",
-                  incidents=banner(open_incidents(redis_client, settings)))
+                  **_supervision(redis_client, settings))
 
 
 @router.post("/ops/invitations")
@@ -49,9 +59,9 @@ def create_invitation(request: Request, principal: Page, accounts: AccountsDep, 
 @router.get("/ops/watchdog", response_class=HTMLResponse)
 def watchdog_fragment(request: Request, principal: Page, settings: SettingsDep, redis_client: RedisDep
                       ) -> HTMLResponse:
-    """The dead man's switch banner, refreshed in place."""
+    """The dead man's switch banner and the process restarts, refreshed in place."""
     _operator(principal)
-    return render(request, "_watchdog.html", principal, incidents=banner(open_incidents(redis_client, settings)))
+    return render(request, "_watchdog.html", principal, **_supervision(redis_client, settings))
 
 
 @router.get("/ops/dead-letters", response_class=HTMLResponse)
