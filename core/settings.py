@@ -241,7 +241,12 @@ class Settings(BaseSettings):
                              "'stream' (as does its shard clock still for watchdog_stall_s while its topic grows)"
     )
     operator_endpoint_ids: list[int] = Field(
-        default_factory=list, description="endpoints (made as an operator) the dead man's switch notifies"
+        default_factory=list, description="endpoints (made as an operator) the dead man's switch notifies besides "
+                                          "the operators' own addresses"
+    )
+    watchdog_email_operators: bool = Field(
+        True, description="the dead man's switch e-mails every operator account at its own address "
+                          "(an e-mail endpoint it owns, made for it if missing)"
     )
 
     # --- notifier ----------------------------------------------------------------

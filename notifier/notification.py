@@ -76,6 +76,7 @@ class Notification(BaseModel):
     test: bool = False  # the "send test alert" button's: travels in the tests lane
     operator: bool = False  # the watchdog's, to operators
     watchdog: dict[str, Any] | None = None  # the watchdog's incident: rule, since, detail
+    stale: dict[str, Any] | None = None  # a stale-stream notice's: stream, since, detail (:func:`stale_notice`)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (a dict of JSON values) Celery carries and receivers get: the fields that were given."""
@@ -157,9 +158,31 @@ def test_notification(endpoint_id: int, now_ms: int) -> Notification:
     return make_notification(info, [alert], notification_id([alert_id]), test=True)
 
 
+STALE, STALE_RESOLVED = "stale", "stale_resolved"
+
+
+def stale_notice(subscription: dict, stream: str, state: str, since: float, detail: str, now: float) -> Notification:
+    """A subscription's notice that its stream's evaluation went ``stale`` (or, ``stale_resolved``, is fresh again).
+
+    Not an alert: no key of the subscription changed state, so it has no ``sequence`` and no place in the
+    alerts' delivery lines (a notice must not wait behind a stuck alert, nor supersede one). Its one line's key
+    is the stream; the end carries the start's alert id as its ``episode_id`` (PagerDuty resolves that incident).
+    Its id derives from the subscription, stream, start and state: one notice per endpoint, however often queued.
+    """
+    since_ms, now_ms = int(since * 1000), int(now * 1000)
+    opened = f"stale:{subscription['id']}:{stream}:{since_ms}"
+    alert: dict[str, Any] = {"alert_id": opened if state == STALE else f"{opened}:resolved", "key": stream,
+                             "state": state, "value": None, "window_start": since_ms, "window_end": now_ms,
+                             "evaluated_at": now_ms}
+    if state != STALE:
+        alert["episode_id"] = opened
+    marks = {"stream": stream, "since": since, "detail": detail, **({"resolved_at": now} if state != STALE else {})}
+    return make_notification(subscription, [alert], notification_id([alert["alert_id"]]), stale=marks)
+
+
 def summary(notification: dict) -> str:
     """One line for subjects and logs: ``FIRING: name (AAPL, MSFT +3)``."""
     keys = [a["key"] for a in notification["alerts"]]
     shown = ", ".join(keys[:3]) + (f" +{len(keys) - 3}" if len(keys) > 3 else "")
-    label = "STILL FIRING" if notification["reminder"] else notification["state"].upper()
+    label = "STILL FIRING" if notification["reminder"] else notification["state"].replace("_", " ").upper()
     return f"{label}: {notification['subscription_name']} ({shown})"

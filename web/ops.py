@@ -50,7 +50,7 @@ from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import LogEndProbe
 from subscriptions.language import format_duration, format_expr, format_filters
 from subscriptions.models import Subscription
-from web import watchdog
+from web import stale, watchdog
 from web.watchdog import STREAM_COUNTERS
 
 log = structlog.get_logger("ops")
@@ -212,7 +212,9 @@ def sample_once(settings: Settings, client: redis.Redis, celery: Celery | None =
     pipe.rpush(keys.ops_samples, json.dumps(sample, separators=(",", ":")))
     pipe.ltrim(keys.ops_samples, -settings.dashboard_history, -1)
     pipe.execute()
-    watchdog.watch(settings, client, samples(client, settings, watchdog.samples_needed(settings)), celery)
+    history, now = samples(client, settings, watchdog.samples_needed(settings)), time.time()
+    statuses = watchdog.watch(settings, client, history, celery, now)
+    stale.announce(settings, client, history, watchdog.job_starts(client, settings), statuses, celery, now)
     return sample
 
 

@@ -32,9 +32,12 @@ against seven rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
-sent once, through the delivery task, to the endpoints in
-``operator_endpoint_ids``, with an id derived from the rule and the incident's
-start so that a duplicate enqueue is dropped by the worker's delivered mark.
+sent once, through the delivery task, to every operator account at its own
+address (an e-mail endpoint it owns, made for it if it has none:
+``subscriptions.paging``) and to the endpoints in ``operator_endpoint_ids``, with
+an id derived from the rule and the incident's start so that a duplicate enqueue is
+dropped by the worker's delivered mark. A stream whose evaluation goes stale tells
+its subscribers too (``web.stale``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.app import DELIVER_TASK
+from notifier.deliveries import binding
 from notifier.notification import build_notification, notification_id
+from subscriptions.db import session_scope
+from subscriptions.paging import operator_mailboxes
 
 log = structlog.get_logger("watchdog")
 
@@ -167,23 +173,31 @@ def _of_stream(samples: list[dict], name: str) -> list[dict]:
     return [{"t": s["t"], **s["streams"][name]} for s in samples if name in (s.get("streams") or {})]
 
 
-def stream(samples: list[dict], starts: list[float], settings: Settings, now: float) -> RuleStatus:
-    """A declared stream's query failing again and again, or its slowest shard clock still while its topic grows."""
+def stream_findings(samples: list[dict], starts: list[float], settings: Settings, now: float
+                    ) -> dict[str, tuple[float, str]]:
+    """Each declared stream whose query fails again and again, or whose slowest shard clock is still while its
+    topic grows: ``{name: (since, detail)}``."""
     latest = (samples[-1].get("streams") or {}) if samples else {}
-    found: list[tuple[float, str]] = []
+    found: dict[str, tuple[float, str]] = {}
     for name in sorted(latest):
         failing = latest[name].get("failing") or {}
         failures = failing.get("failures")
         if isinstance(failures, int) and failures >= settings.watchdog_stream_failures:
             since = failing.get("since")
-            found.append((since if isinstance(since, int | float) else now,
-                          f"stream {name}: its query failed {failures} times in a row "
-                          f"(last: {str(failing.get('error') or 'no error given')[:200]})"))
+            found[name] = (since if isinstance(since, int | float) else now,
+                           f"stream {name}: its query failed {failures} times in a row "
+                           f"(last: {str(failing.get('error') or 'no error given')[:200]})")
             continue
         started = latest[name].get("started_at")
         stuck = stalled(_of_stream(samples, name), [*starts, *([started] if started else [])], settings, now)
         if stuck.firing:
-            found.append((stuck.since if stuck.since is not None else now, f"stream {name}: {stuck.detail}"))
+            found[name] = (stuck.since if stuck.since is not None else now, f"stream {name}: {stuck.detail}")
+    return found
+
+
+def stream(samples: list[dict], starts: list[float], settings: Settings, now: float) -> RuleStatus:
+    """A declared stream's query failing again and again, or its slowest shard clock still while its topic grows."""
+    found = stream_findings(samples, starts, settings, now).values()
     if not found:
         return RuleStatus(False)
     return RuleStatus(True, min(since for since, _ in found), "; ".join(detail for _, detail in found))
@@ -251,6 +265,19 @@ def notification(rule: str, state: str, incident: dict, now: float) -> dict:
             "watchdog": {"rule": rule, "since": incident["since"], "detail": incident.get("detail", "")}}
 
 
+def operator_targets(settings: Settings, client: redis.Redis) -> list[tuple[int, dict]]:
+    """Where an incident goes, as (endpoint id, delivery binding): every operator account at its own address
+    (``subscriptions.paging``; unless ``watchdog_email_operators`` is off) and the ``operator_endpoint_ids``.
+
+    A database error propagates: the incident is then not recorded, so the next sample announces it again."""
+    targets: list[tuple[int, dict]] = [(endpoint_id, {}) for endpoint_id in settings.operator_endpoint_ids]
+    if settings.watchdog_email_operators:
+        with session_scope(settings.database_url) as session:
+            targets += [(endpoint.id, binding(endpoint)) for endpoint in operator_mailboxes(session, settings, client)
+                        if endpoint.id not in settings.operator_endpoint_ids]
+    return targets
+
+
 def open_incidents(client: redis.Redis, settings: Settings) -> dict[str, dict]:
     """The incidents open now: ``{rule: {"since", "detail"}}`` (for the banner and the gauges)."""
     return {rule: json.loads(v) for rule, v in text_hash(client.hgetall(RedisKeys(settings).watchdog_state)).items()}
@@ -267,13 +294,14 @@ def watch(settings: Settings, client: redis.Redis, history: list[dict], celery: 
     keys = RedisKeys(settings)
     statuses = evaluate(history, job_starts(client, settings), settings, now)
     still_open, announce = changes(open_incidents(client, settings), statuses, now)
+    targets = operator_targets(settings, client) if announce and celery is not None else []
     for rule, state, incident in announce:  # enqueued before the incident is recorded: a crash in between
         log.warning("watchdog", rule=rule, state=state, since=incident["since"], detail=incident.get("detail"))
         if celery is None:  # announces it again, with the same id, which the worker delivers once
             continue
         message = notification(rule, state, incident, now)
-        for endpoint_id in settings.operator_endpoint_ids:
-            celery.send_task(DELIVER_TASK, args=(message, endpoint_id))
+        for endpoint_id, bound in targets:
+            celery.send_task(DELIVER_TASK, args=(message, endpoint_id), kwargs=bound)
     pipe = client.pipeline()
     pipe.delete(keys.watchdog_state)
     if still_open:

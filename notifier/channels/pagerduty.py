@@ -26,7 +26,7 @@ from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.channels import EndpointView, register
 from notifier.channels.webhook import WebhookLimits, check_url, json_body, post_json
-from notifier.notification import Notification
+from notifier.notification import STALE_RESOLVED, Notification
 from notifier.rendering import message, noted
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.templating import number
@@ -34,6 +34,7 @@ from subscriptions.templating import number
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SUMMARY_LIMIT = 1024  # PagerDuty's limit of payload.summary
 SEVERITIES = ("critical", "error", "warning", "info")
+RESOLVING = ("resolved", STALE_RESOLVED)  # an alert's end, and a stale stream's (``notification.stale_notice``)
 
 
 def default_summary(values: dict[str, Any]) -> str:
@@ -56,7 +57,7 @@ def pagerduty_events(notification: dict[str, Any], routing_key: str, template: s
     rendering_until = time.monotonic() + settings.webhook_total_timeout_s
     for alert in notification["alerts"]:
         dedup_key = alert.get("episode_id") or alert["alert_id"]
-        if alert.get("state") == "resolved":
+        if alert.get("state") in RESOLVING:
             events.append({"routing_key": routing_key, "event_action": "resolve", "dedup_key": dedup_key})
             continue
         if template is not None and time.monotonic() > rendering_until:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 
 from core.settings import Settings
 from devstack.services import free_port
@@ -35,8 +36,8 @@ def _cmdline(process: psutil.Process) -> str:
         return ""
 
 
-def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
-    settings = Settings(
+def _platform_settings(tmp_path: Path) -> Settings:
+    return Settings(
         kafka_bootstrap=f"127.0.0.1:{free_port()}",
         redis_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing answers: the runner starts its own
         database_url=f"sqlite:///{tmp_path / 'tocsin.db'}",
@@ -50,6 +51,10 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         feed_rate=200,
         feed_symbols=50,
     )
+
+
+def _start_runner(settings: Settings) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """``python -m devstack.run`` with these settings, and its output as it comes, line by line."""
     runner = subprocess.Popen(
         [sys.executable, "-m", "devstack.run"],
         cwd=ROOT,
@@ -60,8 +65,22 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         text=True,
     )
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(runner.stdout), daemon=True)
+    reader = threading.Thread(target=lambda: lines.extend(runner.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()
+    return runner, lines, reader
+
+
+def _wait_for_line(runner: subprocess.Popen, lines: list[str], text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in lines):
+        assert runner.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, f"no {text!r} in the runner's output:\n{''.join(lines)[-5000:]}"
+        time.sleep(0.5)
+
+
+def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
+    settings = _platform_settings(tmp_path)
+    runner, lines, reader = _start_runner(settings)
     url = f"http://127.0.0.1:{settings.web_port}"
     try:
         deadline = time.monotonic() + 90
@@ -117,3 +136,57 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert trace not in evaluator_log, evaluator_log[-5000:]
     assert evaluator_log.count("evaluator_stopped") == 1
     assert "evaluator_stopped" in evaluator_log.strip().splitlines()[-1], evaluator_log[-2000:]
+
+
+def _kill(runner: subprocess.Popen, part: str) -> int:
+    """SIGKILL the runner's child whose command line has ``part`` (the process alone, as the OOM killer does)."""
+    [child] = [c for c in psutil.Process(runner.pid).children() if part in _cmdline(c)]
+    child.kill()
+    return child.pid
+
+
+def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after(tmp_path: Path) -> None:
+    """Issue 31: the runner stopped the whole platform when any child exited, while the docs said it restarts it."""
+    from core import restarts
+    from core.redis_schema import RedisKeys
+    from devstack.receiver import WebhookReceiver
+    from tests.users import api_client, new_user
+
+    settings = _platform_settings(tmp_path)
+    receiver = WebhookReceiver()
+    runner, lines, reader = _start_runner(settings)
+    try:
+        _wait_for_line(runner, lines, "Tocsin is running", 600)  # generous: the first batch takes a minute or more
+        killed = {_kill(runner, "notifier.dispatcher"), _kill(runner, "notifier.worker --lane alerts")}
+        _wait_for_line(runner, lines, "dispatcher restarted (restart 1)", 120)
+        _wait_for_line(runner, lines, "worker restarted (restart 1)", 120)
+        names = {c.pid: _cmdline(c) for c in psutil.Process(runner.pid).children()}
+        assert not killed & set(names)
+        assert any("notifier.dispatcher" in n for n in names.values())
+        assert any("notifier.worker --lane alerts" in n for n in names.values())
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        counted = {r.process: r for r in restarts.recorded(client, RedisKeys(settings))}
+        assert counted["dispatcher"].restarts == 1 and counted["dispatcher"].last_code == -9
+        assert counted["worker"].restarts == 1 and counted["worker"].last_code == -9
+
+        _, token = new_user(settings)  # made after the restarts: its alerts go through the new processes
+        with api_client(settings, token) as api:
+            endpoint = api.post("/api/endpoints", json={"kind": "webhook", "target": receiver.url}).json()
+            created = api.post("/api/subscriptions", json={
+                "name": "any volume", "condition": "SUM(volume) OVER 1m > 0", "endpoint_ids": [endpoint["id"]]})
+            assert created.status_code == 201, created.text
+        got = receiver.wait_for(lambda r: r.json["state"] == "firing", timeout_s=300)
+        assert got[0].json["subscription_id"] == created.json()["id"]
+        children = psutil.Process(runner.pid).children(recursive=True)
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=180)
+        reader.join(timeout=10)
+        receiver.close()
+    output = "".join(lines)
+    assert runner.returncode == 0, output[-5000:]
+    for process in ("dispatcher", "worker"):
+        assert f"{process} exited with code -9; restarting it in" in output
+    assert output.count("process_restarted") >= 2, "each restart is logged"
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphans left behind: {[_cmdline(c) for c in alive]}"

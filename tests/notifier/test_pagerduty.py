@@ -193,3 +193,20 @@ def test_a_re_handled_resolution_finds_its_episode_in_the_stored_decision(settin
     assert resolved["episode_id"] == "fire-1"
     again = {"alert_id": "resolve-1", "key": "AAPL", "state": "resolved"}  # read anew after a restart
     assert dispatcher.decide(7, policy, [again]) == first and again["episode_id"] == "fire-1"
+
+
+def test_a_stale_notice_opens_an_incident_and_its_end_resolves_it(pagerduty) -> None:
+    from notifier.notification import STALE, STALE_RESOLVED, stale_notice
+
+    receiver, events_api = pagerduty
+    channel = PagerDutyChannel(SETTINGS)
+    subscription = {"id": 4, "name": "hot hosts", "condition": "AVG(cpu) OVER 1m > 90"}
+    start = stale_notice(subscription, "hosts", STALE, 100.0, "the evaluator is down", 130.0)
+    assert channel.send(start, _endpoint(receiver.url)).ok
+    assert receiver.received[-1].json["event_action"] == "trigger"
+    assert events_api.incidents["stale:4:hosts:100000"].status == "triggered"
+    assert channel.send(stale_notice(subscription, "hosts", STALE_RESOLVED, 100.0, "the evaluator is down", 190.0),
+                        _endpoint(receiver.url)).ok
+    assert receiver.received[-1].json == {"routing_key": ROUTING_KEY, "event_action": "resolve",
+                                          "dedup_key": "stale:4:hosts:100000"}
+    assert events_api.incidents["stale:4:hosts:100000"].status == "resolved"

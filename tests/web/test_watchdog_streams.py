@@ -31,7 +31,7 @@ class Operators:
 
     sent: list[dict] = field(default_factory=list)
 
-    def send_task(self, name: str, args: tuple) -> None:
+    def send_task(self, name: str, args: tuple, kwargs: dict | None = None) -> None:
         assert name == DELIVER_TASK
         self.sent.append(args[0])
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import redis
 from fastapi import APIRouter, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-
-import redis
 
 from core.redis_schema import RedisKeys
 from core.restarts import recorded
