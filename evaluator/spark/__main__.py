@@ -135,6 +135,7 @@ def main() -> None:
         if stop.is_set():
             return
         spark = spark_session(settings)
+        log.info("spark_session_ready")  # a restart's breakdown (benchmarks/driver_restart.py) times the phases by these
         if stop.is_set():
             return
         query = build_query(spark, settings)
