@@ -46,9 +46,16 @@ def _cmdline(process: psutil.Process) -> str:
         return ""
 
 
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return process.children(recursive=True)
+    except psutil.NoSuchProcess:  # it died meanwhile: the runner starts another
+        return []
+
+
 def drivers(root: psutil.Process | None) -> list[psutil.Process]:
     """The evaluator drivers (``python -m evaluator.spark``) under ``root`` (a runner), or on this machine."""
-    candidates = root.children(recursive=True) if root is not None else list(psutil.process_iter())
+    candidates = _children(root) if root is not None else list(psutil.process_iter())
     return [p for p in candidates if f"-m {DRIVER}" in _cmdline(p)]
 
 
@@ -104,7 +111,7 @@ def measure(settings: Settings, timeout_s: float, root: psutil.Process | None) -
         new = [p for p in drivers(root) if p.pid != old.pid]
         if new and "process started" not in seen:
             seen["process started"] = now
-        if new and "JVM started" not in seen and any("java" in _cmdline(c) for c in new[0].children(recursive=True)):
+        if new and "JVM started" not in seen and any("java" in _cmdline(c) for c in _children(new[0])):
             seen["JVM started"] = now
         if log.exists():
             with log.open("rb") as lines:
@@ -149,9 +156,9 @@ def started_platform(directory: Path) -> tuple[subprocess.Popen, Settings]:
     deadline = time.monotonic() + 120
     while True:  # the runner started Redis (and wrote the deployment id) before it starts the evaluator
         try:
-            if make_redis(settings, socket_timeout=2).ping():
+            if redis.Redis.from_url(settings.redis_url, socket_timeout=2).ping():
                 return runner, settings
-        except (redis.RedisError, RuntimeError):
+        except redis.RedisError:
             pass
         if runner.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("the platform did not start")

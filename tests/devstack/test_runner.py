@@ -152,7 +152,7 @@ def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after
     from devstack.receiver import WebhookReceiver
     from tests.users import api_client, new_user
 
-    settings = _platform_settings(tmp_path)
+    settings = _platform_settings(tmp_path).model_copy(update={"webhook_allow_hosts": ["127.0.0.1"]})
     receiver = WebhookReceiver()
     runner, lines, reader = _start_runner(settings)
     try:
