@@ -31,6 +31,23 @@ def _firing(metrics: str, rule: str) -> float:
     return float(line.split()[-1])
 
 
+CLOCK = 1_800_000_000_000
+
+
+def beat(client: redis.Redis, settings: Settings, at: int) -> None:
+    """What the evaluator writes: its heartbeat, and every shard's clock (here: stuck at ``at``)."""
+    client.hset(RedisKeys(settings).evaluator_stats, mapping={
+        "driver_heartbeat_at": time.time(), "driver_started_at": 1.0, "last_batch_at": time.time(),
+        shard_clock_field(0): at, shard_clock_field(1): at})
+
+
+def publish(publisher: EventPublisher, n: int) -> None:
+    """``n`` trades dated from ``CLOCK``: records keep arriving."""
+    for i in range(n):
+        publisher.publish(Event(key=f"K{i % 5}", ts=CLOCK + i, price=1, volume=1))
+    publisher.flush()
+
+
 def test_a_stalled_watermark_fires_once_and_resolves_once(settings: Settings, redis_client: redis.Redis,
                                                           tmp_path: Path) -> None:
     ensure_topics(settings)
@@ -42,19 +59,10 @@ def test_a_stalled_watermark_fires_once_and_resolves_once(settings: Settings, re
     settings = settings.model_copy(update={
         "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0, "evaluator_stale_s": 3600.0,
         "operator_endpoint_ids": [endpoint.id]})
-    keys = RedisKeys(settings)
-    clock = 1_800_000_000_000
+    clock = CLOCK
 
     def evaluator_beats(at: int) -> None:
-        """What the evaluator writes: its heartbeat, and every shard's clock (here: stuck at ``at``)."""
-        redis_client.hset(keys.evaluator_stats, mapping={
-            "driver_heartbeat_at": time.time(), "driver_started_at": 1.0, "last_batch_at": time.time(),
-            shard_clock_field(0): at, shard_clock_field(1): at})
-
-    def publish(publisher: EventPublisher, n: int) -> None:
-        for i in range(n):
-            publisher.publish(Event(key=f"K{i % 5}", ts=clock + i, price=1, volume=1))
-        publisher.flush()
+        beat(redis_client, settings, at)
 
     try:
         with running(settings, tmp_path / "logs", ("worker", worker_args())), \

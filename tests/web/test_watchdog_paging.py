@@ -12,24 +12,21 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from core.redis_schema import RedisKeys, shard_clock_field
 from core.settings import Settings
 from devstack.mailsink import MailSink
 from devstack.receiver import WebhookReceiver
 from ingest.kafka import ensure_topics
-from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
 from subscriptions.models import Endpoint
 from tests.notifier.test_delivery import _eventually
 from tests.processes import running, worker_args
 from tests.users import api_client, new_user
+from tests.web.test_watchdog import CLOCK, beat, publish
 from web.stale import stale_streams
 from web.watchdog import RuleStatus
 
 pytestmark = pytest.mark.e2e
-
-CLOCK = 1_800_000_000_000
 
 
 def test_operators_are_emailed_and_a_stale_streams_subscribers_hear_its_start_and_end(
@@ -44,17 +41,9 @@ def test_operators_are_emailed_and_a_stale_streams_subscribers_hear_its_start_an
         "smtp_host": "127.0.0.1", "smtp_port": sink.bound_port, "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0,
         "evaluator_stale_s": 3600.0})
     assert settings.operator_endpoint_ids == []
-    keys = RedisKeys(settings)
 
     def evaluator_beats(at: int) -> None:
-        redis_client.hset(keys.evaluator_stats, mapping={
-            "driver_heartbeat_at": time.time(), "driver_started_at": 1.0, "last_batch_at": time.time(),
-            shard_clock_field(0): at, shard_clock_field(1): at})
-
-    def publish(publisher: EventPublisher, n: int) -> None:
-        for i in range(n):
-            publisher.publish(Event(key=f"K{i % 5}", ts=CLOCK + i, price=1, volume=1))
-        publisher.flush()
+        beat(redis_client, settings, at)
 
     def states() -> list[str]:
         return [r.json["state"] for r in receiver.received]
