@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from subscriptions.templating import state_label
+
 ALERT_FIELDS = ("alert_id", "key", "state", "value", "window_start", "window_end", "evaluated_at")
 
 
@@ -184,5 +186,4 @@ def summary(notification: dict) -> str:
     """One line for subjects and logs: ``FIRING: name (AAPL, MSFT +3)``."""
     keys = [a["key"] for a in notification["alerts"]]
     shown = ", ".join(keys[:3]) + (f" +{len(keys) - 3}" if len(keys) > 3 else "")
-    label = "STILL FIRING" if notification["reminder"] else notification["state"].replace("_", " ").upper()
-    return f"{label}: {notification['subscription_name']} ({shown})"
+    return f"{state_label(notification)}: {notification['subscription_name']} ({shown})"

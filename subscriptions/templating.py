@@ -496,14 +496,18 @@ VARIABLES: dict[str, str] = {
 }
 
 
+def state_label(notification: dict[str, Any]) -> str:
+    """How a title names the notification's state: ``FIRING``, ``STILL FIRING``, ``STALE RESOLVED`` ..."""
+    return "STILL FIRING" if notification.get("reminder") else str(notification["state"]).replace("_", " ").upper()
+
+
 def variables(notification: dict[str, Any]) -> dict[str, Any]:
     """What a template sees of a notification (its JSON object): plain values and dicts, nothing callable."""
     alerts = [{name: alert.get(name) for name in ALERT_VARIABLES} for alert in notification["alerts"]]
     keys = [alert["key"] for alert in alerts]
     shown = ", ".join(keys[:3]) + (f" +{len(keys) - 3}" if len(keys) > 3 else "")
-    label = "STILL FIRING" if notification.get("reminder") else str(notification["state"]).upper()
     return {
-        "title": f"{label}: {notification['subscription_name']} ({shown})",
+        "title": f"{state_label(notification)}: {notification['subscription_name']} ({shown})",
         "state": notification["state"],
         "reminder": bool(notification.get("reminder")),
         "test": bool(notification.get("test")),

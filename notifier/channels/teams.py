@@ -22,7 +22,7 @@ from notifier.channels.chat import ChatChannel
 from notifier.channels.webhook import check_url
 from notifier.rendering import context_line, message
 from subscriptions.channel_kinds import EndpointKind
-from subscriptions.templating import ESCAPES, ms_time, number
+from subscriptions.templating import ESCAPES, ms_time, number, state_label
 
 CARD_VERSION = "1.4"  # what Teams renders on every client (desktop, web, mobile)
 CARD_CONTENT_TYPE = "application/vnd.microsoft.card.adaptive"
@@ -42,8 +42,7 @@ def teams_payload(notification: dict[str, Any], template: str | None, settings: 
     firing = notification["state"] == "firing"
     facts = [{"title": str(alert["key"]), "value": f"{number(alert.get('value'))} ({alert.get('state')})"}
              for alert in notification["alerts"][:FACTS_SHOWN]]
-    label = "STILL FIRING" if notification.get("reminder") else str(notification["state"]).upper()
-    title = f"{label}: {'TEST: ' if notification.get('test') else ''}{notification['subscription_name']}"
+    title = f"{state_label(notification)}: {'TEST: ' if notification.get('test') else ''}{notification['subscription_name']}"
     card = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",
