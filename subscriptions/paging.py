@@ -14,15 +14,19 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import redis
+import structlog
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.settings import Settings
+from subscriptions.errors import Forbidden
 from subscriptions.models import Endpoint, Subscription, User
 from subscriptions.routing import EndpointRoute, Route
 from subscriptions.schemas import EndpointIn
 from subscriptions.service import SubscriptionService
 from subscriptions.streams import stream_of
+
+log = structlog.get_logger(__name__)
 
 OPERATOR = "operator"
 EMAIL = "email"
@@ -35,8 +39,12 @@ def operator_mailboxes(session: Session, settings: Settings, client: redis.Redis
         endpoint = session.scalar(select(Endpoint).where(Endpoint.owner_id == user.id, Endpoint.kind == EMAIL,
                                                          Endpoint.target == user.email).order_by(Endpoint.id))
         if endpoint is None:
-            endpoint = SubscriptionService(session, settings, client, user).create_endpoint(
-                EndpointIn(kind=EMAIL, target=user.email))
+            try:
+                endpoint = SubscriptionService(session, settings, client, user).create_endpoint(
+                    EndpointIn(kind=EMAIL, target=user.email))
+            except Forbidden as exc:  # at its endpoint limit: the others are still paged
+                log.warning("operator_not_paged", user_id=user.id, reason=str(exc))
+                continue
         found.append(EndpointRoute.of(endpoint))
     return found
 

@@ -118,3 +118,22 @@ def test_which_streams_are_stale(settings: Settings) -> None:
     failing = [{"t": 0.0, "streams": {"hosts": {"failing": {"failures": 9, "since": 3.0, "error": "boom"}}}}]
     only = stale_streams(failing, [], _rules(), settings, 10.0)
     assert set(only) == {"hosts"} and only["hosts"].since == 3.0 and "failed 9 times" in only["hosts"].detail
+
+
+def test_an_operator_at_its_endpoint_limit_is_skipped_and_the_others_are_paged(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    from subscriptions.paging import operator_mailboxes
+    from subscriptions.schemas import EndpointIn
+    from subscriptions.service import SubscriptionService
+
+    settings = settings.model_copy(update={"user_max_endpoints": 1})
+    full, _ = new_user(settings, role="operator")
+    other, _ = new_user(settings, role="operator")
+    new_user(settings)  # not an operator: never paged
+    with session_factory(settings.database_url)() as session:
+        SubscriptionService(session, settings, redis_client, full).create_endpoint(
+            EndpointIn(kind="webhook", target="http://127.0.0.1:9/hook"))
+        first = operator_mailboxes(session, settings, redis_client)
+        again = operator_mailboxes(session, settings, redis_client)
+    assert [(m.owner_id, m.kind, m.target) for m in first] == [(other.id, "email", other.email)]
+    assert again == first, "found again, not made twice"
