@@ -29,6 +29,7 @@ import psutil
 import redis
 
 from benchmarks.report import table
+from core import restarts
 from core.redis_client import make_redis
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
@@ -83,7 +84,10 @@ def wait_ready(client: redis.Redis, keys: RedisKeys, timeout_s: float) -> None:
         if _float(stats, "last_batch_at") > _float(stats, "driver_started_at") > 0:
             return
         time.sleep(1.0)
-    raise SystemExit(f"the evaluator evaluated no batch within {timeout_s:g} s: is the platform running?")
+    evaluator = {entry.process: entry for entry in restarts.recorded(client, keys)}.get("evaluator")
+    why = (f"the runner restarted the evaluator {evaluator.restarts} times (last exit code {evaluator.last_code}): "
+           "read its log" if evaluator else "is the platform running?")
+    raise SystemExit(f"the evaluator evaluated no batch within {timeout_s:g} s; {why}")
 
 
 def measure(settings: Settings, timeout_s: float, root: psutil.Process | None) -> list[list[object]]:
