@@ -17,6 +17,7 @@ figures from a busy machine are upper bounds (docs/operations.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import subprocess
@@ -57,7 +58,13 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
 def drivers(root: psutil.Process | None) -> list[psutil.Process]:
     """The evaluator drivers (``python -m evaluator.spark``) under ``root`` (a runner), or on this machine."""
     candidates = _children(root) if root is not None else list(psutil.process_iter())
-    return [p for p in candidates if f"-m {DRIVER}" in _cmdline(p)]
+    return [p for p in candidates if _runs_driver(p)]
+
+
+def _runs_driver(process: psutil.Process) -> bool:
+    """``python -m evaluator.spark`` itself, not its shard hosts (``-m evaluator.spark.shard_host``)."""
+    args = _cmdline(process).split()
+    return any(flag == "-m" and module == DRIVER for flag, module in itertools.pairwise(args))
 
 
 def _stats(client: redis.Redis, keys: RedisKeys) -> dict[str, str]:
@@ -186,6 +193,10 @@ def main() -> None:
             finally:
                 runner.send_signal(signal.SIGTERM)
                 runner.wait(timeout=180)
+    print_breakdown(rows)
+
+
+def print_breakdown(rows: list[list[object]]) -> None:
     table(f"Evaluator driver restart, from SIGKILL to the first resumed batch ({load()})",
           ["phase", "at (s)", "took (s)", "what"], rows)
 

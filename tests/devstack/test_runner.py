@@ -146,8 +146,10 @@ def _kill(runner: subprocess.Popen, part: str) -> int:
 
 
 @pytest.mark.timeout(1500)  # the platform's first batch, then the subscription's first window, on a loaded machine
-def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after(tmp_path: Path) -> None:
+def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 31: the runner stopped the whole platform when any child exited, while the docs said it restarts it."""
+    from benchmarks.driver_restart import measure, print_breakdown
     from core import restarts
     from core.redis_schema import RedisKeys
     from devstack.receiver import WebhookReceiver
@@ -178,6 +180,12 @@ def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after
             assert created.status_code == 201, created.text
         got = receiver.wait_for(lambda r: r.json["state"] == "firing", timeout_s=300)
         assert got[0].json["subscription_id"] == created.json()["id"]
+
+        # The driver too: SIGKILLed, restarted by the runner, evaluating again (its phases printed, not judged).
+        rows = measure(settings, 600, psutil.Process(runner.pid))
+        assert {row[0]: row[1] for row in rows}["first batch"] != "-"
+        with capsys.disabled():
+            print_breakdown(rows)
         children = psutil.Process(runner.pid).children(recursive=True)
     finally:
         runner.send_signal(signal.SIGTERM)
@@ -186,8 +194,8 @@ def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after
         receiver.close()
     output = "".join(lines)
     assert runner.returncode == 0, output[-5000:]
-    for process in ("dispatcher", "worker"):
+    for process in ("dispatcher", "worker", "evaluator"):
         assert f"{process} exited with code -9; restarting it in" in output
-    assert output.count("process_restarted") >= 2, "each restart is logged"
+    assert output.count("process_restarted") >= 3, "each restart is logged"
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphans left behind: {[_cmdline(c) for c in alive]}"
