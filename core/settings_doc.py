@@ -40,6 +40,10 @@ starts (`Settings.to_env`). Values are parsed as pydantic parses them: numbers a
 text, lists and objects as JSON (`TOCSIN_WEBHOOK_ALLOW_HOSTS='["127.0.0.1"]'`). An invalid value stops the process
 at start-up with the setting's name and what is wrong. Where a setting's behaviour needs more than a line, the
 description names the page that explains it ([docs/](.)).
+
+Three variables are read outside `Settings`: `TOCSIN_LOG_LEVEL` (one level for Tocsin's and third-party loggers:
+[operations.md](operations.md#logs)), and the test suite's
+`TOCSIN_TEST_POSTGRES_URL` and `TOCSIN_TEST_WORKERS` ([development.md](development.md)).
 """
 
 
