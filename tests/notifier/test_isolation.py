@@ -3,7 +3,7 @@
 Two hostile tenants - one receiver answering a byte a second, forever, one
 answering 503 with an endless body - get deliveries and a burst of test alerts,
 while a third tenant's alerts are enqueued at a steady rate. The third tenant's
-p99 from enqueue to arrival must stay under the bound the README states (the
+p99 from enqueue to arrival must stay under the bound docs/notifications.md states (the
 attempt deadline plus a second, far above what it needs), the worker's memory
 must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
 """

@@ -1,6 +1,6 @@
 """A new channel is one class in one file: the API takes its endpoints, the page lists it, test alerts go through it.
 
-The toy channel below is everything the README's "How to add a channel" asks for;
+The toy channel below is everything docs/notifications.md's "How to add a channel" asks for;
 the test registers it (a real channel module ends with ``register(...)`` instead)
 and starts a real delivery worker that knows it: this module, run as
 ``python -m tests.notifier.test_toy_channel``, is that worker.
