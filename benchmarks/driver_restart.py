@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import redis
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from core import restarts
 from core.redis_client import make_redis
 from core.redis_replies import text_hash
@@ -181,6 +181,7 @@ def main() -> None:
     parser.add_argument("--start", action="store_true", help="start a platform of its own and stop it afterwards")
     parser.add_argument("--runner", type=int, help="the pid of the runner (devstack.run) whose driver to restart")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each of readiness and resume")
+    add_markdown_option(parser)
     args = parser.parse_args()
     print(f"before: {load()}", flush=True)
     if not args.start:
@@ -202,4 +203,5 @@ def print_breakdown(rows: list[list[object]]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port
 from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
@@ -71,7 +72,7 @@ def _start_runner(settings: Settings) -> tuple[subprocess.Popen, list[str], thre
 
 
 def _wait_for_line(runner: subprocess.Popen, lines: list[str], text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not any(text in line for line in lines):
         assert runner.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, f"no {text!r} in the runner's output:\n{''.join(lines)[-5000:]}"
@@ -83,7 +84,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     runner, lines, reader = _start_runner(settings)
     url = f"http://127.0.0.1:{settings.web_port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + patient(90)
         while not any("Tocsin is starting" in line for line in lines):
             assert runner.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the runner never started the platform"
@@ -94,13 +95,13 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests",
                      "notifier.dispatcher", "evaluator.spark", "ingest feed", "devstack.mailsink"):
             assert part in names, f"{part} is not running"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while sum(topic_end_offsets(settings, settings.events_topic).values()) == 0:
             assert time.monotonic() < deadline, "the sample feed published nothing"
             time.sleep(0.5)
         metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_feed}/metrics").text
         assert "tocsin_ingest_events_total" in metrics
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while True:  # the worker serves its metrics once it is ready
             try:
                 metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_worker}/metrics").text
@@ -109,7 +110,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the worker serves no metrics"
                 time.sleep(0.5)
         assert "tocsin_delivery_attempts_total" in metrics
-        deadline = time.monotonic() + 600  # generous: the first batch takes a minute, more on a busy machine
+        deadline = time.monotonic() + patient(600)  # generous: the first batch takes a minute, more on a busy machine
         while not any("Tocsin is running" in line for line in lines):
             assert runner.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the evaluator never became ready"
@@ -182,7 +183,7 @@ def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after
         assert got[0].json["subscription_id"] == created.json()["id"]
 
         # The driver too: SIGKILLed, restarted by the runner, evaluating again (its phases printed, not judged).
-        rows = measure(settings, 600, psutil.Process(runner.pid))
+        rows = measure(settings, patient(600), psutil.Process(runner.pid))
         assert {row[0]: row[1] for row in rows}["first batch"] != "-"
         with capsys.disabled():
             print_breakdown(rows)

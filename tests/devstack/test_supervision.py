@@ -19,6 +19,7 @@ from core.settings import Settings
 from devstack.run import Runner
 from devstack.services import spawn
 from devstack.supervision import Backoff
+from tests.notifier.test_delivery import _eventually
 
 
 def test_backoff_doubles_up_to_its_cap_and_starts_again_after_a_healthy_run() -> None:
@@ -34,13 +35,6 @@ def test_backoff_doubles_up_to_its_cap_and_starts_again_after_a_healthy_run() ->
     assert Backoff(1.0, 60.0, 60.0, 5).exited(1e9 + 0) == 1.0
     many = Backoff(1.0, 60.0, 1e12, 5)
     assert [many.exited(1.0) for _ in range(2000)][-1] == 60.0, "no overflow however long it crashes"
-
-
-def _wait(condition, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_a_killed_process_comes_back_counted_and_a_crash_loop_is_reported(
@@ -64,10 +58,11 @@ def test_a_killed_process_comes_back_counted_and_a_crash_loop_is_reported(
             psutil.Process(first_pid).kill()  # SIGKILL, as the OOM killer would
 
             def counted() -> restarts.Restarts | None:
+                """the killed dispatcher restarted and counted"""
                 found = {r.process: r for r in restarts.recorded(redis_client, keys)}.get("dispatcher")
                 return found if found is not None and found.restarts == 1 else None
 
-            _wait(counted, "the killed dispatcher was not restarted and counted")
+            _eventually(counted)
             entry = counted()
             assert entry is not None and entry.last_code == -9 and not entry.crash_looping
             dispatcher = next(c for c in runner.children if c.name == "dispatcher")
@@ -77,10 +72,11 @@ def test_a_killed_process_comes_back_counted_and_a_crash_loop_is_reported(
             runner.supervise("mail", lambda: spawn("mail", crasher, runner.logs / "mail.log"))
 
             def looping() -> bool:
+                """the crashing process reported as crash-looping"""
                 found = {r.process: r for r in restarts.recorded(redis_client, keys)}.get("mail")
                 return found is not None and found.crash_looping and found.restarts >= 3
 
-            _wait(looping, "the crashing process was not reported as crash-looping")
+            _eventually(looping)
             assert dispatcher.process.poll() is None, "the crash loop beside it stops nothing else"
         finally:
             runner.stopping = True
