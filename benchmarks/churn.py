@@ -184,7 +184,8 @@ def compare(before: list[Segment], after: list[Segment], finished: bool) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.churn", description=__doc__,  # no Tocsin import before load()
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20,000 keys, a smoke run")
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys over the run")
     parser.add_argument("--arrivals", type=int, default=400, help="new keys per pane")
