@@ -33,7 +33,6 @@ workers; ``batch_rate`` predicts a backlog drain's events/s on N executor cores,
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import sys
@@ -54,6 +53,7 @@ from benchmarks.ingest import panes_per_second, produce, raw_frame, read_all, re
 from benchmarks.report import add_markdown_option, markdown_run, print_tables
 from benchmarks.shard import ATTRS, MINUTE, PANE, SHARDS, Feed, catalog_for, run_boundaries
 from benchmarks.sink import Frame, batch_frame
+from core import cli
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.services import free_port, start_redis, start_tansu
@@ -375,7 +375,7 @@ def tables(costs: Costs) -> list[tuple[str, list[str], list[list[object]]]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.capacity")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     add_markdown_option(parser)
     args = parser.parse_args()

@@ -20,7 +20,6 @@ Nothing here asserts a time.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from sqlalchemy import insert
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, table
+from core import cli
 from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -257,7 +257,7 @@ def shard(n: int, keys: int, events: int, batches: int, rate: int, seed: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, "python -m benchmarks.catalog", summary=True)
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--subscriptions", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=100, help="subscription changes per second")

@@ -187,7 +187,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.report import add_markdown_option
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.churn", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20,000 keys, a smoke run")
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys over the run")
     parser.add_argument("--arrivals", type=int, default=400, help="new keys per pane")

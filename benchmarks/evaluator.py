@@ -16,7 +16,6 @@ measured in the same process. Nothing here asserts a time.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import sys
@@ -33,6 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
+from core import cli
 from evaluator.asw.base import WindowStructure
 from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone
 from evaluator.asw.bint import BaseIntervals
@@ -255,7 +255,7 @@ def fig12(ops: int, keys: int, ps: list[int], rate_per_s: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.evaluator")
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
     parser.add_argument("--figs", default="9,10,12", help="which experiments: any of 9, 10 (with 11), 12")
     add_markdown_option(parser)

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.pipeline import Resources
 from benchmarks.report import add_markdown_option, markdown_run, print_tables
+from core import cli
 from core.settings import Settings
 from evaluator.spark.session import spark_session
 
@@ -197,7 +198,7 @@ def run(spark: Any, name: str, pipeline: Pipeline, *, live: bool, args: argparse
 
 def main() -> None:
     defaults = Settings()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, "python -m benchmarks.floor", summary=True)
     parser.add_argument("--rate", type=int, default=1_000, help="live rows per second")
     parser.add_argument("--rows-per-batch", type=int, default=100_000, help="rows per batch when draining")
     parser.add_argument("--warm-up", type=float, default=15.0)

@@ -18,7 +18,6 @@ Numbers are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import os
@@ -37,6 +36,7 @@ import pyarrow.json as pa_json
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, table
+from core import cli
 from core.settings import Settings
 from evaluator.spark.parse import PaneParser
 from ingest.model import Event
@@ -128,7 +128,7 @@ def read_rows(settings: Settings, n: int, slice_rows: int) -> list[list[object]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.ingest")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--read-records", type=int, default=200_000)
     parser.add_argument("--slice", type=int, default=10_000, help="records per source task")

@@ -19,7 +19,6 @@ Numbers are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
+from core import cli
 from core.settings import Settings
 from devstack.mailsink import MailSink
 from devstack.receiver import Received, WebhookReceiver
@@ -121,7 +121,7 @@ def naive_emails(settings: Settings, n: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.notifier")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--workers", type=int, default=2, help="Celery worker processes")
     parser.add_argument("--concurrency", type=int, default=8, help="threads per worker")

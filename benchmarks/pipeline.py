@@ -61,7 +61,6 @@ row. Numbers are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import contextlib
 import dataclasses
@@ -87,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
 from benchmarks.progress import batch_end_s, combined, drain, drain_all
 from benchmarks.report import add_markdown_option, markdown_run, percentiles, print_tables
+from core import cli
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -862,7 +862,7 @@ def publish_feed(base: Settings, n_keys: int, rate: int, seconds: int) -> tuple[
 
 def main() -> None:
     default_cap = Settings.model_fields["source_max_records_per_trigger"].default
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.pipeline")
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
     add_markdown_option(parser)
     parser.add_argument("--keys", type=int, default=5_000, help="keys (active at a time, in the churn stream)")

@@ -19,7 +19,6 @@ uses) and kafka-python (what ``ingest.publisher`` uses).
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
+from core import cli
 from core.settings import Settings
 from devstack.services import free_port, python_module, spawn, start_redis, start_tansu, wait_for_port
 from ingest.kafka import ensure_topics, topic_end_offsets
@@ -122,7 +122,7 @@ def producer_rows(settings: Settings, n: int) -> list[list[object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, "python -m benchmarks.publish", summary=True)
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--events", type=int, default=300_000, help="events per row")
     parser.add_argument("--clients", type=int, default=4, help="load generator threads")

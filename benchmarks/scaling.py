@@ -28,7 +28,6 @@ Numbers are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from benchmarks.pipeline import (
     throughput_run,
 )
 from benchmarks.report import add_markdown_option, markdown_run, print_tables
+from core import cli
 from core.settings import Settings
 from devstack.spark_cluster import SparkCluster
 from evaluator.catalog import Catalog
@@ -85,7 +85,7 @@ def run_row(base: Settings, work: Path, workers: int, memory: str, row: Row, tot
 
 def main() -> None:
     default_cap = Settings.model_fields["source_max_records_per_trigger"].default
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.scaling")
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
     add_markdown_option(parser)
     parser.add_argument("--workers", default="1,2", help="workers (one core each) of each row's cluster")

@@ -20,7 +20,6 @@ Nothing here asserts a time; numbers are read.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -35,6 +34,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, table
+from core import cli
 from core.gc_policy import apply_gc_policy
 from core.settings import Settings
 from evaluator.catalog import Catalog
@@ -364,7 +364,7 @@ def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.shard")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
     add_markdown_option(parser)

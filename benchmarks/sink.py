@@ -13,7 +13,6 @@ micro-batch replayed after a crash: it must write nothing). Numbers are printed,
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pyspark.sql import DataFrame
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, table
+from core import cli
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.services import free_port, start_redis
@@ -87,7 +87,7 @@ def cpu_s(client: redis.Redis) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.sink")
     parser.add_argument("--quick", action="store_true")
     add_markdown_option(parser)
     args = parser.parse_args()

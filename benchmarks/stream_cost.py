@@ -24,7 +24,6 @@ printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import sys
@@ -49,6 +48,7 @@ from benchmarks.pipeline import (
 )
 from benchmarks.progress import batch_end_s
 from benchmarks.report import add_markdown_option, markdown_run, print_tables
+from core import cli
 from core.redis_schema import RedisKeys
 from core.streams import Attribute, StreamSchema, topic_name
 from evaluator.spark.job import build_query
@@ -159,7 +159,7 @@ def _mean_ms(progress: list[dict]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.stream_cost")
     parser.add_argument("--quick", action="store_true", help="small sizes, short phases (a smoke run)")
     add_markdown_option(parser)
     parser.add_argument("--streams", type=int, default=3, help="idle stream queries beside trades (k)")

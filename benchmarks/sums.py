@@ -16,7 +16,6 @@ on the issue's cases. Nothing here asserts a time.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import math
 import random
@@ -30,6 +29,7 @@ from typing import Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import add_markdown_option, markdown_run, table
+from core import cli
 from evaluator.exactsum import FixedPoint
 
 
@@ -157,7 +157,7 @@ def main(budget_s: float = 0.3) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.sums")
     parser.add_argument("--quick", action="store_true", help="short budgets (a smoke run)")
     add_markdown_option(parser)
     quick = parser.parse_args().quick

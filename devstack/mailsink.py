@@ -2,13 +2,13 @@
 
 Optionally it offers STARTTLS or implicit TLS with a certificate of its own and
 requires a login, so the notifier's TLS and auth options are exercised for real.
-Run as a module it prints each message's subject:
-``python -m devstack.mailsink --port 1025``.
+Run as a module it prints each message whole (headers, then each text part decoded), one after
+another between separator lines: ``python -m devstack.mailsink --port 1025``; the local platform
+(``devstack.run``) keeps that output in ``var/logs/mail.log``.
 """
 
 from __future__ import annotations
 
-import argparse
 import email
 import email.policy
 import ssl
@@ -22,6 +22,7 @@ from pathlib import Path
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
+from core import cli
 from devstack.patience import deadline, patient
 
 
@@ -98,19 +99,40 @@ def _free_port() -> int:
     return free_port()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="An SMTP server that prints the alerts it receives.")
+#: Between two messages in the sink's output (the local platform's ``var/logs/mail.log``).
+SEPARATOR = "=" * 72
+
+
+def readable(message: EmailMessage) -> str:
+    """The whole message as a person reads it: every header, then each part's decoded text (an attachment by its
+    name and size), so the local platform's mail log shows the alert e-mail itself, not only its subject."""
+    lines = [f"{name}: {value}" for name, value in message.items()]
+    for part in message.walk():
+        if part.is_multipart():
+            continue
+        kind = part.get_content_type()
+        if part.get_content_maintype() == "text" and not part.is_attachment():
+            lines += ["", f"--- {kind} ---", str(part.get_content()).rstrip("\n")]
+        else:
+            size = len(part.get_payload(decode=True) or b"")
+            lines += ["", f"--- {kind}: {part.get_filename() or 'unnamed'} ({size} bytes, not shown) ---"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.parser("An SMTP server that prints each message it receives, whole.", "python -m devstack.mailsink")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=1025)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sink = MailSink(args.host, args.port)
     print(f"SMTP sink on {args.host}:{sink.bound_port}", flush=True)
     seen = 0
     try:
         while True:
             for message in sink.messages[seen:]:
-                print(f"mail to {message['To']}: {message['Subject']}", flush=True)
-            seen = len(sink.messages)
+                seen += 1
+                print(f"{SEPARATOR}\nmail {seen} to {message['To']}: {message['Subject']}\n{SEPARATOR}\n"
+                      f"{readable(message)}\n", flush=True)
             threading.Event().wait(0.5)
     except KeyboardInterrupt:
         sink.close()

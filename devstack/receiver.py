@@ -10,7 +10,6 @@ prints each verified notification:
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import ssl
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from core import cli
 from devstack.patience import deadline, patient
 
 
@@ -146,15 +146,15 @@ class WebhookReceiver:
         self.server.server_close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from notifier.channels.webhook import SIGNATURE_HEADER, verify
     from notifier.notification import summary
 
-    parser = argparse.ArgumentParser(description="Print the webhooks Tocsin sends.")
+    parser = cli.parser("Print the webhooks Tocsin sends.", "python -m devstack.receiver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8099)
     parser.add_argument("--secret", help="endpoint secret, to verify signatures")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     def show(got: Received) -> None:
         signed = "unchecked" if not args.secret else (

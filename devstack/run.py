@@ -16,7 +16,8 @@ restarted one would be an empty broker or Redis under a running platform, so the
 exit stops everything, naming the log to read with its last lines.
 
 "Tocsin is running" is printed once the evaluator has evaluated its first batch
-(about a minute after the start), not when the processes merely exist. On
+(about a minute after the start), not when the processes merely exist; on a new database the
+operator account's one-time password follows it, last, framed on stdout. On
 Ctrl-C or SIGTERM the evaluator driver alone gets SIGTERM, stops its streaming
 query and SparkContext, and its JVM exits by itself; only after
 ``evaluator_stop_timeout_s`` is its process group killed.
@@ -36,7 +37,7 @@ from collections.abc import Callable
 import redis
 import structlog
 
-from core import restarts
+from core import cli, restarts
 from core.evaluator_status import evaluator_status
 from core.logs import configure_logging, third_party_level
 from core.redis_client import make_redis
@@ -93,6 +94,14 @@ def declare_demo_streams(settings: Settings) -> None:
             with contextlib.suppress(Conflict):  # another process declared it meanwhile
                 service.create(hosts_schema(settings))
             log.info("stream_declared", stream=HOSTS)
+
+
+def operator_notice(password: str, url: str) -> str:
+    """The operator account's one-time password, framed so it stands out of the runner's output."""
+    rule = "  " + "=" * 76
+    return (f"{rule}\n  Operator account: {LOCAL_OPERATOR} / {password}\n"
+            f"  The password is shown only this once: sign in at {url}login and keep it (anyone may sign up as a user).\n"
+            f"{rule}\n")
 
 
 #: Children that stop themselves on SIGTERM (the runner waits for them rather than killing their group).
@@ -173,10 +182,6 @@ class Runner:
         self._web_answers()
         print(f"\n  Tocsin is starting: {url}  (the evaluator's first batch takes about a minute)\n"
               f"  API docs: {url}docs   logs: {self.logs}/   stop: Ctrl-C\n", flush=True)
-        password = first_operator(self.settings)
-        if password is not None:  # a new database: someone must be able to see the operator dashboard
-            print(f"  Operator account: {LOCAL_OPERATOR} / {password}  (shown once; anyone may sign up as a user)\n",
-                  flush=True)
         client = make_redis(self.settings, decode_responses=True, socket_timeout=2)
         ready = False
         while not self.stopping:
@@ -196,7 +201,7 @@ class Runner:
                     self.restart(name, client)
             if not ready and self.evaluator_ready(client):
                 ready = True
-                print(f"  Tocsin is running: {url}  (evaluator ready: first batch evaluated)\n", flush=True)
+                self.announce_ready(url)
             time.sleep(0.5)
         return 0
 
@@ -241,6 +246,15 @@ class Runner:
         except redis.RedisError as exc:
             log.warning("restart_not_recorded", process=name, error=str(exc))
 
+    def announce_ready(self, url: str) -> None:
+        """Say the platform is up; on a new database, then create the operator account and print its one-time
+        password last, framed on its own, where the person who started the platform looks (created only now, so
+        a start that fails before this leaves no account whose password nobody saw)."""
+        print(f"  Tocsin is running: {url}  (evaluator ready: first batch evaluated)\n", flush=True)
+        password = first_operator(self.settings)
+        if password is not None:  # a new database: someone must be able to see the operator dashboard
+            print(operator_notice(password, url), flush=True)
+
     def stop(self) -> None:
         """The feed first, then the evaluator (gracefully), then what serves them."""
         for child in reversed(self.children):
@@ -248,7 +262,8 @@ class Runner:
         log.info("stopped")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    cli.no_arguments(__doc__, "python -m devstack.run", argv)
     configure_logging()
     runner = Runner(get_settings())
 

@@ -3,7 +3,6 @@ replay a file into a stream."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import structlog
 from tqdm import tqdm
 
+from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.settings import Settings, get_settings
@@ -94,7 +94,7 @@ def run_replay(path: Path, stream: str = TRADES) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging()
-    parser = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
+    parser = cli.parser(__doc__, "python -m ingest")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("topics", help="create the event and dead-letter topics")
     feed = sub.add_parser("feed", help="publish the synthetic market in real time")

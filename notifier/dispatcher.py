@@ -56,6 +56,7 @@ from prometheus_client import Counter, Gauge
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import is_cluster, make_redis
@@ -524,7 +525,8 @@ class Dispatcher:
         self.flush(force=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli.no_arguments(__doc__, "python -m notifier.dispatcher", argv)
     configure_logging()
     settings = get_settings()
     serve_metrics(settings.metrics_port_dispatcher)

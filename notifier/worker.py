@@ -6,23 +6,28 @@ key), so callers name the lane, not the queue; other options go to Celery.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+import click
+
+from core import cli
 from core.redis_schema import LANES, lane_queue
 from core.settings import get_settings
 from notifier.app import app
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = cli.parser(__doc__, "python -m notifier.worker")
     parser.add_argument("--lane", choices=[*LANES, "all"], default="all")
     args, celery_args = parser.parse_known_args(argv)
     lanes = LANES if args.lane == "all" else (args.lane,)
     queues = ",".join(lane_queue(get_settings(), lane) for lane in lanes)
     if args.lane == "tests":
         app.conf.tocsin_metrics_port = 0
-    app.worker_main(["worker", "-Q", queues, *celery_args])
+    try:
+        app.worker_main(["worker", "-Q", queues, *celery_args])
+    except click.UsageError as exc:  # an option neither we nor Celery know: refused like ours (exit 2)
+        parser.error(exc.format_message())
 
 
 if __name__ == "__main__":

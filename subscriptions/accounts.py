@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from core.settings import Settings
+from core.timestamps import as_utc
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.models import ROLES, ApiToken, Invitation, User, WebSession
 
@@ -52,10 +53,6 @@ def _rowcount(result: Result) -> int:
     """Rows an UPDATE or DELETE matched: its result is a cursor result, typed as the general one."""
     return cast("CursorResult", result).rowcount
 
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands back naive datetimes; they were stored in UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class AccountService:
@@ -114,7 +111,7 @@ class AccountService:
         update, so of two sign-ups racing with one invitation only one gets it."""
         now = datetime.now(UTC)
         invitation = self.session.scalar(select(Invitation).where(Invitation.token_hash == _digest(token)))
-        if invitation is None or invitation.used_at is not None or _aware(invitation.expires_at) < now:
+        if invitation is None or invitation.used_at is not None or as_utc(invitation.expires_at) < now:
             raise FieldError("invitation", "the invitation is not valid (used, expired or mistyped)")
         used = self.session.execute(update(Invitation).where(Invitation.id == invitation.id,
                                                              Invitation.used_at.is_(None)).values(used_at=now))
@@ -176,7 +173,7 @@ class AccountService:
 
     def session_for(self, token: str) -> WebSession | None:
         web_session = self.session.get(WebSession, _digest(token))
-        if web_session is None or _aware(web_session.expires_at) < datetime.now(UTC):
+        if web_session is None or as_utc(web_session.expires_at) < datetime.now(UTC):
             return None
         return web_session
 
@@ -202,7 +199,7 @@ class AccountService:
         if api_token is None:
             return None
         now = datetime.now(UTC)
-        if api_token.last_used_at is None or now - _aware(api_token.last_used_at) > timedelta(minutes=1):
+        if api_token.last_used_at is None or now - as_utc(api_token.last_used_at) > timedelta(minutes=1):
             api_token.last_used_at = now  # at most once a minute: no write per request
             self.session.commit()
         return api_token.user

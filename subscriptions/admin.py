@@ -27,6 +27,7 @@ import sys
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
+from core import cli
 from core.redis_client import make_redis
 from core.settings import Settings, get_settings
 from core.streams import Attribute, IncompatibleChange, StreamSchema
@@ -143,7 +144,7 @@ STREAM_COMMANDS = ("create-stream", "list-streams", "show-stream", "add-attribut
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subscriptions.admin", description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, "python -m subscriptions.admin", summary=True)
     commands = parser.add_subparsers(dest="command", required=True)
     create = commands.add_parser("create-user", help="create an account")
     create.add_argument("email")

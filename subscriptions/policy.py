@@ -12,9 +12,9 @@ so it lives here; the notifier applies it (``notifier.policy.decide``):
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from core.timestamps import UtcDatetime
 
 
 class AlertPolicy(BaseModel):
@@ -26,10 +26,9 @@ class AlertPolicy(BaseModel):
     )
     send_resolved: bool = Field(True, description="notify when a key leaves the condition")
     group: bool = Field(True, description="one notification for all keys of one evaluation")
-    muted_until: datetime | None = Field(None, description="send nothing until this time")
+    muted_until: UtcDatetime | None = Field(None, description="send nothing until this time")
 
     def muted(self, now: float) -> bool:
         if self.muted_until is None:
             return False
-        until = self.muted_until if self.muted_until.tzinfo else self.muted_until.replace(tzinfo=UTC)
-        return now < until.timestamp()
+        return now < self.muted_until.timestamp()  # in UTC (a time given without an offset is read as UTC)

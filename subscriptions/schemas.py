@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -11,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from core.stream_names import TRADES
 from core.streams import StreamName
 from core.text import Name, plain_text
+from core.timestamps import UtcDatetime
 from ingest.model import Key
 from subscriptions.channel_kinds import MAX_KIND_LENGTH, EndpointKind, endpoint_kind, endpoint_kinds
 from subscriptions.language import ANY_FIELDS, parse_filtered
@@ -163,7 +163,7 @@ class EndpointOut(BaseModel):
     kind: str
     target: str
     template: str | None = None
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 class EndpointCreated(EndpointOut):
@@ -216,14 +216,14 @@ class SubscriptionOut(BaseModel):
     active: bool
     endpoint_ids: list[int]
     policy: AlertPolicy
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
 
 
 class MuteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    until: datetime | None = Field(description="send nothing until this time; null unmutes")
+    until: UtcDatetime | None = Field(description="send nothing until this time; null unmutes")
 
 
 # -- accounts ---------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ class InvitationIn(BaseModel):
 class InvitationOut(BaseModel):
     token: str = Field(description="shown once: the invitee signs up with it (single use)")
     role: str
-    expires_at: datetime
+    expires_at: UtcDatetime
     signup_url: str = Field(description="the sign-up page with the invitation filled in")
 
 
@@ -286,7 +286,7 @@ class UserOut(BaseModel):
     id: int
     email: str
     role: str
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 class SessionOut(BaseModel):
@@ -306,8 +306,8 @@ class TokenOut(BaseModel):
     id: int
     name: str
     prefix: str
-    created_at: datetime
-    last_used_at: datetime | None
+    created_at: UtcDatetime
+    last_used_at: UtcDatetime | None
 
 
 class TokenCreated(TokenOut):

@@ -33,6 +33,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from core.settings import Settings
+from core.timestamps import UtcDatetime, as_utc
 from subscriptions.accounts import lock_owner
 from subscriptions.errors import FieldError, Forbidden, NotFound
 from subscriptions.models import Silence, Subscription, User
@@ -107,8 +108,8 @@ class SilenceIn(BaseModel):
                                       description="an alert is silenced when it matches every one")
     comment: Annotated[str, Field(max_length=MAX_COMMENT_LENGTH), Printable] = Field(
         description="why (required): shown in the list and to whoever finds the alerts missing")
-    starts_at: datetime | None = Field(None, description="default (and at the earliest): now")
-    ends_at: datetime | None = None
+    starts_at: UtcDatetime | None = Field(None, description="default (and at the earliest): now")
+    ends_at: UtcDatetime | None = None
     duration_s: int | None = Field(None, ge=1, description="instead of ends_at")
 
     @field_validator("matchers")
@@ -125,11 +126,6 @@ class SilenceIn(BaseModel):
             raise ValueError("say why: a silence needs a comment")
         return comment.strip()
 
-    @field_validator("starts_at", "ends_at")
-    @classmethod
-    def _utc(cls, moment: datetime | None) -> datetime | None:
-        return _aware(moment) if moment is not None else None
-
     @model_validator(mode="after")
     def _one_end(self) -> SilenceIn:
         if (self.ends_at is None) == (self.duration_s is None):
@@ -142,11 +138,11 @@ class SilenceOut(BaseModel):
     state: SilenceState
     matchers: list[MatcherIn]
     comment: str
-    starts_at: datetime
-    ends_at: datetime
-    created_at: datetime
+    starts_at: UtcDatetime
+    ends_at: UtcDatetime
+    created_at: UtcDatetime
     created_by: int | None
-    expired_at: datetime | None = Field(description="when it was expired by hand")
+    expired_at: UtcDatetime | None = Field(description="when it was expired by hand")
     ignored: str | None = Field(None, description="why the dispatcher ignores it (it silences nothing), if it does: "
                                 "matchers edited past the API or written by a newer version")
 
@@ -163,14 +159,10 @@ class SilenceOut(BaseModel):
             ignored = f"matchers this version cannot read: {json.dumps(silence.matchers, default=str)[:300]}"
         return cls(id=silence.id, state=silence_state(silence, now or datetime.now(UTC)),
                    matchers=matchers, ignored=ignored, comment=silence.comment,
-                   starts_at=_aware(silence.starts_at), ends_at=_aware(silence.ends_at),
-                   created_at=_aware(silence.created_at), created_by=silence.created_by,
-                   expired_at=_aware(silence.expired_at) if silence.expired_at else None)
+                   starts_at=as_utc(silence.starts_at), ends_at=as_utc(silence.ends_at),
+                   created_at=as_utc(silence.created_at), created_by=silence.created_by,
+                   expired_at=as_utc(silence.expired_at) if silence.expired_at else None)
 
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands datetimes back naive; every time here is UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _span(seconds: int) -> str:
@@ -181,9 +173,9 @@ def _span(seconds: int) -> str:
 
 
 def silence_state(silence: Silence, now: datetime) -> SilenceState:
-    if silence.expired_at is not None or _aware(silence.ends_at) <= now:
+    if silence.expired_at is not None or as_utc(silence.ends_at) <= now:
         return "expired"
-    return "pending" if _aware(silence.starts_at) > now else "active"
+    return "pending" if as_utc(silence.starts_at) > now else "active"
 
 
 def _in_state(state: SilenceState, now: datetime) -> ColumnElement[bool]:
@@ -296,8 +288,8 @@ def silence_rules(session: Session, owner_ids: set[int], now: datetime) -> dict[
     for s in session.scalars(query):
         # One the dispatcher cannot read is passed on as such: it skips it, logged once, not at every reload.
         matchers = _stored_matchers(s.matchers) or ((UNREADABLE, "", json.dumps(s.matchers, default=str)[:300]),)
-        found[s.owner_id].append(SilenceRule(s.id, s.owner_id, _aware(s.starts_at).timestamp(),
-                                             _aware(s.ends_at).timestamp(), matchers))
+        found[s.owner_id].append(SilenceRule(s.id, s.owner_id, as_utc(s.starts_at).timestamp(),
+                                             as_utc(s.ends_at).timestamp(), matchers))
     return found
 
 

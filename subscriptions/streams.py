@@ -49,6 +49,7 @@ from core.streams import (
     topic_name,
     trades_schema,
 )
+from core.timestamps import as_utc
 from evaluator.spec import Condition
 from subscriptions.accounts import _digest as token_digest
 from subscriptions.errors import Conflict, Forbidden, NotFound
@@ -157,9 +158,6 @@ def _registry_client(settings: Settings) -> Redis:
 #: Per Redis and key space, in this process: whether the registry is known to be written, and when that was checked.
 _REGISTRY: dict[tuple[str, str], tuple[bool, float]] = {}
 
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class StreamService:
@@ -342,7 +340,7 @@ class StreamService:
         if row is None:
             return None
         now = datetime.now(UTC)
-        if row.last_used_at is None or now - _aware(row.last_used_at) > timedelta(minutes=1):
+        if row.last_used_at is None or now - as_utc(row.last_used_at) > timedelta(minutes=1):
             row.last_used_at = now
             self.session.commit()
         return row

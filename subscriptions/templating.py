@@ -277,13 +277,15 @@ _FORBIDDEN_NODES: dict[type[nodes.Node], str] = {
     nodes.FromImport: "imports", nodes.Extends: "extends", nodes.Block: "blocks", nodes.FilterBlock: "filter blocks",
     nodes.With: "with blocks",
 }
-_MARKDOWN = re.compile(r"[\\`*_\[\]()<>#!|~]")
+#: What Adaptive Cards' Markdown subset interprets (bold and italic, links; no code, HTML, headings, images or
+#: tables), and the backslash itself: a value is escaped before these only, so it rarely shows a backslash.
+_MARKDOWN = re.compile(r"[\\*_\[\]]")
 ESCAPES: dict[str, Callable[[str], str]] = {
     "text": lambda text: text,
     # Slack's mrkdwn: these three alone, as Slack documents (a key cannot become <!channel> or a link).
     "slack": lambda text: text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"),
     "html": lambda text: str(html_escape(text)),
-    # Teams' text blocks: Markdown, whose link, emphasis and HTML-ish characters a value must not use.
+    # Teams' text blocks: Markdown, whose emphasis and link characters a value must not use.
     "markdown": lambda text: _MARKDOWN.sub(r"\\\g<0>", text),
 }
 

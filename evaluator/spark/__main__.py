@@ -29,6 +29,7 @@ import structlog
 from prometheus_client import Gauge
 from pyspark.sql.streaming import StreamingQuery
 
+from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import make_redis
@@ -114,7 +115,8 @@ def _record_start(stats: redis.Redis, keys: RedisKeys) -> None:
     pipe.execute()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli.no_arguments(__doc__, "python -m evaluator.spark", argv)
     configure_logging()
     settings = get_settings()
     log.info("deployment", id=settings.deployment)  # read once here: Spark's workers get it with their settings

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
+from core import cli
 from core.gc_policy import apply_gc_policy
 from evaluator.panerows import PaneRows
 from evaluator.spark.shard_runner import BatchResult, ShardJob, ShardRunner, ShardState
@@ -279,7 +280,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    cli.no_arguments(__doc__, "python -m evaluator.spark.shard_host", argv)  # its job comes on stdin
     address, anchor, job, idle_s, silence_s = pickle.load(sys.stdin.buffer)  # from the worker that started this host
     apply_gc_policy(job.settings.python_gc_threshold)  # this process holds a shard: many long-lived objects
     Path(address).unlink(missing_ok=True)  # a dead host's socket (the starter holds the lock)

@@ -127,6 +127,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     assert f"Tocsin is running: {url}/" in output
     match = re.search(r"Operator account: (\S+) / (\S+)", output)
     assert match, "a new database gets an operator account, announced once"
+    assert output.index("Tocsin is running") < match.start(), "the password comes last, once the platform is up"
     with session_factory(settings.database_url)() as session:
         operator = AccountService(session, settings).authenticate(match[1], match[2])
         assert operator is not None and operator.role == "operator"

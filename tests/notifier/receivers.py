@@ -66,14 +66,32 @@ def teams_errors(body: Any) -> list[str]:
         errors.append("content must be an AdaptiveCard with a version")
     if not isinstance(card.get("body"), list) or not card["body"]:
         errors.append("the card needs a body")
-    for element in card.get("body", []):
+    errors += _element_errors(card.get("body", []))
+    return errors
+
+
+def _element_errors(elements: list) -> list[str]:
+    """Adaptive Card elements the Teams channel sends: TextBlock, RichTextBlock of TextRuns, FactSet, Container."""
+    errors = []
+    for element in elements:
         if element.get("type") == "TextBlock":
             if not isinstance(element.get("text"), str) or not element["text"]:
                 errors.append("a TextBlock needs text")
+        elif element.get("type") == "RichTextBlock":
+            inlines = element.get("inlines")
+            if not isinstance(inlines, list) or not inlines or any(
+                    run.get("type") != "TextRun" or not isinstance(run.get("text"), str) or not run["text"]
+                    for run in inlines):
+                errors.append("a RichTextBlock needs inlines: TextRuns with text")
         elif element.get("type") == "FactSet":
             if any(set(fact) != {"title", "value"} or not all(isinstance(v, str) for v in fact.values())
                    for fact in element.get("facts", [])):
                 errors.append("facts are {title, value} strings")
+        elif element.get("type") == "Container":
+            if not isinstance(element.get("items"), list):
+                errors.append("a Container needs items")
+            else:
+                errors += _element_errors(element["items"])
         else:
             errors.append(f"unexpected element {element.get('type')!r}")
     return errors

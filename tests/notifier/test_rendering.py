@@ -154,7 +154,8 @@ def test_values_are_escaped_for_the_channel_the_template_text_is_not() -> None:
         "text": "<!here> *<!channel> & <b>[x](y)</b>*",
         "slack": "<!here> *&lt;!channel&gt; &amp; &lt;b&gt;[x](y)&lt;/b&gt;*",
         "html": "<!here> *&lt;!channel&gt; &amp; &lt;b&gt;[x](y)&lt;/b&gt;*",
-        "markdown": r"<!here> *\<\!channel\> & \<b\>\[x\]\(y\)\</b\>*",
+        # Adaptive Cards' Markdown has no HTML: only its link and emphasis characters are escaped
+        "markdown": r"<!here> *<!channel> & <b>\[x\](y)</b>*",
     }
 
 

@@ -12,10 +12,13 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from core.redis_schema import RedisKeys
 from core.settings import Settings
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
 from ingest.kafka import ensure_topics
 from tests.servers import serving
-from tests.users import PASSWORD, new_user
+from tests.users import PASSWORD, api_client, new_user
 from web.app import create_app
 from web.ops import sample_once
 
@@ -119,3 +122,77 @@ def test_endpoint_secret_is_shown_once_and_the_operator_dashboard_charts_live(se
     expect(page.locator('#tiles [data-metric="lag"]')).to_have_text("0")
     expect(page.locator('#tiles [data-metric="queued"]')).not_to_have_text("–")
     expect(page.locator("#sample-status")).to_contain_text("Kafka ok")
+
+
+def _sign_in(page: Page, server: str, email: str) -> None:
+    page.goto(server + "/login")
+    page.get_by_label("E-mail").fill(email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def test_the_alert_history_shows_a_new_alert_without_a_reload(server: str, page: Page, settings: Settings) -> None:
+    """It said "No alerts." beside a firing key until the page was reloaded; it follows new alerts now."""
+    user, token = new_user(settings)
+    with api_client(settings, token) as api:
+        sid = api.post("/api/subscriptions", json={"name": "Volume", "condition": "SUM(volume) OVER 5m > 2e6"}).json()["id"]
+    _sign_in(page, server, user.email)
+    page.goto(f"{server}/subscriptions/{sid}")
+    expect(page.locator("#history")).to_contain_text("No alerts.")
+    page.evaluate("window.notReloaded = true")
+    at = int(time.time() * 1000)
+    RedisAlertSink(settings).write([
+        {"alert_id": alert_id(sid, "AAPL", "firing", at), "subscription_id": sid, "key": "AAPL", "state": "firing",
+         "value": 2.5e6, "window_start": at - 300_000, "window_end": at, "evaluated_at": at}])
+    expect(page.locator("#firing")).to_contain_text("AAPL", timeout=30_000)
+    row = page.locator("#history tbody tr")
+    expect(row).to_have_count(1, timeout=30_000)
+    expect(row).to_contain_text("AAPL")
+    expect(row).to_contain_text("firing")
+    assert page.evaluate("window.notReloaded") is True
+    page.locator("#history-filters select[name=state]").select_option("resolved")  # the poll keeps the filters
+    expect(page.locator("#history")).to_contain_text("No alerts match these filters.")
+    page.wait_for_timeout(3_000)  # more than one poll: it must not bring back the unfiltered list
+    expect(page.locator("#history")).to_contain_text("No alerts match these filters.")
+
+
+def test_the_ops_tiles_and_charts_read_true(server: str, page: Page, settings: Settings, tmp_path: Path) -> None:
+    """The success tile said "–" while its chart said 100 %, whose axis ran to 200; the input line hid under the
+    evaluated one."""
+    ensure_topics(settings)
+    operator, _ = new_user(settings, role="operator")
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    sampling = settings.model_copy(update={"dashboard_sample_s": 0.01})
+    keys = RedisKeys(settings)
+
+    def sample() -> dict:
+        """The sampler's work, done here: the server's sampler took its one sample of the hour at its start."""
+        client.delete(keys.ops_sampler_lock)
+        taken = sample_once(sampling, client)
+        assert taken is not None
+        return taken
+
+    client.hset(keys.evaluator_stats, mapping={"batch_seconds": 25_000})  # long labels: 25,000,000 ms
+    sample()
+    client.hset(keys.delivery_stats, mapping={"delivered": 3})  # every attempt of this period delivered
+    time.sleep(0.05)
+    sample()
+    time.sleep(0.05)
+    assert sample()["success_rate"] is None  # nothing attempted since: the chart draws across this gap
+    _sign_in(page, server, operator.email)
+    page.goto(server + "/ops")
+    expect(page.locator("#charts .uplot")).to_have_count(6)
+    expect(page.locator('#tiles [data-metric="success_rate"]')).to_have_text("100")
+    delivery = page.evaluate("(() => { const p = window.tocsinCharts.delivery;"
+                             " return [p.scales.y.min, p.scales.y.max, p.axes[1]._size]; })()")
+    assert delivery[:2] == [0, 100]
+    rates = page.evaluate("window.tocsinCharts.rates.series.slice(1).map((s) => [s.label, String(s._stroke), s.dash])")
+    (_, input_colour, input_dash), (_, evaluated_colour, evaluated_dash) = rates
+    assert input_colour != evaluated_colour and input_dash != evaluated_dash
+    size, widest, margin = page.evaluate("""(() => {
+        const p = window.tocsinCharts.batch, a = p.axes[1];
+        p.ctx.font = a.font[0];
+        const widest = Math.max(...a._values.map((v) => p.ctx.measureText(String(v)).width / devicePixelRatio));
+        return [a._size, widest, a.ticks.size + a.gap]; })()""")
+    page.screenshot(path=str(tmp_path / "ops.png"), full_page=True)
+    assert size >= widest + margin  # the longest label fits (the fixed 60 px cut "25,000,000")

@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Literal
 
@@ -44,6 +43,7 @@ from core.streams import (
     split_ndjson,
 )
 from core.text import Name
+from core.timestamps import UtcDatetime
 from ingest.model import DeadLetter
 from ingest.model import RecordLimits as LetterLimits
 from subscriptions.models import PublisherToken, Stream
@@ -109,8 +109,8 @@ class StreamOut(BaseModel):
     topic: str
     version: int
     schema_: StreamSchema = Field(alias="schema", serialization_alias="schema")
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -127,8 +127,8 @@ class PublisherTokenOut(BaseModel):
     name: str
     prefix: str
     streams: list[str]
-    created_at: datetime
-    last_used_at: datetime | None
+    created_at: UtcDatetime
+    last_used_at: UtcDatetime | None
 
 
 class PublisherTokenCreated(PublisherTokenOut):

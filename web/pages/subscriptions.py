@@ -186,7 +186,7 @@ def history_fragment(request: Request, subscription_id: IdPath, principal: Page,
     cursor_given = before if valid_cursor(before) else None
     alerts, cursor = AlertViews(redis_client, keys).history(subscription_id, where, 50, cursor_given)
     return render(request, "_history.html", principal, alerts=alerts, cursor=cursor, subscription_id=subscription_id,
-                  query={"state": state, "key": key, "since": since})
+                  query={"state": state, "key": key, "since": since}, paged=cursor_given is not None)
 
 
 @router.get("/subscriptions/{subscription_id}/deliveries", response_class=HTMLResponse)

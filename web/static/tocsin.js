@@ -12,15 +12,37 @@ document.addEventListener("click", (event) => {
   const charts = document.getElementById("charts");
   if (!charts || typeof uPlot === "undefined") return;
   const sampleS = Number(document.getElementById("tiles").dataset.sampleS) || 2;
+  // [field, label, colour, more uPlot series options]: the evaluated line is dashed in another colour, so the input
+  // line it usually lies on shows through its gaps.
   const series = {
-    rates: [["input_rate", "input", "#2f5bd3"], ["evaluated_rate", "evaluated", "#15803d"]],
+    rates: [["input_rate", "input", "#2f5bd3", { width: 3 }], ["evaluated_rate", "evaluated", "#ea580c", { dash: [6, 4] }]],
     batch: [["batch_ms", "batch ms", "#7c3aed"]],
     lag: [["lag", "lag", "#b45309"]],
     selectivity: [["candidate_rate", "candidates", "#0891b2"], ["match_rate", "matches", "#be185d"]],
     queue: [["queued", "queued", "#2f5bd3"], ["unacked", "held by workers", "#6b7280"]],
     delivery: [["success_pct", "success %", "#15803d"]],
   };
+  // A share is 0–100 %, whatever the samples (uPlot pads a flat line at 100 up to 200).
+  const percentScale = { y: { range: [0, 100] } };
+  const scales = { delivery: percentScale };
   const plots = {};
+  window.tocsinCharts = plots; // the uPlot instances, for a look from the console (and the UI tests)
+
+  // The y axis as wide as its longest label (a fixed width cut "2,000,000" short), and at least 60 px: the time
+  // axis's date line ("11/27/26 11:19pm") sits centred under its first tick and needs that room on the left.
+  // uPlot asks again per layout cycle.
+  const MIN_AXIS_PX = 60;
+  function axisSize(self, values, axisIdx, cycleNum) {
+    const axis = self.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap;
+    const longest = (values ?? []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+    if (longest) {
+      self.ctx.font = axis.font[0];
+      size += self.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.max(Math.ceil(size) + 4, MIN_AXIS_PX);
+  }
 
   function columns(samples, fields) {
     const t = samples.map((s) => s.t);
@@ -35,9 +57,9 @@ document.addEventListener("click", (event) => {
       if (!plots[name]) {
         plots[name] = new uPlot({
           width: figure.clientWidth - 16, height: 170,
-          scales: { x: { time: true } },
-          series: [{}, ...fields.map(([, label, stroke]) => ({ label, stroke, width: 2, spanGaps: true }))],
-          axes: [{}, { size: 60 }],
+          scales: { x: { time: true }, ...(scales[name] ?? {}) },
+          series: [{}, ...fields.map(([, label, stroke, more]) => ({ label, stroke, width: 2, spanGaps: true, ...more }))],
+          axes: [{}, { size: axisSize }],
         }, data, figure);
       } else {
         plots[name].setData(data);
@@ -45,7 +67,10 @@ document.addEventListener("click", (event) => {
     }
     const latest = samples[samples.length - 1];
     for (const cell of document.querySelectorAll("#tiles [data-metric]")) {
-      let value = latest[cell.dataset.metric];
+      // data-last-known: the newest value the chart shows; a period with nothing to measure (no delivery attempted)
+      // has none, and the chart draws across it
+      const metric = cell.dataset.metric;
+      let value = "lastKnown" in cell.dataset ? samples.findLast((s) => s[metric] != null)?.[metric] : latest[metric];
       if (value == null) { cell.textContent = "–"; continue; }
       if ("percent" in cell.dataset) value *= 100;
       cell.textContent = Math.abs(value) >= 100 ? Math.round(value).toLocaleString() : Number(value.toFixed(1)).toString();
