@@ -16,7 +16,6 @@ figures from a busy machine are upper bounds (docs/operations.md).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import signal
@@ -30,7 +29,7 @@ import psutil
 import redis
 
 from benchmarks.report import add_markdown_option, markdown_run, table
-from core import restarts
+from core import cli, restarts
 from core.redis_client import make_redis
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
@@ -177,7 +176,7 @@ def started_platform(directory: Path) -> tuple[subprocess.Popen, Settings]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "python -m benchmarks.driver_restart")
     parser.add_argument("--start", action="store_true", help="start a platform of its own and stop it afterwards")
     parser.add_argument("--runner", type=int, help="the pid of the runner (devstack.run) whose driver to restart")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each of readiness and resume")

@@ -10,7 +10,6 @@ what this module generates.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import re
@@ -22,6 +21,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from core import cli
 from core import settings as settings_module
 from core.settings import Settings
 
@@ -137,7 +137,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = cli.parser(__doc__, "python -m core.settings_doc", summary=True)
     parser.add_argument("--write", action="store_true", help=f"rewrite {PAGE.relative_to(PAGE.parents[1])}")
     args = parser.parse_args(argv)
     page = render()
