@@ -16,6 +16,10 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: Secret keys published with Tocsin (docker-compose.yml shipped the first as its default): a deployment using one
+#: protects nothing, so Settings refuses them unless ``demo`` is on.
+WELL_KNOWN_SECRET_KEYS = frozenset({"5CNBWChqml949lvwExqZltCAmZPQUeheru11a5sYlL0="})
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOCSIN_", env_file=".env", extra="ignore")
@@ -70,6 +74,10 @@ class Settings(BaseSettings):
     )
     secret_key: SecretStr | None = Field(
         None, description="Fernet key encrypting endpoint secrets at rest; default: generated in data_dir/secret.key"
+    )
+    demo: bool = Field(
+        False, description="a throw-away demo deployment: accepts a well-known secret key (WELL_KNOWN_SECRET_KEYS), "
+                           "which anyone can decrypt endpoint secrets with"
     )
 
     # --- Spark job ---------------------------------------------------------------
@@ -428,6 +436,15 @@ class Settings(BaseSettings):
                                  "make one with: python -c 'from cryptography.fernet import Fernet; "
                                  "print(Fernet.generate_key().decode())'") from None
         return key
+
+    @model_validator(mode="after")
+    def _no_well_known_key(self) -> Settings:
+        if self.secret_key is not None and self.secret_key.get_secret_value() in WELL_KNOWN_SECRET_KEYS and not self.demo:
+            raise ValueError(
+                "TOCSIN_SECRET_KEY is a well-known key published with Tocsin: anyone could decrypt the endpoint "
+                "secrets stored with it. Set a key of your own (openssl rand -base64 32 | tr '+/' '-_'), or "
+                "TOCSIN_DEMO=true for a throw-away demo (docs/production.md)")
+        return self
 
     @model_validator(mode="after")
     def _one_account_leaves_connections_to_others(self) -> Settings:

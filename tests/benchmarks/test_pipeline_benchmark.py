@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
 
+from benchmarks.pipeline import QUIX_MISSING
 from tests.benchmarks.quick import run_quick
 
 
@@ -60,12 +62,17 @@ def test_quick_run_prints_every_table() -> None:
 
     rows = table_rows(stdout, "Peers:")
     peers = {cells[0]: cells[1:] for cells in rows}
+    # quixstreams is a benchmark-only peer (the bench extra, .venv-bench): where it is missing the benchmark
+    # says how to get it instead of failing
+    quix = importlib.util.find_spec("quixstreams") is not None
+    assert (QUIX_MISSING in stdout) != quix
     assert sorted(cells[0] for cells in rows) == sorted(  # each once (the issue-16 mix rows were listed too)
-        ["Tocsin naive", "Tocsin collective", "Spark window() 1 min", "quixstreams 1 min"])
+        ["Tocsin naive", "Tocsin collective", "Spark window() 1 min"] + ["quixstreams 1 min"] * quix)
     for name, (rate, rss, *ratios) in peers.items():
         assert number(rate) > 0 and number(rss) > 0, (name, rate, rss)
-        assert len(ratios) == 2 and all(number(r) > 0 for r in ratios), (name, ratios)
-    assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
+        assert len(ratios) == 1 + quix and all(number(r) > 0 for r in ratios), (name, ratios)  # x each peer
+    if quix:
+        assert number(peers["quixstreams 1 min"][-1]) == 1  # a peer against itself
 
     [live] = table_rows(stdout, "Alert latency")
     assert live[0] == "alerts 100", live

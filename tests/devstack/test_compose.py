@@ -15,24 +15,40 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
+import pytest
 import yaml
+from cryptography.fernet import Fernet
 
-from core.settings import Settings
+from core.settings import WELL_KNOWN_SECRET_KEYS, Settings
 from devstack.run import platform_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent
-INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
+INTERPOLATION = re.compile(r"\$\{(\w+):([-?])([^}]*)\}")
+#: What an operator exports before ``docker compose up``: the variables the file requires (``${NAME:?message}``).
+EXPORTED = {"TOCSIN_SECRET_KEY": Fernet.generate_key().decode()}
 
 
-def interpolate(value: Any) -> Any:
-    """Compose's ``${NAME:-default}`` with nothing exported: the defaults the file documents."""
+class Unset(AssertionError):
+    """A required variable is not exported: ``docker compose`` stops with the file's message."""
+
+
+def interpolate(value: Any, exported: dict[str, str] = EXPORTED) -> Any:
+    """Compose's ``${NAME:-default}`` and ``${NAME:?message}`` with only ``exported`` set."""
+    def substitute(match: re.Match) -> str:
+        name, kind, text = match.groups()
+        if name in exported:
+            return exported[name]
+        if kind == "?":
+            raise Unset(f"{name}: {text}")
+        return text
+
     if isinstance(value, str):
-        return INTERPOLATION.sub(lambda m: m.group(2), value)
+        return INTERPOLATION.sub(substitute, value)
     if isinstance(value, list):
-        return [interpolate(v) for v in value]
+        return [interpolate(v, exported) for v in value]
     if isinstance(value, dict):
-        return {k: interpolate(v) for k, v in value.items()}
+        return {k: interpolate(v, exported) for k, v in value.items()}
     return value
 
 
@@ -42,8 +58,14 @@ def gigabytes(size: str) -> float:
     return number / 1024 if unit == "m" else number * 1024 if unit == "t" else number
 
 
-def compose() -> dict:
-    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+def compose(exported: dict[str, str] = EXPORTED) -> dict:
+    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), exported)
+
+
+def service_settings(service: dict) -> Settings:
+    """The settings a service's environment gives its process."""
+    return Settings(**{k.removeprefix("TOCSIN_").lower(): v
+                       for k, v in service["environment"].items() if k.startswith("TOCSIN_")})
 
 
 def entry_point(command: list[str]) -> str:
@@ -119,7 +141,7 @@ def test_spark_services_run_the_distribution_of_the_pinned_pyspark() -> None:
     # the worker stage is the project image (its Python, code, dependencies) plus the official /opt/spark
     base, instructions = stages[worker["build"]["target"]]
     assert base == "tocsin" and "COPY --from=spark /opt/spark /opt/spark" in instructions
-    assert "pip install" in stages["tocsin"][1]
+    assert "infra/install-production" in stages["tocsin"][1]  # the project and its dependencies
     for service, main_class in ((master, "org.apache.spark.deploy.master.Master"),
                                 (worker, "org.apache.spark.deploy.worker.Worker")):
         assert service["command"][:2] == ["/opt/spark/bin/spark-class", main_class]
@@ -141,8 +163,7 @@ def test_the_evaluator_submits_to_the_master() -> None:
     assert services["evaluator"]["environment"]["TOCSIN_SPARK_MASTER"] == url
     assert services["spark-worker"]["command"][2] == url
     evaluator = services["evaluator"]
-    settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
-                           for k, v in evaluator["environment"].items() if k.startswith("TOCSIN_")})
+    settings = service_settings(evaluator)
     assert settings.spark_driver_host == "evaluator" and "evaluator" in services  # a name the workers resolve
     assert settings.spark_driver_bind_address == "0.0.0.0"  # not the loopback executors cannot reach
     worker_memory = services["spark-worker"]["environment"]["SPARK_WORKER_MEMORY"]
@@ -155,8 +176,7 @@ def test_checkpoint_on_a_volume_the_driver_and_every_worker_mount() -> None:
     spec = compose()
     services = spec["services"]
     for name in ("evaluator", "spark-worker"):
-        settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
-                               for k, v in services[name]["environment"].items() if k.startswith("TOCSIN_")})
+        settings = service_settings(services[name])
         mounts = dict(m.split(":", 1)[::-1] for m in services[name]["volumes"])  # container path -> volume
         holding = [path for path in mounts if settings.checkpoint_path.is_relative_to(path)]
         assert holding, f"{name}: {settings.checkpoint_path} is on no volume"
@@ -167,8 +187,7 @@ def test_enough_partitions_for_the_executor_cores() -> None:
     services = compose()["services"]
     worker = services["spark-worker"]
     cores = worker["deploy"]["replicas"] * int(worker["environment"]["SPARK_WORKER_CORES"])
-    settings = Settings(**{k.removeprefix("TOCSIN_").lower(): v
-                           for k, v in services["evaluator"]["environment"].items() if k.startswith("TOCSIN_")})
+    settings = service_settings(services["evaluator"])
     assert settings.event_partitions >= cores  # every core has a Kafka partition to read
     assert settings.spark_shuffle_partitions >= cores  # ... and a shard to evaluate
     assert services["topics"]["environment"]["TOCSIN_EVENT_PARTITIONS"] == str(settings.event_partitions)
@@ -196,3 +215,53 @@ def test_same_modules_as_local_runner() -> None:
     compose_targets = {entry_point(s["command"]) for s in services.values() if "build" in s}
     runner_targets = {entry_point(args) for _, args in platform_commands(Settings())}
     assert runner_targets <= compose_targets
+
+
+def test_no_secret_key_ships_in_the_file() -> None:
+    """Every service needs the same key, one of the operator's own: compose refuses to start without it."""
+    with pytest.raises(Unset, match=r"TOCSIN_SECRET_KEY.*docs/production\.md"):
+        compose(exported={})
+    services = compose()["services"]
+    for name, service in services.items():
+        if "build" in service:
+            assert service_settings(service).secret_key.get_secret_value() == EXPORTED["TOCSIN_SECRET_KEY"], name
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert not any(key in text for key in WELL_KNOWN_SECRET_KEYS)
+    # the key the file once shipped, exported again (from an old copy of it): no service starts with it
+    [well_known] = WELL_KNOWN_SECRET_KEYS
+    with pytest.raises(ValueError, match="well-known key"):
+        service_settings(compose(exported={"TOCSIN_SECRET_KEY": well_known})["services"]["web"])
+
+
+def test_the_web_app_is_served_over_https_by_the_proxy() -> None:
+    """Secure-only cookies need HTTPS in front of the web app: the proxy service terminates it."""
+    services = compose()["services"]
+    web, proxy = services["web"], services["proxy"]
+    assert service_settings(web).session_cookie_secure  # the default compose runs with
+    assert not service_settings(compose(exported={**EXPORTED, "TOCSIN_SESSION_COOKIE_SECURE": "false"})
+                                ["services"]["web"]).session_cookie_secure  # a trusted plain-HTTP network
+    command = proxy["command"]
+    assert proxy["image"].startswith("caddy:") and command[:2] == ["caddy", "reverse-proxy"]
+    assert command[command.index("--from") + 1] == "https://localhost"
+    upstream = command[command.index("--to") + 1]
+    port = web["command"][web["command"].index("--port") + 1]
+    assert upstream == f"web:{port}"
+    assert any(p.split(":")[-1] == "443" for p in proxy["ports"])
+    assert "ports" not in web  # reached through the proxy only, so it may trust the proxy's forwarded headers
+    assert "--proxy-headers" in web["command"] and "--forwarded-allow-ips" in web["command"]
+    assert proxy["depends_on"]["web"]["condition"] == "service_healthy"
+    volume = proxy["volumes"][0].split(":")[0]
+    assert volume in compose()["volumes"]  # the internal CA survives a restart, so browsers keep trusting it
+
+
+def test_the_image_installs_what_the_install_smoke_tests() -> None:
+    """One production install: infra/Dockerfile runs infra/install-production, as tests/test_production_install.py
+    does, and installs nothing else with pip."""
+    instructions = dockerfile_stages()["tocsin"][1]
+    runs = [line for line in instructions.splitlines() if line.startswith("RUN ")]
+    installs = [line for line in runs if "install-production" in line]
+    assert installs == ["RUN PIP_NO_CACHE_DIR=1 infra/install-production python3"], runs
+    assert not any("pip install" in line for line in runs), runs
+    assert "COPY infra infra" in instructions
+    smoke = (ROOT / "tests" / "test_production_install.py").read_text()
+    assert '"infra" / "install-production"' in smoke
