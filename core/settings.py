@@ -307,6 +307,10 @@ class Settings(BaseSettings):
     metrics_port_dispatcher: int = 9465
     metrics_port_worker: int = 9466
     metrics_port_hosts_feed: int = 9467
+    metrics_bind_address: str = Field(
+        "127.0.0.1", description="the address the processes without a web server serve /metrics on: this machine "
+        "alone by default; the host's address (or 0.0.0.0) where Prometheus scrapes from another host"
+    )
 
     # silences (subscriptions.silences, notifier.silences) ----------------------------
     user_max_silences: int = Field(100, ge=0, description="silences one user may have pending or active at once")

@@ -527,7 +527,7 @@ class Dispatcher:
 def main() -> None:
     configure_logging()
     settings = get_settings()
-    serve_metrics(settings.metrics_port_dispatcher)
+    serve_metrics(settings.metrics_port_dispatcher, settings.metrics_bind_address)
     with contextlib.suppress(KeyboardInterrupt):
         Dispatcher(settings).run()
 
