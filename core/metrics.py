@@ -8,8 +8,9 @@ from prometheus_client import start_http_server
 log = structlog.get_logger(__name__)
 
 
-def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` on ``port``; a port of 0 disables it (tests run several at once)."""
+def serve_metrics(port: int, addr: str) -> None:
+    """Serve ``/metrics`` on ``addr:port`` (``TOCSIN_METRICS_BIND_ADDRESS``); a port of 0 disables it (tests run
+    several at once)."""
     if port <= 0:
         return
     try:

@@ -371,6 +371,10 @@ class Settings(BaseSettings):
     metrics_port_hosts_feed: int = Field(
         9467, description="Prometheus /metrics port of the demo host-metrics feed (0 disables)"
     )
+    metrics_bind_address: str = Field(
+        "127.0.0.1", description="the address the processes without a web server serve /metrics on: this machine "
+        "alone by default; the host's address (or 0.0.0.0) where Prometheus scrapes from another host"
+    )
 
     # --- silences (subscriptions.silences, notifier.silences) -----------------------
     user_max_silences: int = Field(100, ge=0, description="silences one user may have pending or active at once")

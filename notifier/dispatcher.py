@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     cli.no_arguments(__doc__, "python -m notifier.dispatcher", argv)
     configure_logging()
     settings = get_settings()
-    serve_metrics(settings.metrics_port_dispatcher)
+    serve_metrics(settings.metrics_port_dispatcher, settings.metrics_bind_address)
     with contextlib.suppress(KeyboardInterrupt):
         Dispatcher(settings).run()
 

@@ -89,7 +89,8 @@ REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on the
 @worker_ready.connect
 def _serve_metrics(**_: object) -> None:
     """The worker's metrics; a worker of the test-alert lane alone serves none (the port is the alert lane's)."""
-    serve_metrics(app.conf.get("tocsin_metrics_port", get_settings().metrics_port_worker))
+    settings = get_settings()
+    serve_metrics(app.conf.get("tocsin_metrics_port", settings.metrics_port_worker), settings.metrics_bind_address)
 
 
 @functools.lru_cache(maxsize=4)

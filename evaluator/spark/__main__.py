@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     beating.start()
     spark = query = supervisor = None
     try:
-        serve_metrics(settings.metrics_port_evaluator)
+        serve_metrics(settings.metrics_port_evaluator, settings.metrics_bind_address)
         ensure_topics(settings)
         if stop.is_set():
             return
