@@ -138,7 +138,7 @@ def main() -> None:
         if stop.is_set():
             return
         query = build_query(spark, settings)
-        log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path),
+        log.info("evaluator_started", topic=settings.events_topic, checkpoint=settings.checkpoint_location,
                  trigger=settings.trigger_interval, max_records_per_batch=settings.source_max_records_per_trigger)
         supervisor = StreamSupervisor(spark, settings, RegistryReader(stats, keys, settings), build_query)
         _follow(query, stats, keys, stop, supervisor, settings.stream_refresh_s)

@@ -114,7 +114,7 @@ class StreamSupervisor:
 
     def _start(self, name: str, held: _Stream, now: float) -> None:
         try:
-            if claim_checkpoint(self.settings, name, held.incarnation):
+            if claim_checkpoint(self.spark, self.settings, name, held.incarnation):
                 self._forget_batches(name)
             held.query = self.start(self.spark, self.settings, held.schema)
             held.started_at = now
@@ -123,7 +123,7 @@ class StreamSupervisor:
             return
         self._record(name, write={QUERY_STARTED_AT: time.time()})
         log.info("stream_query_started", stream=name, attributes=list(held.schema.attribute_names),
-                 checkpoint=str(checkpoint_of(self.settings, name)))
+                 checkpoint=checkpoint_of(self.settings, name))
 
     def _failed(self, name: str, held: _Stream, now: float, event: str, error: str) -> None:
         """One more failure in a row: retried after the backoff, and recorded for the dead man's switch."""
