@@ -13,7 +13,7 @@ import redis
 
 from core.redis_schema import QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
-from core.streams import Attribute, trades_schema
+from core.streams import Attribute, topic_name, trades_schema
 from evaluator.spark.checkpoint_fs import CheckpointFiles
 from evaluator.spark.registry import (
     RegistryReader,
@@ -23,8 +23,11 @@ from evaluator.spark.registry import (
     query_attributes,
     stream_checkpoint,
 )
-from evaluator.spark.supervisor import StreamSupervisor
-from subscriptions.streams import publish_registry
+from evaluator.spark.supervisor import MAX_BACKOFF_S, DeletedCheckpoints, StreamSupervisor
+from ingest.kafka import ensure_topics
+from subscriptions.streams import delete_topic, publish_registry
+from tests.evaluator.spark.test_streams import topics
+from tests.evaluator.streams import wait_until
 from tests.evaluator.test_stream_supervisor import Starter, schema
 
 pytestmark = pytest.mark.spark
@@ -126,3 +129,40 @@ def test_a_job_that_missed_the_deletion_still_starts_the_stream_clean(spark, run
     assert claim_checkpoint(spark, run, "s", 1) is False and (checkpoint / "commits").exists()
     assert claim_checkpoint(spark, run, "s", None) is False and (checkpoint / "commits").exists()  # an old registry
     assert claim_checkpoint(spark, run, "s", 2) is True and not (checkpoint / "commits").exists()
+
+
+def test_a_deleted_streams_checkpoint_is_removed_one_missing_from_the_registry_keeps_its(
+        spark, run: Settings, tmp_path: Path) -> None:
+    """A stream deleted (its topic first, then its row) loses its checkpoint, whether the job saw it go or was down
+    meanwhile; a stream whose topic is still there (Redis lost the registry) keeps its checkpoint until its topic
+    is gone too."""
+    run = run.model_copy(update={"stream_topic_prefix": f"{run.events_topic}.stream."})
+    client, keys = redis.Redis.from_url(run.redis_url), RedisKeys(run)
+    streams = tmp_path / "checkpoint" / "streams"
+    for name in ("gone", "kept"):  # left by an earlier run of the job
+        (streams / name / "offsets").mkdir(parents=True)
+    ensure_topics(run, {topic_name("kept", run): 1, topic_name("live", run): 1})
+    clock = [0.0]
+    supervisor = StreamSupervisor(spark, run, RegistryReader(client, keys, run), Starter(),  # type: ignore[arg-type]
+                                  clock=lambda: clock[0], deleted=DeletedCheckpoints(spark, run))
+    publish_registry(client, keys, [trades_schema(run), schema("live")], {"live": 1})
+    supervisor.poll()
+    assert not (streams / "gone").exists(), "deleted while the job was down"
+    assert (streams / "kept" / "offsets").exists() and (streams / "live" / "incarnation").read_text() == "1"
+
+    delete_topic(run, "live")  # as StreamService.delete does, before it republishes the registry
+    wait_until(lambda: topic_name("live", run) not in topics(run), timeout_s=60)
+    publish_registry(client, keys, [trades_schema(run)])
+    clock[0] = 1.0
+    supervisor.poll()
+    assert not (streams / "live").exists() and "live" not in supervisor.queries()
+    assert (streams / "kept" / "offsets").exists()
+
+    delete_topic(run, "kept")
+    wait_until(lambda: topic_name("kept", run) not in topics(run), timeout_s=60)
+    clock[0] = 1.0 + MAX_BACKOFF_S / 2
+    supervisor.poll()
+    assert (streams / "kept").exists(), "checked again a while later, not at every poll"
+    clock[0] = 1.0 + MAX_BACKOFF_S
+    supervisor.poll()
+    assert not (streams / "kept").exists()
