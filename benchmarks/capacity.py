@@ -1,7 +1,7 @@
 """The capacity model: per-core costs measured on this machine, and what a load needs from each tier.
 
     python benchmarks/capacity.py              # measure (about 2 minutes), print the costs and the prediction
-    python benchmarks/capacity.py --markdown   # ... and both tables again as markdown (docs/scaling.md)
+    python benchmarks/capacity.py --markdown docs/benchmarks.md   # ... and the run into its section there
     python benchmarks/capacity.py --quick      # smoke run
 
 Measured here, one core each (one process, one Arrow thread, as one Spark task), in CPU time where the
@@ -51,7 +51,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ingest import panes_per_second, produce, raw_frame, read_all, records
-from benchmarks.report import print_tables
+from benchmarks.report import add_markdown_option, markdown_run, print_tables
 from benchmarks.shard import ATTRS, MINUTE, PANE, SHARDS, Feed, catalog_for, run_boundaries
 from benchmarks.sink import Frame, batch_frame
 from core.redis_schema import RedisKeys
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 GB = 2**30
-# From other benchmarks (README, "Pipeline benchmark" and "Notifications > Benchmark"); see the module docstring.
+# From other benchmarks (docs/benchmarks.md, "pipeline" and "notifier"); see the module docstring.
 SPARK_US = 96.1 - (9.57 + 3.85 + 2.76 + 25.5 + 1.01 + 21.4)  # collective 10k, 17:47 run: tree CPU less the stages
 BATCH_S = 0.913  # the heartbeats-only micro-batch on idle cores (21:05 run): Spark's fixed cost per batch
 DELIVERY_MS = 3.0  # CPU of one webhook delivery: claim, mark and log in Redis, the HTTP post (notifier benchmark)
@@ -343,9 +343,9 @@ def _measure(quick: bool) -> Costs:
 
 
 SOURCES = {
-    "spark_us": "pipeline benchmark (README), not re-measured here",
-    "batch_s": "pipeline benchmark (README), not re-measured here",
-    "delivery_ms": "notifier benchmark (README), not re-measured here",
+    "spark_us": "pipeline benchmark (docs/benchmarks.md), not re-measured here",
+    "batch_s": "pipeline benchmark (docs/benchmarks.md), not re-measured here",
+    "delivery_ms": "notifier benchmark (docs/benchmarks.md), not re-measured here",
 }
 
 
@@ -377,11 +377,11 @@ def tables(costs: Costs) -> list[tuple[str, list[str], list[list[object]]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown")
+    add_markdown_option(parser)
     args = parser.parse_args()
-    begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    print_tables(tables(measure(args.quick)), markdown=args.markdown, source=f"benchmarks/capacity.py --markdown, {begun}")
+    print_tables(tables(measure(args.quick)))
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -34,7 +34,7 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from core.catalog_log import CatalogLog
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -266,6 +266,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=10, help="shard batches timed per catalog")
     parser.add_argument("--shard-subscriptions", type=int, help="subscriptions in the shard table (default: all)")
     parser.add_argument("--changes", type=int, default=300, help="changes timed on the publishing side")
+    add_markdown_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.subscriptions, args.rate, args.keys, args.events, args.batches, args.changes = 2_000, 20, 200, 2_000, 3, 40
@@ -299,4 +300,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

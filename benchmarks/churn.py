@@ -184,6 +184,9 @@ def compare(before: list[Segment], after: list[Segment], finished: bool) -> None
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20,000 keys, a smoke run")
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct keys over the run")
@@ -198,6 +201,7 @@ def main() -> None:
     parser.add_argument("--code", default=str(ROOT), help="checkout whose evaluator runs (default: this one)")
     parser.add_argument("--before", help="also run this checkout's evaluator on the same stream and compare")
     parser.add_argument("--json", action="store_true", help="print the segments as JSON (for --before)")
+    add_markdown_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.keys, args.arrivals, args.query_every = min(args.keys, 20_000), min(args.arrivals, 200), 2
@@ -223,4 +227,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.report import markdown_run
+
+    with markdown_run():
+        main()

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table
+from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
 from evaluator.asw.base import WindowStructure
 from evaluator.asw.baselines import AggregateTree, MaterializeAll, MaterializeNone
 from evaluator.asw.bint import BaseIntervals
@@ -258,6 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
     parser.add_argument("--figs", default="9,10,12", help="which experiments: any of 9, 10 (with 11), 12")
+    add_markdown_option(parser)
     args = parser.parse_args()
     figs = set(args.figs.split(","))
     if "9" in figs:
@@ -275,4 +276,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

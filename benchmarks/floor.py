@@ -1,7 +1,7 @@
 """Spark's own floor on this machine: what a micro-batch of the evaluator's shape costs with no work of ours in it.
 
     flock /tmp/tocsin-spark.lock python benchmarks/floor.py              # about 7 minutes on two cores
-    flock /tmp/tocsin-spark.lock python benchmarks/floor.py --markdown   # ... and the tables as markdown
+    flock /tmp/tocsin-spark.lock python benchmarks/floor.py --markdown docs/benchmarks.md   # ... and the run into its section there
     python benchmarks/floor.py --quick                                   # smoke run
 
 Issue 14's latency and throughput targets are bounded below by what Spark charges for the query's
@@ -24,7 +24,7 @@ Two measurements per pipeline:
 - *live*: ``rate`` at ``--rate`` rows/s, the production 1 s trigger; after ``--warm-up`` s (and a
   first batch with rows), the batches of ``--seconds`` s (and at least one with rows): duration
   (``triggerExecution``) p50/p90/max, and the whole process tree's CPU seconds per batch. An alert
-  waits for up to two such batches (README, *the latency floor*), so p99 <= 1 trigger + 1 s needs
+  waits for up to two such batches (docs/benchmarks.md, *the latency model*), so p99 <= 1 trigger + 1 s needs
   batches <= ~0.9 s;
 - *drain*: ``rate-micro-batch`` at ``--rows-per-batch`` rows per batch, no trigger interval, for
   ``--drain-seconds`` s: rows per wall second and CPU µs per row. 100,000 events/s on two cores is a
@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.pipeline import Resources
-from benchmarks.report import print_tables
+from benchmarks.report import add_markdown_option, markdown_run, print_tables
 from core.settings import Settings
 from evaluator.spark.session import spark_session
 
@@ -207,7 +207,7 @@ def main() -> None:
                         help="source partitions (default: the events topic's, TOCSIN_EVENT_PARTITIONS)")
     parser.add_argument("--shards", type=int, default=defaults.spark_shuffle_partitions,
                         help="shuffle partitions, one shard each (default TOCSIN_SPARK_SHUFFLE_PARTITIONS)")
-    parser.add_argument("--markdown", action="store_true")
+    add_markdown_option(parser)
     parser.add_argument("--quick", action="store_true", help="smoke run: short phases, small batches")
     args = parser.parse_args()
     if args.quick:
@@ -229,8 +229,9 @@ def main() -> None:
          "interval, local[2]",
          ["pipeline", "batches", "rows/batch", "batch s p50", "rows per wall s", "tree CPU µs per row",
           "tree CPU s per wall s", "peak RSS MB"], drain_rows),
-    ], markdown=args.markdown, source="benchmarks/floor.py --markdown")
+    ])
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -36,7 +36,7 @@ import pyarrow.json as pa_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from core.settings import Settings
 from evaluator.spark.parse import PaneParser
 from ingest.model import Event
@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--read-records", type=int, default=200_000)
     parser.add_argument("--slice", type=int, default=10_000, help="records per source task")
+    add_markdown_option(parser)
     args = parser.parse_args()
     sizes = [10_000] if args.quick else [100_000, 1_000_000]
     read_n = 20_000 if args.quick else args.read_records
@@ -159,4 +160,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     pa.set_cpu_count(1)  # like one Spark task: the other core runs the other task
-    main()
+    with markdown_run():
+        main()

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table
+from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
 from core.settings import Settings
 from devstack.mailsink import MailSink
 from devstack.receiver import Received, WebhookReceiver
@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--slow-ms", type=float, default=50.0, help="response time of the slow receiver")
     parser.add_argument("--rate", type=float, default=200.0, help="paced enqueue rate per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the paced run")
+    add_markdown_option(parser)
     args = parser.parse_args()
     if args.quick:
         args.deliveries, args.slow_deliveries, args.seconds, args.rate = 200, 60, 3.0, 50.0
@@ -212,4 +213,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

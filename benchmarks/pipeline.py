@@ -1,7 +1,7 @@
 """The whole evaluator pipeline on this machine: Kafka -> Spark -> shard operator -> Redis, beside its peers.
 
     python benchmarks/pipeline.py              # the full run (about half an hour on two cores)
-    python benchmarks/pipeline.py --markdown   # ... and the README's tables again as markdown
+    python benchmarks/pipeline.py --markdown docs/benchmarks.md   # ... and the run into its section there
     python benchmarks/pipeline.py --quick      # smoke run
 
 Real components: a Tansu broker and a Redis server of its own, one local[2]
@@ -86,7 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers import quixstreams_peer, spark_window_peer, thresholds
 from benchmarks.progress import batch_end_s, combined, drain, drain_all
-from benchmarks.report import percentiles, print_tables
+from benchmarks.report import add_markdown_option, markdown_run, percentiles, print_tables
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
@@ -864,7 +864,7 @@ def main() -> None:
     default_cap = Settings.model_fields["source_max_records_per_trigger"].default
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
-    parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown (README)")
+    add_markdown_option(parser)
     parser.add_argument("--keys", type=int, default=5_000, help="keys (active at a time, in the churn stream)")
     parser.add_argument("--rate", type=int, default=20_000, help="events per event-second")
     parser.add_argument("--seconds", type=int, default=200,
@@ -1089,8 +1089,9 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
           f"{total_rows / publish_s:,.0f} records/s (pre-serialised, librdkafka batches)")
     load = f"load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end"
     print(f"Run of {begun}, {psutil.cpu_count()} cores, {load}; {args.partitions} Kafka partitions, {args.shards} shards")
-    print_tables(tables, markdown=args.markdown, source=f"benchmarks/pipeline.py --markdown, {begun}, {load}")
+    print_tables(tables)
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

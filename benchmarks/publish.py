@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import percentiles, table
+from benchmarks.report import add_markdown_option, markdown_run, percentiles, table
 from core.settings import Settings
 from devstack.services import free_port, python_module, spawn, start_redis, start_tansu, wait_for_port
 from ingest.kafka import ensure_topics, topic_end_offsets
@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--events", type=int, default=300_000, help="events per row")
     parser.add_argument("--clients", type=int, default=4, help="load generator threads")
+    add_markdown_option(parser)
     args = parser.parse_args()
     events = 20_000 if args.quick else args.events
     plan = [(1_000, args.clients), (5_000, args.clients), (10_000, args.clients), (10_000, 1)]
@@ -178,4 +179,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -1,7 +1,7 @@
 """The production pipeline on a Spark standalone cluster, 1 worker against 2, beside the capacity model.
 
     flock /tmp/tocsin-spark.lock python benchmarks/scaling.py              # about 8 minutes on two cores
-    flock /tmp/tocsin-spark.lock python benchmarks/scaling.py --markdown   # ... and the table as markdown
+    flock /tmp/tocsin-spark.lock python benchmarks/scaling.py --markdown docs/benchmarks.md   # ... and the run into its section there
     python benchmarks/scaling.py --quick                                   # smoke run
 
 Real components: a Tansu broker and a Redis server of its own, and for each row a fresh standalone
@@ -47,7 +47,7 @@ from benchmarks.pipeline import (
     subscriptions,
     throughput_run,
 )
-from benchmarks.report import print_tables
+from benchmarks.report import add_markdown_option, markdown_run, print_tables
 from core.settings import Settings
 from devstack.spark_cluster import SparkCluster
 from evaluator.catalog import Catalog
@@ -87,7 +87,7 @@ def main() -> None:
     default_cap = Settings.model_fields["source_max_records_per_trigger"].default
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (a smoke run)")
-    parser.add_argument("--markdown", action="store_true", help="print the table again as markdown (README)")
+    add_markdown_option(parser)
     parser.add_argument("--workers", default="1,2", help="workers (one core each) of each row's cluster")
     parser.add_argument("--memory", default="2g", help="memory each worker offers its executor")
     parser.add_argument("--keys", type=int, default=5_000)
@@ -164,8 +164,9 @@ def report(args, costs: Costs, shape: tuple[float, int], results: dict[int, dict
     # the costs the prediction used, what they predict, and the measurement beside it
     printed = [*tables(costs), (title, header, throughput), (where_title, where_header, where)]
     print(f"\nRun of {begun}, {cores} cores, {load}")
-    print_tables(printed, markdown=args.markdown, source=f"benchmarks/scaling.py --markdown, {begun}, {load}")
+    print_tables(printed)
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

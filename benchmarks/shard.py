@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from core.gc_policy import apply_gc_policy
 from core.settings import Settings
 from evaluator.catalog import Catalog
@@ -367,6 +367,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
+    add_markdown_option(parser)
     args = parser.parse_args()
     if args.mix_only:
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
@@ -384,4 +385,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.services import free_port, start_redis
@@ -89,6 +89,7 @@ def cpu_s(client: redis.Redis) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    add_markdown_option(parser)
     args = parser.parse_args()
     shapes = [(100, 10_000, 5), (2_000, 10_000, 5), (20_000, 10_000, 3), (20_000, 1_000, 3)]
     if args.quick:
@@ -111,4 +112,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -1,7 +1,7 @@
 """The fixed cost of a query per stream (docs/evaluator-streams.md, "Cost of a query per stream").
 
     flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py              # about 5 minutes on two cores
-    flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py --markdown   # ... and the tables as markdown
+    flock /tmp/tocsin-spark.lock python benchmarks/stream_cost.py --markdown docs/benchmarks.md   # ... and the run into its section there
     python benchmarks/stream_cost.py --quick                                   # smoke run
 
 Real components, as in ``benchmarks/pipeline.py``: a Tansu broker and a Redis server of its own, one
@@ -48,7 +48,7 @@ from benchmarks.pipeline import (
     start_stack,
 )
 from benchmarks.progress import batch_end_s
-from benchmarks.report import print_tables
+from benchmarks.report import add_markdown_option, markdown_run, print_tables
 from core.redis_schema import RedisKeys
 from core.streams import Attribute, StreamSchema, topic_name
 from evaluator.spark.job import build_query
@@ -161,7 +161,7 @@ def _mean_ms(progress: list[dict]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, short phases (a smoke run)")
-    parser.add_argument("--markdown", action="store_true", help="print the tables again as markdown (docs)")
+    add_markdown_option(parser)
     parser.add_argument("--streams", type=int, default=3, help="idle stream queries beside trades (k)")
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of every query")
     parser.add_argument("--rate", type=int, default=1_000, help="trades events per second (live feed)")
@@ -263,7 +263,7 @@ def report(args, phases: list[dict], begun: str, load_before, load_after) -> Non
     ))
     load = f"load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end"
     print(f"\nRun of {begun}, {psutil.cpu_count()} cores, {load}")
-    print_tables(tables, markdown=args.markdown, source=f"benchmarks/stream_cost.py --markdown, {begun}, {load}")
+    print_tables(tables)
 
 
 def _mean(phases: list[dict], field: str) -> float:
@@ -272,4 +272,5 @@ def _mean(phases: list[dict], field: str) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    with markdown_run():
+        main()

@@ -29,7 +29,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import table
+from benchmarks.report import add_markdown_option, markdown_run, table
 from evaluator.exactsum import FixedPoint
 
 
@@ -159,4 +159,7 @@ def main(budget_s: float = 0.3) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short budgets (a smoke run)")
-    main(0.02 if parser.parse_args().quick else 0.3)
+    add_markdown_option(parser)
+    quick = parser.parse_args().quick
+    with markdown_run():
+        main(0.02 if quick else 0.3)

@@ -5,7 +5,7 @@ CPython starts a young-generation collection every 700 net container allocations
 shard holds hundreds of thousands of long-lived objects (the catalog, the firing sets), so a
 batch that builds tens of thousands of small objects (its transitions, a change-log entry read
 back) pays for walking them again and again: in one shard at 10,000 subscriptions, 49 ms per
-batch in collections and full ones of 250-500 ms every few batches (README: *Python's garbage
+batch in collections and full ones of 250-500 ms every few batches (docs/evaluator.md: *Python's garbage
 collector*). Tocsin's hot paths make almost no reference cycles (arrays, tuples, sets of strings),
 so collecting less often costs a little memory held a little longer, never correctness.
 """

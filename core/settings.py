@@ -23,19 +23,34 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOCSIN_", env_file=".env", extra="ignore")
 
     # --- Kafka ---------------------------------------------------------------
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    events_topic: str = "tocsin.events"
-    dead_letter_topic: str = "tocsin.events.dead-letter"
-    event_partitions: int = Field(4, ge=1)
-    kafka_request_timeout_ms: int = 10_000
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated); the local runner starts "
+                                       "Tansu there if nothing listens"
+    )
+    events_topic: str = Field("tocsin.events", description="topic of the built-in 'trades' stream")
+    dead_letter_topic: str = Field(
+        "tocsin.events.dead-letter", description="topic of rejected records, each with the reason (producers and the "
+                                                  "evaluator write it)"
+    )
+    event_partitions: int = Field(
+        4, ge=1, description="partitions of the event topic (fixed when the topic is first created)"
+    )
+    kafka_request_timeout_ms: int = Field(
+        10_000, description="timeout of one request to Kafka (admin, producer and offset queries)"
+    )
 
     # --- Redis (match events, firing sets, counters; Celery broker) ---------
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "tocsin"
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="Redis for alerts, the catalog, counters and (unless "
+                                                 "celery_broker_url) the Celery broker"
+    )
+    redis_prefix: str = Field("tocsin", description="first part of every Redis key: <prefix>:<deployment id>:...")
     deployment_id: str | None = Field(
         None, description="namespaces every Redis key; default: the id created with the database (read at start)"
     )
-    celery_broker_url: str | None = None  # defaults to redis_url; a single Redis (kombu has no Redis Cluster transport)
+    celery_broker_url: str | None = Field(
+        None, description="Celery's broker, a single Redis (kombu has no Redis Cluster transport); default: redis_url"
+    )
     redis_cluster: bool = Field(
         False, description="redis_url names a node of a Redis Cluster (see docs/redis.md); the Celery broker then "
                            "needs TOCSIN_CELERY_BROKER_URL, a single Redis"
@@ -46,17 +61,25 @@ class Settings(BaseSettings):
     )
 
     # --- Subscriptions store ---------------------------------------------------
-    database_url: str = "sqlite:///var/tocsin.db"
+    database_url: str = Field(
+        "sqlite:///var/tocsin.db", description="SQLAlchemy URL of the subscriptions database: SQLite by default, "
+                                                "postgresql+psycopg://... in production"
+    )
 
     # --- Local state -----------------------------------------------------------
-    data_dir: Path = Path("var")
+    data_dir: Path = Field(
+        Path("var"), description="local state: the SQLite database, checkpoints, the generated secret key, logs"
+    )
     secret_key: SecretStr | None = Field(
         None, description="Fernet key encrypting endpoint secrets at rest; default: generated in data_dir/secret.key"
     )
 
     # --- Spark job ---------------------------------------------------------------
     spark_master: str = Field("local[2]", description="local[n], or a standalone master spark://host:port")
-    spark_shuffle_partitions: int = Field(4, ge=1)
+    spark_shuffle_partitions: int = Field(
+        4, ge=1, description="shuffle partitions of the evaluator's stateful stage, hence its shards; a checkpoint "
+                              "keeps the count it was started with"
+    )
     spark_driver_host: str = Field(
         "127.0.0.1", description="the address executors reach the driver at (on a cluster: the evaluator's host name)"
     )
@@ -71,11 +94,13 @@ class Settings(BaseSettings):
                                           "caps, a checkpoint file manager, or one of ours reverted)"
     )
     trigger_interval: str = Field(
-        "1 second", description="micro-batch trigger: a batch takes what arrived since the last (README: batching)"
+        "1 second", description="micro-batch trigger: a batch takes what arrived since the last (docs/evaluator.md: "
+                                 "batch size)"
     )
     checkpoint_dir: str | None = Field(
-        None, description="the evaluator's checkpoint: a path (made absolute here) or a URI handed to Spark as it is "
-                          "(file://, hdfs://, s3a://: docs/cluster.md says which jars each needs); default "
+        None, description="the evaluator's Spark checkpoint and state store, shared by the driver and every worker: a "
+                          "path (made absolute when read) or a URI handed to Spark as it is (file://, hdfs://, s3a://; "
+                          "docs/cluster.md says which are tested and which jars each needs); default: "
                           "data_dir/checkpoints/evaluator"
     )
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
@@ -141,17 +166,20 @@ class Settings(BaseSettings):
     )
 
     # --- ingest ----------------------------------------------------------------
-    heartbeat_interval_ms: int = Field(1_000, ge=1)
+    heartbeat_interval_ms: int = Field(
+        1_000, ge=1, description="how often producers send per-partition heartbeats, so event time advances when "
+                                  "keys go quiet"
+    )
     feed_rate: float = Field(300.0, gt=0, description="synthetic feed events per second (mean over the day)")
-    feed_symbols: int = Field(500, ge=1)
-    feed_seed: int = 7
-    feed_max_disorder_ms: int = Field(500, ge=0)
+    feed_symbols: int = Field(500, ge=1, description="symbols the synthetic market feed trades")
+    feed_seed: int = Field(7, description="random seed of the synthetic feed")
+    feed_max_disorder_ms: int = Field(500, ge=0, description="how far out of order the synthetic feed sends events")
     hosts_feed_hosts: int = Field(12, ge=1, le=10_000, description="hosts of the synthetic host-metrics feed")
     hosts_feed_interval_ms: int = Field(1_000, ge=10, description="how often each demo host reports its metrics")
 
     # --- web -------------------------------------------------------------------
-    web_host: str = "127.0.0.1"
-    web_port: int = 8000
+    web_host: str = Field("127.0.0.1", description="address the web app listens on")
+    web_port: int = Field(8000, description="port the web app listens on")
     signup_open: bool = Field(True, description="anyone may create an account; else by invitation or the CLI")
     invitation_ttl_s: int = Field(7 * 86_400, ge=60, description="how long an operator's invitation can be used")
     password_min_length: int = Field(10, ge=8, description="shortest password (surrounding spaces not counted)")
@@ -160,12 +188,12 @@ class Settings(BaseSettings):
     session_cookie_secure: bool = Field(False, description="send the session cookie over HTTPS only")
     login_max_failures: int = Field(10, ge=1, description="failed logins per address before it is locked out")
     login_lockout_s: int = Field(900, ge=1, description="how long failed logins are counted, and the lock-out")
-    user_max_subscriptions: int = Field(1_000, ge=0)
-    user_max_endpoints: int = Field(50, ge=0)
+    user_max_subscriptions: int = Field(1_000, ge=0, description="subscriptions one user may have (403 beyond)")
+    user_max_endpoints: int = Field(50, ge=0, description="endpoints one user may have (403 beyond)")
     subscription_max_keys: int = Field(
         1_000, ge=1, description="keys one subscription may name (bounds what one change adds to the catalog)"
     )
-    user_max_tokens: int = Field(20, ge=0)
+    user_max_tokens: int = Field(20, ge=0, description="API tokens one user may have (403 beyond)")
     # The catalog travels to the evaluator as versioned diffs (see subscriptions.service, core.catalog_log).
     catalog_snapshot_every: int = Field(1_000, ge=1, description="catalog changes between full snapshots in Redis; the "
                                         "change log keeps as many before the snapshot, and readers remember as many")
@@ -237,7 +265,7 @@ class Settings(BaseSettings):
     )
 
     # --- notifier ----------------------------------------------------------------
-    webhook_connect_timeout_s: float = Field(3.0, gt=0)
+    webhook_connect_timeout_s: float = Field(3.0, gt=0, description="webhook connect timeout")
     webhook_read_timeout_s: float = Field(10.0, gt=0, description="longest silence between two reads of a response")
     webhook_total_timeout_s: float = Field(
         10.0, gt=0, description="deadline of one webhook attempt: resolving, connecting, TLS, sending, the response"
@@ -248,18 +276,20 @@ class Settings(BaseSettings):
         default_factory=list,
         description="hosts/IPs exempt from the SSRF guard (e.g. 127.0.0.1 for local testing)",
     )
-    smtp_host: str = "127.0.0.1"
-    smtp_port: int = 1025
+    smtp_host: str = Field("127.0.0.1", description="SMTP server for e-mail alerts")
+    smtp_port: int = Field(1025, description="port of the SMTP server")
     smtp_starttls: bool = Field(False, description="upgrade the connection with STARTTLS before sending")
     smtp_ssl: bool = Field(False, description="implicit TLS (SMTPS, usually port 465)")
     smtp_ca_file: Path | None = Field(None, description="CA bundle to verify the SMTP server; default: system CAs")
-    smtp_username: str | None = None
-    smtp_password: SecretStr | None = None
-    smtp_from: str = "Tocsin <alerts@tocsin.local>"
-    smtp_timeout_s: float = 10.0
-    delivery_max_retries: int = Field(8, ge=0)
-    delivery_backoff_base_s: float = 1.0
-    delivery_backoff_max_s: float = 300.0
+    smtp_username: str | None = Field(None, description="SMTP login (with smtp_password); none: no login")
+    smtp_password: SecretStr | None = Field(None, description="SMTP password")
+    smtp_from: str = Field("Tocsin <alerts@tocsin.local>", description="sender of alert e-mails")
+    smtp_timeout_s: float = Field(10.0, description="timeout of one SMTP conversation step")
+    delivery_max_retries: int = Field(8, ge=0, description="delivery retries before the dead-letter set")
+    delivery_backoff_base_s: float = Field(
+        1.0, description="first retry delay: exponential backoff with full jitter from here"
+    )
+    delivery_backoff_max_s: float = Field(300.0, description="longest retry delay; also caps a receiver's Retry-After")
     delivery_visibility_margin_s: float = Field(
         600.0, gt=0, description="broker visibility timeout beyond the whole retry schedule"
     )
@@ -286,12 +316,15 @@ class Settings(BaseSettings):
         1.0, gt=0, le=60, description="a delivery that cannot reach Redis (its records) waits this long, then is "
                                       "put back on its queue, never dropped"
     )
-    dispatcher_block_ms: int = 1_000
+    dispatcher_block_ms: int = Field(
+        1_000, description="how long the dispatcher blocks reading the alert stream before looking at its timers"
+    )
     dispatcher_consumer: str = Field(
         # The host's name: replicas (containers, machines) differ without configuration, and a restarted
         # dispatcher takes its own unacknowledged alerts back at once instead of after the claim idle time.
         default_factory=lambda: f"dispatcher-{socket.gethostname()}",
         description="this dispatcher's consumer name in the group: unique per running dispatcher",
+        json_schema_extra={"doc_default": "dispatcher-<host name>"},
     )
     dispatcher_claim_idle_ms: int = Field(
         60_000, ge=1, description="a pending alert another dispatcher read and left unacknowledged this long is "
@@ -308,13 +341,15 @@ class Settings(BaseSettings):
     dispatcher_remind_interval_s: float = Field(5.0, gt=0, description="how often re-notify intervals are checked")
 
     # --- metrics -----------------------------------------------------------------
-    metrics_port_feed: int = 9463
-    metrics_port_evaluator: int = 9464
-    metrics_port_dispatcher: int = 9465
-    metrics_port_worker: int = 9466
-    metrics_port_hosts_feed: int = 9467
+    metrics_port_feed: int = Field(9463, description="Prometheus /metrics port of the synthetic feed (0 disables)")
+    metrics_port_evaluator: int = Field(9464, description="Prometheus /metrics port of the evaluator (0 disables)")
+    metrics_port_dispatcher: int = Field(9465, description="Prometheus /metrics port of the dispatcher (0 disables)")
+    metrics_port_worker: int = Field(9466, description="Prometheus /metrics port of a delivery worker (0 disables)")
+    metrics_port_hosts_feed: int = Field(
+        9467, description="Prometheus /metrics port of the demo host-metrics feed (0 disables)"
+    )
 
-    # silences (subscriptions.silences, notifier.silences) ----------------------------
+    # --- silences (subscriptions.silences, notifier.silences) -----------------------
     user_max_silences: int = Field(100, ge=0, description="silences one user may have pending or active at once")
     silence_max_duration_s: int = Field(
         30 * 86_400, ge=60, description="longest silence (ends_at - starts_at), and how far ahead one may start"
@@ -324,7 +359,7 @@ class Settings(BaseSettings):
                                "applies to alerts decided at most this long after it was saved"
     )
 
-    # receivers: Slack, Teams, PagerDuty and the per-endpoint message templates (subscriptions.templating)
+    # --- receivers: Slack, Teams, PagerDuty and message templates (subscriptions.templating) ---
     pagerduty_severity: Literal["critical", "error", "warning", "info"] = Field(
         "error", description="payload.severity of the PagerDuty events Tocsin triggers")
     pagerduty_attempt_timeout_s: float = Field(
@@ -337,14 +372,15 @@ class Settings(BaseSettings):
     template_max_iterations: int = Field(10_000, ge=1, description="loop iterations of one render, all loops together")
     template_max_range: int = Field(1000, ge=1, description="most numbers range() gives a template")
 
-    # latency
+    # --- evaluator processes: shard hosts and the garbage collector -------------------
     evaluator_own_python_workers: bool = Field(
-        False, description="the shard operator draws Python workers from a pool of its own (README: batching)"
+        False, description="the shard operator draws Python workers from a pool of its own (docs/evaluator.md: batch "
+                            "size)"
     )
     evaluator_shard_hosts: bool = Field(
         True, description="each shard's copy lives in a process of its own on each executor, which the operator's "
                           "tasks hand their batches to: no catch-up when Spark hands the shard to another Python "
-                          "worker (evaluator/spark/shard_host.py; README: batching)"
+                          "worker (evaluator/spark/shard_host.py; docs/evaluator.md: batch size)"
     )
     evaluator_shard_host_idle_s: float = Field(
         120.0, gt=0, description="a shard host with no batch for this long exits, and its memory with it (a "
@@ -430,13 +466,13 @@ class Settings(BaseSettings):
         have no JVM to reach it through; None when it is on another file system (HDFS, S3 ...)."""
         return local_path(self.checkpoint_location)
 
-    # windows and no data
+    # --- windows and no data ---------------------------------------------------
     tuple_max_events: int = Field(
         100, ge=0, le=100_000,
         description="longest tuple window (OVER LAST n EVENTS): shards keep each key's newest n events (0: off)",
     )
 
-    # streams and publishing (core.streams, subscriptions.streams, web.api.streams; docs/publishing.md)
+    # --- streams and publishing (core.streams, subscriptions.streams, web.api.streams) ---
     stream_topic_prefix: str = Field("tocsin.stream.", description="a stream's topic is this plus its name "
                                      "(the built-in 'trades' stream keeps events_topic)")
     stream_default_retention_ms: int = Field(7 * 86_400_000, ge=60_000, description="a new stream's retention")

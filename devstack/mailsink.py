@@ -22,6 +22,8 @@ from pathlib import Path
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
+from devstack.patience import deadline, patient
+
 
 def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
     """A throw-away certificate for ``host`` (and localhost), made with the openssl command."""
@@ -79,12 +81,12 @@ class MailSink:
         return self.controller.port
 
     def wait_for(self, count: int = 1, timeout_s: float = 30.0) -> list[EmailMessage]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        until = deadline(timeout_s)
+        while time.monotonic() < until:
             if len(self.messages) >= count:
                 return list(self.messages)
             time.sleep(0.05)
-        raise AssertionError(f"{len(self.messages)} of {count} e-mails arrived within {timeout_s}s")
+        raise AssertionError(f"{len(self.messages)} of {count} e-mails arrived within {patient(timeout_s):g}s")
 
     def close(self) -> None:
         self.controller.stop()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from devstack.patience import deadline, patient
+
 
 @dataclass
 class Received:
@@ -130,13 +132,13 @@ class WebhookReceiver:
         return {r.headers["Idempotency-Key"]: r for r in self.received}
 
     def wait_for(self, predicate: Callable[[Received], bool], timeout_s: float = 60.0, count: int = 1) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        until = deadline(timeout_s)
+        while time.monotonic() < until:
             matching = [r for r in list(self.received) if predicate(r)]
             if len(matching) >= count:
                 return matching
             time.sleep(0.05)
-        raise AssertionError(f"fewer than {count} matching webhooks within {timeout_s}s; "
+        raise AssertionError(f"fewer than {count} matching webhooks within {patient(timeout_s):g}s; "
                              f"got {[r.json for r in self.received]}")
 
     def close(self) -> None:

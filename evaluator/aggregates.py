@@ -3,7 +3,7 @@
 A declaration says everything the rest of Tocsin needs to know: its name and arguments
 (the parser, :func:`format_term`), what answers it, its value function, its value for an
 empty window, and its description in plain words (the preview, the form's help, the
-README's table). The hypothesis tests iterate over :data:`AGGREGATES`, so a new aggregate
+the table in docs/conditions.md). The hypothesis tests iterate over :data:`AGGREGATES`, so a new aggregate
 is this file plus its brute-force definition in ``tests/evaluator/oracle.py``.
 
 Two things can answer an aggregate of one key's window ``[b - T, b)``:
@@ -87,7 +87,7 @@ class Param:
 
 class Aggregation(ABC):
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for the form's help and the README's table
+    summary: ClassVar[str]  # one line for the form's help and docs/conditions.md's table
     words: ClassVar[str]  # the preview's "fires for each key whose <words> ..."; {attribute}
     takes_attribute: ClassVar[bool] = True  # False: written NAME(*) or NAME()
     param: ClassVar[Param | None] = None

@@ -39,7 +39,7 @@ EMAIL_ADDRESS = re.compile(r"^[^@\s<>,;\x00-\x1f\x7f]+@[^@\s<>,;\x00-\x1f\x7f]+\
 # A ceiling for the request body; the deployment's limit (TOCSIN_TEMPLATE_MAX_CHARS) is checked with the sandbox.
 MAX_TEMPLATE_LENGTH = 20_000
 Template = Annotated[str | None, Field(max_length=MAX_TEMPLATE_LENGTH, description="message template (Jinja2, "
-                                                                                "sandboxed; see README 'Receivers')"),
+                                                                                "sandboxed; see docs/notifications.md 'Receivers')"),
                      AfterValidator(lambda text: text if text is not None and text.strip() else None)]  # blank: none
 
 

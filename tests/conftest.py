@@ -21,6 +21,7 @@ import redis
 
 import notifier.channels  # noqa: F401 - fills the endpoint-kind registry, as the web app and the worker do at start
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port, start_redis, start_tansu
 from tests.users import api_client, new_user
 
@@ -46,12 +47,22 @@ JVM_PATHS = ("tests/evaluator/spark/", "tests/evaluator/cluster/", "tests/devsta
              "tests/test_e2e.py", "tests/rediscluster/test_job.py")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-timeout's own, which reads the limit from the options and the ini file
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-timeout's limit per test (``timeout`` marks too) grows with the patience factor that scales every wait."""
+    if getattr(config, "_env_timeout", None):
+        config._env_timeout = patient(config._env_timeout)  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns the xdist_group marks into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if ("spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")
                 or item.get_closest_marker("jvm") or item.nodeid.startswith(JVM_PATHS)):
+            item.add_marker(pytest.mark.jvm)  # so that ``-m "not jvm"`` (the inner loop) leaves every one out
             item.add_marker(pytest.mark.xdist_group("jvm"))
+        if (limit := item.get_closest_marker("timeout")) is not None and limit.args:
+            item.add_marker(pytest.mark.timeout(patient(limit.args[0])), append=False)  # first: the closest mark
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
+from devstack.patience import patient
 from devstack.services import ManagedProcess, free_port, redis_server_binary, spawn, wait_for_port
 
 
@@ -24,7 +25,7 @@ def serving(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while not server.started:
         assert time.monotonic() < deadline, "the web app did not start"
         time.sleep(0.05)
@@ -78,7 +79,7 @@ def redis_cluster(data_dir: Path, masters: int = 3) -> Iterator[str]:
             client.execute_command("CLUSTER", "ADDSLOTS", *range(SLOTS * n // masters, SLOTS * (n + 1) // masters))
         for port in ports[1:]:
             clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         for port, client in zip(ports, clients, strict=True):  # every node knows every slot's owner
             while client.execute_command("CLUSTER", "INFO").count("cluster_state:ok") == 0:
                 assert time.monotonic() < deadline, f"the cluster node on {port} is not ok"

@@ -63,7 +63,7 @@ def _worker_pool(spark: SparkSession, name: str | None) -> Iterator[None]:
     Spark keeps one pool of idle Python workers per (interpreter, environment) and hands a task the
     oldest idle one; a function whose environment differs (``POOL_VARIABLE``, copied into the function
     when it is defined) gets its own pool, so the shard operator's tasks are not handed the workers
-    that just read and parsed, and find their shard's cached copy more often (README: batching).
+    that just read and parsed, and find their shard's cached copy more often (docs/evaluator.md: batch size).
     """
     environment = spark.sparkContext.environment
     if name is not None:

@@ -49,7 +49,7 @@ def spark_session(settings: Settings, app_name: str = "tocsin-evaluator") -> Spa
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         # A commit writes the batch's changes, not a RocksDB snapshot copied into the checkpoint (snapshots are
-        # taken in the background): the state store's share of every micro-batch (README: Spark's own floor).
+        # taken in the background): the state store's share of every micro-batch (docs/benchmarks.md: floor).
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")

@@ -3,7 +3,7 @@
 Spark hands a task the oldest idle Python worker of its pool, so with two shards the two operator tasks of a
 batch swap workers every other batch, and a worker whose copy is a batch behind replays the change-log entry it
 missed: at a live 20,000 events/s that replay was as costly as evaluating the batch (restore 32 % of the
-operator's time, README: *Which worker runs a shard*). A shard host holds one shard's copy for the life of the
+operator's time, docs/evaluator.md: *Which worker runs a shard*). A shard host holds one shard's copy for the life of the
 executor's Python daemon; the operator's task, whichever worker runs it, hands it the batch's pane rows over a
 Unix socket, answers its reads of Spark's state (needed only to rebuild) and writes what it returns. Two shards,
 two hosts: the batch still evaluates on both cores.

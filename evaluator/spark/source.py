@@ -183,7 +183,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Yield ``[start, end)`` of one partition as Arrow record batches (no per-row conversion in Spark).
 
         Records are fetched and decoded by librdkafka (``confluent_kafka``: ~2 µs of CPU a record where
-        kafka-python took ~12, README: *Spark's own floor, measured*). The consumer comes from this worker
+        kafka-python took ~12, docs/benchmarks.md: *floor*). The consumer comes from this worker
         process's pool; it is assigned at the slice's start afresh for every slice, and returned to the pool
         only when the slice was read to its end, so a consumer an error or an abandoned read left in an
         unknown state is closed, never reused. Only records of this slice's partition within ``[start, end)``,
@@ -384,7 +384,7 @@ def new_reader(bootstrap: str, request_timeout_ms: int) -> Any:  # confluent_kaf
         # A consumer back from the pool after a slice inside a backlog had queued ahead past its slice (up to
         # queued.min.messages); librdkafka then postponed the partition's next fetch by this much (1 s by
         # default), so the next slice it read waited a second for its first record: half the slices of a
-        # 1M-event drain, which ran at ~65 % of its speed (README: *Ingest benchmark*).
+        # 1M-event drain, which ran at ~65 % of its speed (docs/evaluator.md: *Reading Kafka and parsing*).
         "fetch.queue.backoff.ms": 5,
         # What it queues ahead of the reader (100,000 by default): more than a consume() takes (5,000), and
         # what lies past the slice's end is fetched and decoded for nothing (dropped at unassign).

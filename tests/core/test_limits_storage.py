@@ -10,6 +10,7 @@ from fastapi import HTTPException
 
 from core.redis_client import limits_storage
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import redis_server_binary, spawn
 
 
@@ -51,7 +52,7 @@ def test_rate_limits_count_on_a_redis_reached_over_a_unix_socket(tmp_path: Path)
     server = spawn("redis-unix", [redis_server_binary(), "--port", "0", "--unixsocket", str(sock), "--save", "",
                                   "--appendonly", "no", "--dir", str(tmp_path)], tmp_path / "redis.log")
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + patient(10)
         while not sock.exists():
             assert time.monotonic() < deadline, "redis did not open its socket"
             time.sleep(0.05)

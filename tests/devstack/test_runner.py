@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port
 from ingest.kafka import topic_end_offsets
 from subscriptions.accounts import AccountService
@@ -64,7 +65,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
     reader.start()
     url = f"http://127.0.0.1:{settings.web_port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + patient(90)
         while not any("Tocsin is starting" in line for line in lines):
             assert runner.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the runner never started the platform"
@@ -75,13 +76,13 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
         for part in ("tansu", "redis-server", "uvicorn", "notifier.worker --lane alerts", "notifier.worker --lane tests",
                      "notifier.dispatcher", "evaluator.spark", "ingest feed", "devstack.mailsink"):
             assert part in names, f"{part} is not running"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while sum(topic_end_offsets(settings, settings.events_topic).values()) == 0:
             assert time.monotonic() < deadline, "the sample feed published nothing"
             time.sleep(0.5)
         metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_feed}/metrics").text
         assert "tocsin_ingest_events_total" in metrics
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while True:  # the worker serves its metrics once it is ready
             try:
                 metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port_worker}/metrics").text
@@ -90,7 +91,7 @@ def test_runner_starts_everything_and_stops_cleanly(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the worker serves no metrics"
                 time.sleep(0.5)
         assert "tocsin_delivery_attempts_total" in metrics
-        deadline = time.monotonic() + 600  # generous: the first batch takes a minute, more on a busy machine
+        deadline = time.monotonic() + patient(600)  # generous: the first batch takes a minute, more on a busy machine
         while not any("Tocsin is running" in line for line in lines):
             assert runner.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the evaluator never became ready"

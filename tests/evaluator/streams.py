@@ -16,6 +16,7 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from devstack.patience import deadline
 from devstack.services import ManagedProcess, python_module, spawn
 from evaluator.spark.sink import evaluated_through
 from evaluator.spec import SubscriptionSpec
@@ -84,9 +85,9 @@ def evaluated_everything(settings: Settings, last: int, shards: int) -> bool:
 
 def wait_until(predicate, timeout_s: float = 180, query=None, job: ManagedProcess | None = None) -> None:
     """Poll ``predicate``; fail early if the in-process ``query`` failed or the spawned ``job`` exited."""
-    deadline = time.monotonic() + timeout_s
+    until = deadline(timeout_s)
     while not predicate():
-        assert time.monotonic() < deadline, "the evaluator did not get there in time"
+        assert time.monotonic() < until, "the evaluator did not get there in time"
         if query is not None and query.exception():
             raise query.exception()
         if job is not None:

@@ -131,12 +131,12 @@ def test_aliases_parse_to_what_they_stand_for() -> None:
             assert term == Term(aggregate.name, "price", param)
 
 
-def test_the_readme_tables_name_every_aggregate_and_comparison() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+def test_the_reference_tables_name_every_aggregate_and_comparison() -> None:
+    readme = (Path(__file__).parents[2] / "docs" / "conditions.md").read_text()
     help_ = language_help()
     for syntax, summary in help_.aggregates:
-        assert f"| `{syntax}` | {summary} |" in readme, f"add {syntax}'s row to the README's aggregate table"
+        assert f"| `{syntax}` | {summary} |" in readme, f"add {syntax}'s row to docs/conditions.md's aggregate table"
     for alias, meaning in help_.aliases:
         assert f"| `{alias}(attribute)` | is `{meaning}` |" in readme
     for comparison in help_.comparisons:
-        assert f"`{comparison}`" in readme, f"add `{comparison}` to the README's comparison table"
+        assert f"`{comparison}`" in readme, f"add `{comparison}` to docs/conditions.md's comparison table"

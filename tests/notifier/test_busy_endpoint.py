@@ -5,7 +5,7 @@ A delivery whose own endpoint is full and quick waits for the slot in its thread
 a spare slot of its owner (``notifier.tasks.busy_wait_s``; the wait itself is checked in
 ``tests/notifier/test_records.py``). Here a tenant floods its own receiver, answering just
 quickly enough to be waited for, while another tenant's deliveries must stay within the
-README's isolation bound.
+docs/notifications.md's isolation bound.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(
     settings = settings.model_copy(update={
         "webhook_total_timeout_s": 2.0, "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": owner_cap,
         "delivery_busy_delay_s": 0.5, "delivery_visibility_margin_s": 60})
-    bound_s = settings.webhook_total_timeout_s + 1.0  # README, "The bound": 4 threads, 1 flooding tenant
+    bound_s = settings.webhook_total_timeout_s + 1.0  # docs/notifications.md, "The bound": 4 threads, 1 flooding tenant
     flooded, normal = WebhookReceiver(latency_s=0.24), WebhookReceiver()
     flooded_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (flooded, normal))
     celery = make_celery(settings)

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from devstack.mailsink import MailSink
+from devstack.patience import patient
 from devstack.receiver import WebhookReceiver
 from devstack.services import free_port, start_redis
 from evaluator.spark.sink import RedisAlertSink
@@ -60,7 +61,7 @@ def _notification(subscription_id: int, key: str = "AAPL") -> dict:
 
 
 def _eventually(check: Callable[[], object], timeout_s: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while time.monotonic() < deadline:
         if result := check():
             return result

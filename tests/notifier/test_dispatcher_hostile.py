@@ -18,6 +18,7 @@ import redis
 
 from core.redis_schema import NOTIFIER_GROUP, RedisKeys, celery_queue_keys
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port, python_module, start_redis
 from evaluator.spark.sink import RedisAlertSink
 from notifier.app import make_celery
@@ -57,7 +58,7 @@ def info_logs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _wait(predicate, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not predicate():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.1)

@@ -3,7 +3,7 @@
 Two hostile tenants - one receiver answering a byte a second, forever, one
 answering 503 with an endless body - get deliveries and a burst of test alerts,
 while a third tenant's alerts are enqueued at a steady rate. The third tenant's
-p99 from enqueue to arrival must stay under the bound the README states (the
+p99 from enqueue to arrival must stay under the bound docs/notifications.md states (the
 attempt deadline plus a second, far above what it needs), the worker's memory
 must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
 """
@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from core.redis_schema import RedisKeys
+from devstack.patience import patient
 from devstack.receiver import WebhookReceiver
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue, enqueue_test_alert
@@ -84,7 +85,7 @@ def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_
             arrivals = normal.wait_for(lambda r: True, count=OTHER_DELIVERIES, timeout_s=60)
             rss_after = psutil.Process(alerts_worker.process.pid).memory_info().rss
             hostile = 2 * HOSTILE_DELIVERIES + TEST_ALERTS
-            _eventually_dead = time.monotonic() + 150
+            _eventually_dead = time.monotonic() + patient(150)
             while len(records.dead_letters()) < hostile and time.monotonic() < _eventually_dead:
                 time.sleep(0.2)
             letters = records.dead_letters()

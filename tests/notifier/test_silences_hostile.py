@@ -15,6 +15,7 @@ from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import python_module, spawn
 from evaluator.spark.sink import RedisAlertSink
 from notifier.app import make_celery
@@ -144,7 +145,7 @@ def test_a_failed_reload_keeps_the_last_copy_for_a_while_then_fails_open() -> No
 
 
 def _wait(check, what: str, process, log_path: Path, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not check():
         assert process.process.poll() is None, f"the dispatcher exited: {log_path.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"

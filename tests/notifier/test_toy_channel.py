@@ -1,6 +1,6 @@
 """A new channel is one class in one file: the API takes its endpoints, the page lists it, test alerts go through it.
 
-The toy channel below is everything the README's "How to add a channel" asks for;
+The toy channel below is everything docs/notifications.md's "How to add a channel" asks for;
 the test registers it (a real channel module ends with ``register(...)`` instead)
 and starts a real delivery worker that knows it: this module, run as
 ``python -m tests.notifier.test_toy_channel``, is that worker.
@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import python_module
 from notifier.attempt import Attempt
 from notifier.channels import EndpointKind, EndpointView, register, unregister
@@ -90,7 +91,7 @@ def test_a_channel_of_one_class_is_offered_accepted_and_delivers_test_alerts(
     with running(settings, tmp_path / "logs", ("worker", toy_worker)):
         queued = api.post(f"/api/endpoints/{eid}/test")
         assert queued.status_code == 202
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while not (target.exists() and target.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
     [line] = target.read_text().splitlines()
@@ -108,7 +109,7 @@ def test_a_kind_no_worker_serves_is_dead_lettered_not_sent_some_other_way(
     records = DeliveryRecords(redis_client, RedisKeys(settings))
     with running(settings, tmp_path / "logs", ("worker", worker_args())):  # a plain worker: no toy channel
         assert api.post(f"/api/endpoints/{eid}/test").status_code == 202
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while not records.dead_letters() and time.monotonic() < deadline:
             time.sleep(0.05)
     [letter] = records.dead_letters()

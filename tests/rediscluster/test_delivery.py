@@ -19,6 +19,7 @@ import redis
 from core.redis_client import broker_client, make_redis
 from core.redis_schema import NOTIFIER_GROUP, RedisKeys, celery_queue_keys
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.receiver import WebhookReceiver
 from devstack.services import python_module
 from evaluator.spark.sink import RedisAlertSink
@@ -72,7 +73,7 @@ class Deployment:
 
 
 def _eventually(check: Callable[[], object], what: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
         time.sleep(0.05)

@@ -14,6 +14,7 @@ import pytest
 from fastapi import HTTPException
 
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port
 from tests.servers import serving
 from tests.users import evaluator_running, new_user
@@ -59,7 +60,7 @@ def test_the_slots_are_shared_by_every_process_and_given_back(settings: Settings
         assert await _enter(one) is None and await _enter(two) is None  # 3 in all, whichever process
         assert await _enter(one, "account:8") is not None  # another account has its own
         one.leave(held[0])
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + patient(10)
         while (again := await _enter(two)) is None:  # the lease is given back by a task of its own
             assert time.monotonic() < deadline, "the slot given back in one process is not free in the other"
             await asyncio.sleep(0.05)
@@ -144,7 +145,7 @@ def test_clients_that_go_away_mid_request_give_their_slots_back(settings: Settin
         for _ in range(2):  # two clients give up while their previews wait: both slots taken, then abandoned
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(f"{url}/api/conditions/preview", json=preview, headers=bearer, timeout=0.3)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while True:  # once the abandoned previews ended, two at once are admitted again
             codes = list(pool.map(lambda _: httpx.post(f"{url}/api/conditions/preview", json=preview,
                                                        headers=bearer, timeout=60).status_code, range(2)))

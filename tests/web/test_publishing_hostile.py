@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import free_port
 from ingest.kafka import ensure_topics
 from tests.ingest.test_publisher import events_on
@@ -111,7 +112,7 @@ def _in_background(client: httpx.Client, headers: dict[str, str], records: list)
 
 
 def _until(predicate: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not predicate():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)

@@ -15,6 +15,7 @@ import redis
 from core.redis_schema import RedisKeys, shard_clock_field, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, topic_name, trades_schema
+from devstack.patience import patient
 from ingest.kafka import ensure_topics
 from ingest.streams import StreamPublisher
 from notifier.app import DELIVER_TASK
@@ -91,7 +92,7 @@ def test_a_stream_whose_clock_stalls_while_records_arrive_opens_one_incident_nam
         first = sample(CLOCK)
         assert set(first["streams"]) == {"stuck", "healthy", "idle"}, "every declared stream but trades is sampled"
         assert first["streams"]["idle"] == {"clock": CLOCK, "log_end": 0}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while "stream" not in open_incidents(redis_client, run):
             assert time.monotonic() < deadline, "the stalled stream was not noticed"
             sample(CLOCK)

@@ -12,6 +12,7 @@ from kafka import KafkaProducer
 from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
+from devstack.patience import deadline
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.spark.job import build_query
 from evaluator.spec import SubscriptionSpec
@@ -48,8 +49,8 @@ def transitions(settings: Settings) -> list[dict]:
 
 
 def wait(query, predicate, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    until = deadline(timeout_s)
+    while time.monotonic() < until:
         query.processAllAvailable()
         if predicate():
             return

@@ -18,6 +18,7 @@ import redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, topic_name
+from devstack.patience import patient
 from evaluator.preview import PreviewAnswer, PreviewRequest
 from evaluator.spark.job import build_query
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
@@ -46,7 +47,7 @@ def ask(settings: Settings, client: redis.Redis, condition: Condition, shards: i
     keys, request_id = RedisKeys(settings), uuid.uuid4().hex
     client.hset(keys.previews, request_id, PreviewRequest(condition, None, time.time()).to_json())
     answers: dict[int, PreviewAnswer] = {}
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + patient(90)
     try:
         while len(answers) < shards and time.monotonic() < deadline:
             got = client.blpop([keys.preview_answers(request_id)], timeout=1)

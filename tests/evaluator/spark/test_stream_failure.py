@@ -15,6 +15,7 @@ import redis
 from core.redis_schema import QUERY_FAILING, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, topic_name, trades_schema
+from devstack.patience import patient
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader, checkpoint_of
 from evaluator.spark.supervisor import StreamSupervisor
@@ -42,7 +43,7 @@ def test_a_poisoned_stream_query_is_counted_in_redis_and_opens_the_incident(spar
     publish_registry(client, keys, [trades_schema(run), BAD])
     supervisor = StreamSupervisor(spark, run, RegistryReader(client, keys, run), build_query)
     failing: dict = {}
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + patient(240)
     try:
         while failing.get("failures", 0) < run.watchdog_stream_failures:
             assert time.monotonic() < deadline, f"the supervisor recorded {failing or 'no failure'}"

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.settings import Settings
+from devstack.patience import patient
 from ingest.kafka import ensure_topics, topic_end_offsets
 from tests.ingest.test_publisher import events_on, read_topic
 from tests.users import api_client, new_user
@@ -131,7 +132,7 @@ def test_http_publishing_moves_every_partition_of_the_stream_by_heartbeats(opera
                     found.setdefault(beat["partition"], []).append(beat["ts"])
             return found
 
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + patient(10)
         while beats() != {p: [first, last] for p in range(3)} and time.monotonic() < deadline:
             time.sleep(0.2)
         # each partition: the first batch's newest time at once, the second's (paced) after the interval
