@@ -514,7 +514,7 @@ def row_settings(base: Settings, name: str, mode: str, topic: str, cap: int) -> 
     """A throughput row's own Redis prefix and checkpoint, its mode, topic and cap, a 0 s trigger."""
     tag = name.replace(" ", "-").replace(",", "").replace("+", "")
     return base.model_copy(update={
-        "redis_prefix": f"bench-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-{tag}",
+        "redis_prefix": f"bench-{tag}", "checkpoint_dir": str(base.data_dir / f"checkpoint-{tag}"),
         "evaluator_mode": mode, "events_topic": topic,
         "source_max_records_per_trigger": cap, "trigger_interval": "0 seconds",
     })
@@ -691,7 +691,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
     """
     tag = re.sub(r"[^A-Za-z0-9.]+", "-", f"{row.name} {trigger_s:g}").strip("-")  # a legal topic name
     settings = base.model_copy(update={
-        "redis_prefix": f"bench-live-{tag}", "checkpoint_dir": base.data_dir / f"checkpoint-live-{tag}",
+        "redis_prefix": f"bench-live-{tag}", "checkpoint_dir": str(base.data_dir / f"checkpoint-live-{tag}"),
         "events_topic": f"bench-live-{tag}", "dead_letter_topic": f"bench-live-dead-{tag}",
         "watermark_delay_ms": 500, "trigger_interval": f"{trigger_s:g} seconds",
     })

@@ -8,6 +8,8 @@ the tests and docker-compose configure the same code in the same way.
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -103,9 +105,11 @@ class Settings(BaseSettings):
         "1 second", description="micro-batch trigger: a batch takes what arrived since the last (docs/evaluator.md: "
                                  "batch size)"
     )
-    checkpoint_dir: Path | None = Field(
-        None, description="the evaluator's Spark checkpoint and state store; default: data_dir/checkpoints/evaluator "
-                           "(shared by driver and workers on a cluster)"
+    checkpoint_dir: str | None = Field(
+        None, description="the evaluator's Spark checkpoint and state store, shared by the driver and every worker: a "
+                          "path (made absolute when read) or a URI handed to Spark as it is (file://, hdfs://, s3a://; "
+                          "docs/cluster.md says which are tested and which jars each needs); default: "
+                          "data_dir/checkpoints/evaluator"
     )
     pane_ms: int = Field(1_000, ge=1, description="pane (basic window) width; windows are multiples")
     watermark_delay_ms: int = Field(2_000, ge=0, description="allowed event-time disorder")
@@ -427,6 +431,11 @@ class Settings(BaseSettings):
         parse(rate)
         return rate
 
+    @field_validator("checkpoint_dir", mode="before")
+    @classmethod
+    def _checkpoint_location(cls, value: str | Path | None) -> str | None:
+        return None if value is None else checkpoint_location(value)
+
     @field_validator("secret_key")
     @classmethod
     def _fernet_key(cls, key: SecretStr | None) -> SecretStr | None:
@@ -486,8 +495,16 @@ class Settings(BaseSettings):
         return int(self.delivery_retry_schedule_s + self.delivery_visibility_margin_s)
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator"
+    def checkpoint_location(self) -> str:
+        """The evaluator's checkpoint as Spark gets it (``checkpointLocation``) and reads it back (through Hadoop's
+        FileSystem: ``evaluator.spark.checkpoint_fs``)."""
+        return checkpoint_location(self.checkpoint_dir or self.data_dir / "checkpoints" / "evaluator")
+
+    @property
+    def local_checkpoint_dir(self) -> Path | None:
+        """The checkpoint as a directory of this host (a plain path or a ``file:`` URI), for the processes that
+        have no JVM to reach it through; None when it is on another file system (HDFS, S3 ...)."""
+        return local_path(self.checkpoint_location)
 
     # --- windows and no data ---------------------------------------------------
     tuple_max_events: int = Field(
@@ -568,6 +585,33 @@ class Settings(BaseSettings):
     def redis_key(self, *parts: str | int) -> str:
         """Namespaced Redis key: ``<prefix>:<deployment>:part:part``, so deployments sharing a Redis never meet."""
         return ":".join([self.redis_prefix, self.deployment, *map(str, parts)])
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # hdfs://nn:8020/x, s3a://b/x, file:///x, file:/x
+
+
+def checkpoint_location(value: str | Path) -> str:
+    """A URI (``scheme:/...``) as it is, for Spark's Hadoop to resolve; a plain path made absolute, once, so the
+    driver and its executors (whose working directories differ) and every later start name the same directory."""
+    text = str(value).strip()
+    if not text:
+        raise ValueError("must be a path or a URI (file://, hdfs://, s3a:// ...), not empty")
+    if _SCHEME.match(text):
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def local_path(location: str) -> Path | None:
+    """``location`` as a path of this host: a plain path, or a ``file:`` URI without a host (or localhost)."""
+    if not _SCHEME.match(location):
+        return Path(location)
+    scheme, _, rest = location.partition(":")
+    if scheme.lower() != "file":
+        return None
+    if rest.startswith("//"):
+        host, _, path = rest[2:].partition("/")
+        return Path("/" + path) if host in ("", "localhost") else None
+    return Path(rest)
 
 
 @lru_cache

@@ -126,6 +126,18 @@ class Runner:
         self.backoffs[name] = Backoff.of(self.settings, time.monotonic())
         self.children.append(start())
 
+    def _reset_checkpoint(self) -> None:
+        """Tansu keeps topics in memory: a checkpoint from an earlier broker points past the new logs. The runner
+        has no JVM to reach a checkpoint through Hadoop, so the devstack keeps it on this host's disk."""
+        local = self.settings.local_checkpoint_dir
+        if local is None:
+            raise SystemExit(f"TOCSIN_CHECKPOINT_DIR={self.settings.checkpoint_location}: the devstack's in-memory "
+                             "broker starts empty, so it resets the checkpoint, which it can only do on this host's "
+                             "disk (a path or a file: URI)")
+        if local.exists():
+            shutil.rmtree(local)
+            log.info("checkpoint_reset", reason="fresh in-memory broker", path=str(local))
+
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         if _listening(self.settings.kafka_bootstrap):
@@ -133,10 +145,7 @@ class Runner:
         else:
             host, port = self.settings.kafka_bootstrap.rsplit(":", 1)
             self.children.append(start_tansu(host, int(port), self.logs / "broker.log"))
-            # Tansu keeps topics in memory: a checkpoint from an earlier broker points past the new logs.
-            if self.settings.checkpoint_path.exists():
-                shutil.rmtree(self.settings.checkpoint_path)
-                log.info("checkpoint_reset", reason="fresh in-memory broker", path=str(self.settings.checkpoint_path))
+            self._reset_checkpoint()
             log.info("broker_started", bootstrap=self.settings.kafka_bootstrap, log=str(self.logs / "broker.log"))
         ensure_topics(self.settings)
         declare_demo_streams(self.settings)

@@ -39,7 +39,7 @@ from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session
 from evaluator.spark.source import stop_file
-from evaluator.spark.supervisor import StreamSupervisor
+from evaluator.spark.supervisor import DeletedCheckpoints, StreamSupervisor
 from ingest.kafka import ensure_topics
 
 log = structlog.get_logger("evaluator")
@@ -141,9 +141,10 @@ def main(argv: list[str] | None = None) -> None:
         if stop.is_set():
             return
         query = build_query(spark, settings)
-        log.info("evaluator_started", topic=settings.events_topic, checkpoint=str(settings.checkpoint_path),
+        log.info("evaluator_started", topic=settings.events_topic, checkpoint=settings.checkpoint_location,
                  trigger=settings.trigger_interval, max_records_per_batch=settings.source_max_records_per_trigger)
-        supervisor = StreamSupervisor(spark, settings, RegistryReader(stats, keys, settings), build_query)
+        supervisor = StreamSupervisor(spark, settings, RegistryReader(stats, keys, settings), build_query,
+                                      deleted=DeletedCheckpoints(spark, settings))
         _follow(query, stats, keys, stop, supervisor, settings.stream_refresh_s)
     finally:
         stop.set()

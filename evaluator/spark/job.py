@@ -23,9 +23,16 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema, topic_name
+from evaluator.spark.checkpoint_fs import CheckpointFiles
 from evaluator.spark.operator import ShardProcessor
 from evaluator.spark.parse import PANES_SCHEMA, PaneParser, panes_schema
-from evaluator.spark.registry import checkpoint_of, checkpoint_partitions, query_attributes, shape_of
+from evaluator.spark.registry import (
+    checkpoint_identity,
+    checkpoint_partitions,
+    query_attributes,
+    shape_of,
+    stream_checkpoint,
+)
 from evaluator.spark.sink import TRANSITIONS_SCHEMA, RedisAlertSink
 from evaluator.spark.source import SOURCE_NAME, stop_file
 from evaluator.spark.stream_parse import StreamPaneParser
@@ -91,15 +98,16 @@ def source_options(settings: Settings, topic: str | None = None) -> dict[str, st
     return options
 
 
-def query_shards(spark: SparkSession, settings: Settings, stream: str) -> tuple[int, int]:
+def query_shards(spark: SparkSession, settings: Settings, checkpoint: CheckpointFiles) -> tuple[int, int]:
     """(shards, shuffle partitions) of a stream's query. A checkpoint keeps the partitions it was started with:
     Spark runs its stateful stage with them whatever the session says, so the parser must route keys to the same
     shards, or keys would move to shards without their windows (alerts silenced until the windows refill, state
     of the old shards orphaned). A changed ``TOCSIN_SPARK_SHUFFLE_PARTITIONS`` applies to new checkpoints only."""
     session = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # 200: Spark's own default
-    partitions = checkpoint_partitions(checkpoint_of(settings, stream)) or session
+    partitions = checkpoint_partitions(checkpoint) or session
     if partitions != session:
-        log.warning("shuffle_partitions_fixed_by_checkpoint", stream=stream, checkpoint=partitions, setting=session,
+        log.warning("shuffle_partitions_fixed_by_checkpoint", location=checkpoint.location, checkpoint=partitions,
+                    setting=session,
                     detail="the checkpoint's shards are kept; start from a new checkpoint to change them")
     return settings.evaluator_shards or partitions, partitions
 
@@ -119,11 +127,12 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
         partitions = len(partitions_of(consumer, topic))
     finally:
         consumer.close()
-    shard_ids = shard_ids_for(spark, *query_shards(spark, settings, stream))
+    checkpoint = stream_checkpoint(spark, settings, stream)
+    shard_ids = shard_ids_for(spark, *query_shards(spark, settings, checkpoint))
     if stream == TRADES or schema is None:
         parser, rows_schema, shape, columns = PaneParser(settings, shard_ids), PANES_SCHEMA, None, None
     else:
-        shape, columns = shape_of(schema), query_attributes(settings, schema)
+        shape, columns = shape_of(schema), query_attributes(checkpoint, schema)
         parser, rows_schema = StreamPaneParser(settings, shard_ids, schema, columns), panes_schema(columns)
     reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings, topic))
     panes = (
@@ -134,11 +143,12 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
     )
     with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):
         transitions = panes.groupBy("shard").transformWithStateInPandas(
-            ShardProcessor(settings, partitions, shard_ids, shape, columns), TRANSITIONS_SCHEMA, "append", "None"
+            ShardProcessor(settings, partitions, shard_ids, shape, columns, checkpoint_identity(checkpoint)),
+            TRANSITIONS_SCHEMA, "append", "None"
         )
     return (
         transitions.writeStream.foreachBatch(RedisAlertSink(settings, stream))
-        .option("checkpointLocation", str(checkpoint_of(settings, stream)))
+        .option("checkpointLocation", checkpoint.location)
         .trigger(processingTime=settings.trigger_interval)
         .queryName(query_name(stream))
         .start()

@@ -44,7 +44,7 @@ from evaluator.shard import ShardConfig
 from evaluator.spark.catalog_source import shared_catalog_source
 from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows
-from evaluator.spark.registry import checkpoint_identity
+from evaluator.spark.registry import checkpoint_of
 from evaluator.spark.shard_host import run_on_host
 from evaluator.spark.shard_runner import BatchResult, ShardJob, ShardRunner
 from evaluator.streams import StreamShape
@@ -73,10 +73,12 @@ class ShardProcessor(StatefulProcessor):
     its pane rows per cell, so dimension filters, key prefixes and optional attributes are views of it)."""
 
     def __init__(self, settings: Settings, partitions: int, shard_ids: tuple[int, ...] = (),
-                 stream: StreamShape | None = None, columns: tuple[str, ...] | None = None) -> None:
+                 stream: StreamShape | None = None, columns: tuple[str, ...] | None = None,
+                 checkpoint: str | None = None) -> None:
         """``stream``: a declared stream's shape (None: ``trades``, today's query, its checkpoint
-        ``settings.checkpoint_path``); its shards evaluate the subscriptions on that stream only. ``columns``: the
-        pane rows' attributes (default the stream's)."""
+        ``settings.checkpoint_location``); its shards evaluate the subscriptions on that stream only. ``columns``:
+        the pane rows' attributes (default the stream's). ``checkpoint``: what executors key their copies of the
+        shards by (``registry.checkpoint_identity``; default the checkpoint's location)."""
         self.settings = settings
         # What the query evaluates: trades' attributes are fixed (a condition naming another is left out, logged)
         shape = stream if stream is not None else StreamShape(TRADES, ATTRIBUTES)
@@ -92,7 +94,7 @@ class ShardProcessor(StatefulProcessor):
             tuple_max_events=settings.tuple_max_events,
         )
         self.job = ShardJob(
-            settings, config, checkpoint_identity(settings, shape.name), shape.name, shape,
+            settings, config, checkpoint or checkpoint_of(settings, shape.name), shape.name, shape,
             optional=stream.optional if stream is not None else frozenset(),
             cells=stream is not None,  # a declared stream's parser writes cell rows (evaluator.views)
             shard_ids=shard_ids,  # the parser's hash partitioning: which keys each shard owns (NO DATA)

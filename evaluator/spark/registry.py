@@ -4,24 +4,28 @@ Written by ``subscriptions.streams.publish_registry`` (a hash name -> ``StreamSc
 with a version counter in one transaction). :func:`decode_registry` is pure; :class:`RegistryReader`
 reads the hash only when the version moved. ``trades`` is always there: a deployment whose web
 app has not published yet (or a Redis that lost the registry) still evaluates it.
+
+Each stream's query has a checkpoint of its own (:func:`checkpoint_of`); what the driver reads and writes
+beside Spark's files there (the declaration it belongs to, its attribute columns, the shuffle partitions of
+its offset log) goes through Hadoop's FileSystem (``evaluator.spark.checkpoint_fs``), as Spark's own writes do.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 from pydantic import ValidationError
+from pyspark.sql import SparkSession
 from redis import Redis, RedisError
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema, trades_schema
+from evaluator.spark.checkpoint_fs import CheckpointFiles, child
 from evaluator.streams import StreamShape
 
 log = structlog.get_logger("evaluator")
@@ -49,15 +53,22 @@ def decode_registry(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> tuple[dic
     return schemas, problems
 
 
-def checkpoint_of(settings: Settings, stream: str) -> Path:
+def checkpoint_of(settings: Settings, stream: str) -> str:
     """A stream's query's checkpoint: ``trades`` keeps today's, every other stream one under ``streams/<name>``."""
-    return settings.checkpoint_path if stream == TRADES else settings.checkpoint_path / "streams" / stream
+    root = settings.checkpoint_location
+    return root if stream == TRADES else child(root, STREAMS, stream)
 
 
+STREAMS = "streams"  # the directory of the declared streams' checkpoints, under the evaluator's
 INCARNATION = "incarnation"  # a file in a declared stream's checkpoint: the id of the streams row it belongs to
+ATTRIBUTES = "attributes.json"  # a file in a declared stream's checkpoint: its query's attribute columns
 
 
-def claim_checkpoint(settings: Settings, stream: str, incarnation: int | None) -> bool:
+def stream_checkpoint(spark: SparkSession, settings: Settings, stream: str) -> CheckpointFiles:
+    return CheckpointFiles(spark, checkpoint_of(settings, stream))
+
+
+def claim_checkpoint(spark: SparkSession, settings: Settings, stream: str, incarnation: int | None) -> bool:
     """Make ``stream``'s checkpoint the one of this declaration (``incarnation``: its row's id in the registry).
 
     A stream deleted and declared again under its name is a new stream on a new topic: the old checkpoint's
@@ -68,36 +79,32 @@ def claim_checkpoint(settings: Settings, stream: str, incarnation: int | None) -
     """
     if incarnation is None or stream == TRADES:
         return False
-    checkpoint = checkpoint_of(settings, stream)
-    marker = checkpoint / INCARNATION
-    held = marker.read_text().strip() if marker.exists() else None
+    files = stream_checkpoint(spark, settings, stream)
+    marker = files.read_text(INCARNATION)
+    held = marker.strip() if marker is not None else None
     if held == str(incarnation):
         return False
     if held is not None:  # the predecessor's topic and records are gone with it: so is its checkpoint
         log.info("stream_checkpoint_reset", stream=stream, incarnation=incarnation, previous=held,
                  reason="the stream was deleted and declared again")
-        shutil.rmtree(checkpoint)
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    marker.write_text(str(incarnation))
+        files.delete()
+    files.write_text(INCARNATION, str(incarnation))
     return held is not None
 
 
-def checkpoint_identity(settings: Settings, stream: str) -> str:
-    """The checkpoint's path and the declaration it belongs to: what executors key their shard copies by, so a
+def checkpoint_identity(files: CheckpointFiles) -> str:
+    """The checkpoint's location and the declaration it belongs to: what executors key their shard copies by, so a
     stream declared again never reuses a copy of its predecessor's shards."""
-    checkpoint = checkpoint_of(settings, stream)
-    marker = checkpoint / INCARNATION
-    return f"{checkpoint}#{marker.read_text().strip()}" if marker.exists() else str(checkpoint)
+    marker = files.read_text(INCARNATION)
+    return f"{files.location}#{marker.strip()}" if marker is not None else files.location
 
 
-def checkpoint_partitions(checkpoint: Path) -> int | None:
+def checkpoint_partitions(files: CheckpointFiles) -> int | None:
     """The shuffle partitions (so the shards) a query's checkpoint was started with, from its newest offset log
     entry (Spark records its session's ``spark.sql.shuffle.partitions`` there and runs the stateful stage with it
     on every restart, whatever the session says); None for a new checkpoint."""
-    offsets = checkpoint / "offsets"
-    entries = sorted((int(f.name), f) for f in offsets.iterdir() if f.name.isdigit()) if offsets.is_dir() else []
-    for _, entry in reversed(entries):
-        for line in entry.read_text(errors="replace").splitlines():
+    for batch in sorted((int(n) for n in files.names("offsets") if n.isdigit()), reverse=True):
+        for line in (files.read_text(f"offsets/{batch}") or "").splitlines():
             try:
                 metadata = json.loads(line)
             except ValueError:
@@ -107,16 +114,20 @@ def checkpoint_partitions(checkpoint: Path) -> int | None:
     return None
 
 
-def query_attributes(settings: Settings, schema: StreamSchema) -> tuple[str, ...]:
-    """The attribute columns of a stream's query: those its checkpoint's state was built with, then the schema's
-    new ones. A removed attribute keeps its column (always empty from then on), so state never has to shrink and
-    every compatible change keeps the stream's windows. Recorded beside the checkpoint."""
-    record = checkpoint_of(settings, schema.name) / "attributes.json"
-    before: list[str] = json.loads(record.read_text()) if record.exists() else []
-    columns = (*before, *(a for a in schema.attribute_names if a not in before))
+def attribute_columns(before: Sequence[str], schema: StreamSchema) -> tuple[str, ...]:
+    """The columns a query's state was built with (``before``), then the schema's new attributes. A removed
+    attribute keeps its column (always empty from then on), so state never has to shrink and every compatible
+    change keeps the stream's windows."""
+    return (*before, *(a for a in schema.attribute_names if a not in before))
+
+
+def query_attributes(files: CheckpointFiles, schema: StreamSchema) -> tuple[str, ...]:
+    """The attribute columns of a stream's query (:func:`attribute_columns`), recorded beside its checkpoint."""
+    record = files.read_text(ATTRIBUTES)
+    before: list[str] = json.loads(record) if record is not None else []
+    columns = attribute_columns(before, schema)
     if list(columns) != before:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(list(columns)))
+        files.write_text(ATTRIBUTES, json.dumps(list(columns)))
     return columns
 
 

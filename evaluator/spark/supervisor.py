@@ -15,7 +15,8 @@ own: an idle, late or poisoned stream holds back no other. Every ``TOCSIN_STREAM
   the registry changed; ``registry.claim_checkpoint``), its old shard clocks forgotten: a stream declared
   again under an old name starts clean, on its new topic, even if this job never saw it deleted (a stream
   merely missing from the registry, say Redis lost it, keeps its checkpoint);
-- restarts a failed query after a backoff (1 s, doubling, at most ``MAX_BACKOFF_S``) while the others run.
+- restarts a failed query after a backoff (1 s, doubling, at most ``MAX_BACKOFF_S``) while the others run;
+- removes the checkpoint of a stream that was deleted (:class:`DeletedCheckpoints`).
 
 What operators need to hear about goes to ``stats:evaluator`` (``core.redis_schema.stream_stat`` fields): when
 each query last started (``QUERY_STARTED_AT``) and, while a query keeps failing, its failures in a row, since
@@ -26,8 +27,9 @@ incident (``web.watchdog.stream``). A query that ran ``MAX_BACKOFF_S`` without f
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import structlog
@@ -39,8 +41,10 @@ from redis import RedisError
 from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
-from core.streams import StreamSchema
-from evaluator.spark.registry import RegistryReader, checkpoint_of, claim_checkpoint, text_of
+from core.streams import StreamSchema, topic_name
+from evaluator.spark.checkpoint_fs import CheckpointFiles, child
+from evaluator.spark.registry import STREAMS, RegistryReader, checkpoint_of, claim_checkpoint, text_of
+from ingest.kafka import new_consumer
 
 log = structlog.get_logger("evaluator")
 
@@ -63,10 +67,49 @@ class _Stream:
     earlier_failures: int = 0  # of those, the ones an earlier run of the job recorded
 
 
+class DeletedCheckpoints:
+    """Removes the checkpoints of deleted streams: a stream no longer declared whose topic is gone too (deleting a
+    stream deletes its topic first, ``subscriptions.streams.StreamService.delete``). A stream merely missing from
+    the registry (Redis lost it) still has its topic, so it keeps its checkpoint and comes back where it was.
+
+    Checked when the job starts (a deletion it did not see), when a stream leaves the registry, and, while some
+    undeclared stream's checkpoint remains, every ``MAX_BACKOFF_S`` (a topic whose deletion Kafka had not
+    finished)."""
+
+    def __init__(self, spark: SparkSession, settings: Settings) -> None:
+        self.settings = settings
+        self.streams = CheckpointFiles(spark, child(settings.checkpoint_location, STREAMS))
+        self.due_at = 0.0
+
+    def check(self, declared: Collection[str], now: float, left: bool) -> None:
+        """``left``: a stream left the registry since the last check."""
+        if not left and now < self.due_at:
+            return
+        self.due_at = now + MAX_BACKOFF_S  # checked again then, unless nothing is left to check
+        try:
+            undeclared = [name for name in self.streams.names() if name not in declared]
+            if not undeclared:
+                self.due_at = math.inf
+                return
+            consumer = new_consumer(self.settings)
+            try:
+                topics = set(consumer.topics())
+            finally:
+                consumer.close()
+            for name in undeclared:
+                if topic_name(name, self.settings) not in topics:
+                    self.streams.delete(name)
+                    log.info("stream_checkpoint_removed", stream=name, reason="the stream and its topic were deleted")
+        except Exception as exc:  # noqa: BLE001 - Kafka or the file system not answering: checked again later
+            log.warning("stream_checkpoints_not_checked", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
 class StreamSupervisor:
     def __init__(self, spark: SparkSession, settings: Settings, registry: RegistryReader, start: Starter,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, deleted: DeletedCheckpoints | None = None) -> None:
+        """``deleted``: removes deleted streams' checkpoints (the job's; None leaves checkpoints be)."""
         self.spark = spark
+        self.deleted = deleted
         self.settings = settings
         self.registry = registry
         self.start = start
@@ -80,11 +123,14 @@ class StreamSupervisor:
 
     def poll(self) -> None:
         declared = {name: schema for name, schema in self.registry.read().items() if name != TRADES}
-        for name in [n for n in self.streams if n not in declared]:
+        left = [n for n in self.streams if n not in declared]
+        for name in left:
             self._stop(name, "stream_query_stopped", reason="the stream is no longer declared")
             del self.streams[name]
             self._record(name, forget=(QUERY_FAILING, QUERY_STARTED_AT))
         now = self.clock()
+        if self.deleted is not None:
+            self.deleted.check(declared, now, bool(left))
         for name, schema in sorted(declared.items()):
             held = self.streams.get(name)
             incarnation = self.registry.incarnation(name)
@@ -114,7 +160,7 @@ class StreamSupervisor:
 
     def _start(self, name: str, held: _Stream, now: float) -> None:
         try:
-            if claim_checkpoint(self.settings, name, held.incarnation):
+            if claim_checkpoint(self.spark, self.settings, name, held.incarnation):
                 self._forget_batches(name)
             held.query = self.start(self.spark, self.settings, held.schema)
             held.started_at = now
@@ -123,7 +169,7 @@ class StreamSupervisor:
             return
         self._record(name, write={QUERY_STARTED_AT: time.time()})
         log.info("stream_query_started", stream=name, attributes=list(held.schema.attribute_names),
-                 checkpoint=str(checkpoint_of(self.settings, name)))
+                 checkpoint=checkpoint_of(self.settings, name))
 
     def _failed(self, name: str, held: _Stream, now: float, event: str, error: str) -> None:
         """One more failure in a row: retried after the backoff, and recorded for the dead man's switch."""

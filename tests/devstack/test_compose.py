@@ -178,8 +178,10 @@ def test_checkpoint_on_a_volume_the_driver_and_every_worker_mount() -> None:
     for name in ("evaluator", "spark-worker"):
         settings = service_settings(services[name])
         mounts = dict(m.split(":", 1)[::-1] for m in services[name]["volumes"])  # container path -> volume
-        holding = [path for path in mounts if settings.checkpoint_path.is_relative_to(path)]
-        assert holding, f"{name}: {settings.checkpoint_path} is on no volume"
+        local = settings.local_checkpoint_dir
+        assert local is not None, f"{name}: {settings.checkpoint_location} is not a path in the container"
+        holding = [path for path in mounts if local.is_relative_to(path)]
+        assert holding, f"{name}: {local} is on no volume"
         assert mounts[holding[0]] == "checkpoints" and "checkpoints" in spec["volumes"], (name, mounts)
 
 

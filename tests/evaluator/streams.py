@@ -98,7 +98,7 @@ def wait_until(predicate, timeout_s: float = 180, query=None, job: ManagedProces
 def for_run(settings: Settings, tag: str, tmp_path: Path) -> Settings:
     """Same topic, its own Redis prefix and checkpoint."""
     return settings.model_copy(update={
-        "redis_prefix": f"{settings.redis_prefix}-{tag}", "checkpoint_dir": tmp_path / f"checkpoint-{tag}",
+        "redis_prefix": f"{settings.redis_prefix}-{tag}", "checkpoint_dir": str(tmp_path / f"checkpoint-{tag}"),
         "max_window_ms": HORIZON, "source_max_records_per_trigger": 400,
     })
 

@@ -21,7 +21,7 @@ from core.settings import Settings
 from core.streams import Attribute, Dimension, StreamSchema
 from evaluator.catalog import Catalog
 from evaluator.spark.operator import ShardProcessor
-from evaluator.spark.registry import query_attributes, shape_of
+from evaluator.spark.registry import attribute_columns, shape_of
 from evaluator.spark.shard_runner import forget_copies
 from evaluator.spark.stream_parse import StreamPaneParser
 from evaluator.spec import Condition, SubscriptionSpec
@@ -91,7 +91,7 @@ def batch(settings: Settings, schema: StreamSchema, records: list[dict], beat: i
     raw = pd.DataFrame({"topic": "t", "partition": 0, "offset": range(len(values)), "value": pd.Series(values),
                         "value_bytes": pd.Series([len(v) for v in values], dtype=object),
                         "value_sha256": pd.Series([None] * len(values), dtype=object), "now": T0 + 600_000})
-    parser = StreamPaneParser(settings, SHARDS, schema, query_attributes(settings, schema))
+    parser = StreamPaneParser(settings, SHARDS, schema, attribute_columns((), schema))
     parsed = parser.parse(raw)
     return parser._frame(parsed.events(), parsed.progress).to_pandas()
 
@@ -103,7 +103,7 @@ def run(processor: ShardProcessor, frame: pd.DataFrame) -> list[dict]:
 
 def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_state(settings: Settings,
                                                                                      tmp_path: Any) -> None:
-    settings = settings.model_copy(update={"checkpoint_dir": tmp_path / "cp", "max_window_ms": 20_000})
+    settings = settings.model_copy(update={"checkpoint_dir": str(tmp_path / "cp"), "max_window_ms": 20_000})
     client = redis.Redis.from_url(settings.redis_url)
     busy = SubscriptionSpec(1, on_hosts("COUNT(*) OVER 5s >= 3"))
     heavy = SubscriptionSpec(2, on_hosts("SUM(volume) OVER 5s > 100"))
@@ -112,14 +112,15 @@ def test_a_stream_restarted_with_a_new_attribute_keeps_its_windows_and_firing_st
     assert publish_catalog(client, RedisKeys(settings), Catalog(1, [busy, heavy, disk, trades]))
     forget_copies()
     handle = Handle()
-    first = ShardProcessor(settings, 1, SHARDS, shape_of(HOSTS), query_attributes(settings, HOSTS))
+    first = ShardProcessor(settings, 1, SHARDS, shape_of(HOSTS), attribute_columns((), HOSTS))
     first.init(handle)
     out = run(first, batch(settings, HOSTS, [{"key": "H1", "ts": T0 + i * 300, "cpu": 1, "mem": 40}
                                              for i in range(5)], T0 + 4_000))
     assert {(r["subscription_id"], r["key"], r["state"]) for r in out} == {(1, "H1", "firing"), (2, "H1", "firing")}
 
     forget_copies()  # a restarted query on another worker: the state store only
-    second = ShardProcessor(settings, 1, SHARDS, shape_of(WITH_DISK), query_attributes(settings, WITH_DISK))
+    second = ShardProcessor(settings, 1, SHARDS, shape_of(WITH_DISK),
+                            attribute_columns(first.config.attributes, WITH_DISK))
     assert second.config.attributes == ("cpu", "mem", "disk")
     second.init(handle)
     out = run(second, batch(settings, WITH_DISK, [{"key": "H1", "ts": T0 + 4_000 + i * 300, "cpu": 1, "mem": 40,
@@ -155,7 +156,7 @@ def test_among_equal_times_the_newest_is_the_last_to_arrive_whatever_its_cell(
     assert publish_catalog(redis.Redis.from_url(settings.redis_url), RedisKeys(settings),
                            Catalog(next(_VERSIONS), specs))
     forget_copies()
-    processor = ShardProcessor(run_settings, 1, SHARDS, shape_of(HOSTS), query_attributes(run_settings, HOSTS))
+    processor = ShardProcessor(run_settings, 1, SHARDS, shape_of(HOSTS), attribute_columns((), HOSTS))
     processor.init(Handle())
     seen = 0  # no late events (the oracle counts every event): a batch's panes are not before an earlier batch's
     for i, records in enumerate(batches):

@@ -1,27 +1,20 @@
 """The stream supervisor's decisions (real Redis registry; queries stood in for by recorders, Spark is not needed
 to decide what to start, stop and restart): new streams start, changed ones restart, deleted ones stop, failed
-ones restart with a doubling backoff while the others run."""
+ones restart with a doubling backoff while the others run. What it does to checkpoints needs Spark's Hadoop:
+tests/evaluator/spark/test_checkpoint.py."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import redis
 
 from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
-from evaluator.spark.registry import (
-    RegistryReader,
-    checkpoint_identity,
-    checkpoint_of,
-    checkpoint_partitions,
-    claim_checkpoint,
-    query_attributes,
-)
+from evaluator.spark.registry import RegistryReader
 from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
 from subscriptions.streams import publish_registry
 
@@ -99,14 +92,6 @@ def test_the_supervisor_follows_the_registry(settings: Settings) -> None:
     assert set(supervisor.queries()) == {"a"} and supervisor.queries()["a"].isActive
 
 
-def test_a_query_keeps_its_attribute_columns_and_only_appends(settings: Settings, tmp_path: Path) -> None:
-    run = settings.model_copy(update={"checkpoint_dir": tmp_path / "checkpoint"})
-    assert query_attributes(run, schema("s", Attribute(name="x"), Attribute(name="y"))) == ("x", "y")
-    assert query_attributes(run, schema("s", Attribute(name="y"), Attribute(name="z", required=False))) == (
-        "x", "y", "z")  # x removed: its column stays (always empty), so the state never shrinks
-    assert query_attributes(run, schema("other")) == ("x",)
-
-
 def test_failures_in_a_row_reach_redis_until_the_query_runs_well_again(settings: Settings) -> None:
     """What the dead man's switch reads (``web.watchdog.stream``): each start, and the failures in a row with the
     first one's time and the last error; a job restart goes on counting them; a recovery or a deletion clears them."""
@@ -161,58 +146,3 @@ def test_failures_in_a_row_reach_redis_until_the_query_runs_well_again(settings:
     publish_registry(client, keys, [trades_schema(settings), schema("b")])  # a deleted: its fields go
     restarted.poll()
     assert field_of("a", QUERY_FAILING) is None and field_of("a", QUERY_STARTED_AT) is None
-
-
-def test_checkpoint_partitions_reads_the_newest_offset_entry_and_none_for_a_new_checkpoint(tmp_path: Path) -> None:
-    """The offset log's format as Spark 4 writes it (a version line, the metadata with the session's conf, the
-    sources' offsets); the Spark test of a changed shard setting reads a real one."""
-    assert checkpoint_partitions(tmp_path / "new") is None
-    offsets = tmp_path / "old" / "offsets"
-    offsets.mkdir(parents=True)
-    for batch, partitions in ((0, 4), (1, 2)):
-        metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {"spark.sql.shuffle.partitions": str(partitions)}}
-        (offsets / str(batch)).write_text(f'v1\n{json.dumps(metadata)}\n{{"0":12}}')
-    (offsets / ".1.crc").write_text("x")
-    assert checkpoint_partitions(tmp_path / "old") == 2
-
-
-def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_forgotten(
-        settings: Settings, tmp_path: Path) -> None:
-    """Another row id under the same name is a stream deleted and declared again: its query restarts, its old
-    checkpoint and shard clocks are gone. The same id (a registry republished after Redis lost it) keeps them, and
-    a checkpoint from before ids were published is claimed, not removed."""
-    run = settings.model_copy(update={"checkpoint_dir": tmp_path / "checkpoint"})
-    client, keys = redis.Redis.from_url(run.redis_url), RedisKeys(run)
-    start = Starter()
-    supervisor = StreamSupervisor(None, run, RegistryReader(client, keys, run), start)  # type: ignore[arg-type]
-    checkpoint = checkpoint_of(run, "s")
-    (checkpoint / "offsets").mkdir(parents=True)  # a checkpoint written before ids were published
-    (checkpoint / "offsets" / "0").write_text("old")
-    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 7})
-    supervisor.poll()
-    first = supervisor.queries()["s"]
-    assert (checkpoint / "offsets" / "0").exists() and (checkpoint / "incarnation").read_text() == "7"
-    client.hset(keys.evaluator_stats, mapping={stream_stat("s", "shard_3_evaluated_at"): 5,
-                                               stream_stat("s", "last_batch_id"): 9, "shard_0_evaluated_at": 1})
-
-    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 7})  # republished: nothing changes
-    supervisor.poll()
-    assert supervisor.queries()["s"] is first and not first.stopped
-
-    publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 8})  # deleted and declared again
-    supervisor.poll()
-    assert first.stopped and supervisor.queries()["s"] is not first
-    assert not (checkpoint / "offsets").exists() and (checkpoint / "incarnation").read_text() == "8"
-    assert {k.decode() for k in client.hkeys(keys.evaluator_stats)} == {  # trades' clock kept
-        "shard_0_evaluated_at", stream_stat("s", QUERY_STARTED_AT)}
-    assert checkpoint_identity(run, "s").endswith("#8")  # executors' shard copies of #7 are not reused
-
-
-def test_a_job_that_missed_the_deletion_still_starts_the_stream_clean(settings: Settings, tmp_path: Path) -> None:
-    run = settings.model_copy(update={"checkpoint_dir": tmp_path / "checkpoint"})
-    checkpoint = checkpoint_of(run, "s")
-    assert claim_checkpoint(run, "s", 1) is False and (checkpoint / "incarnation").read_text() == "1"
-    (checkpoint / "commits").mkdir()
-    assert claim_checkpoint(run, "s", 1) is False and (checkpoint / "commits").exists()
-    assert claim_checkpoint(run, "s", None) is False and (checkpoint / "commits").exists()  # an old registry
-    assert claim_checkpoint(run, "s", 2) is True and not (checkpoint / "commits").exists()

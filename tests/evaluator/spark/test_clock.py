@@ -56,7 +56,7 @@ def wall_ms() -> int:
 
 
 def run_settings(settings: Settings, tmp_path: Path) -> Settings:
-    run = settings.model_copy(update={"max_window_ms": HORIZON, "checkpoint_dir": tmp_path / "checkpoint"})
+    run = settings.model_copy(update={"max_window_ms": HORIZON, "checkpoint_dir": str(tmp_path / "checkpoint")})
     ensure_topics(run)
     return run
 

@@ -10,6 +10,7 @@ import redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.catalog import Catalog
+from evaluator.spark.checkpoint_fs import CheckpointFiles
 from evaluator.spark.job import build_query
 from ingest.kafka import ensure_topics
 from tests.evaluator.spark.test_job import publish_catalog
@@ -79,17 +80,25 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
     assert Catalog.decode(raw.get(RedisKeys(crashing).catalog_snapshot)).version == 1
 
 
-@pytest.mark.slow  # a restart with another setting: run in CI
+@pytest.mark.parametrize("location", [
+    pytest.param("path", marks=pytest.mark.slow),  # a restart with another setting: run in CI
+    "file-uri",  # the checkpoint's offset and commit logs, its state: all at a file:// URI Spark and we resolve alike
+])
 def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exact(spark, settings: Settings,
-                                                                                 tmp_path: Path) -> None:
+                                                                                 tmp_path: Path, location: str) -> None:
     """Spark runs a checkpoint's stateful stage with the shuffle partitions it was started with, whatever the
     session says. The parser routed keys by the session's count instead, so a changed
     TOCSIN_SPARK_SHUFFLE_PARTITIONS sent keys to shards without their windows (and left shards without progress,
-    so their clocks stopped): the query keeps the checkpoint's shards."""
+    so their clocks stopped): the query keeps the checkpoint's shards. The restarted query resumes after the last
+    batch committed and alerts nothing twice, at a plain path and at a file:// URI (whose offset log was read as a
+    local path, so not found, before it went through Hadoop's FileSystem)."""
     ensure_topics(settings)
     events = generated_stream(seed=5)
     last = publish(settings, events)
     run = for_run(settings, "reshard", tmp_path)
+    local = Path(run.checkpoint_location)
+    if location == "file-uri":
+        run = run.model_copy(update={"checkpoint_dir": f"file://{local}"})
     shards = settings.spark_shuffle_partitions
     assert shards == 2
     publish_catalog(run, *SPECS)
@@ -99,13 +108,17 @@ def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exa
     finally:
         query.stop()
     assert not evaluated_everything(run, last, shards), "stopped too late to test anything"
+    committed = max(int(n) for n in CheckpointFiles(spark, run.checkpoint_location).names("commits") if n.isdigit())
+    assert (local / "commits" / str(committed)).exists(), "the checkpoint is where the location names"
     spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
         query = build_query(spark, run.model_copy(update={"spark_shuffle_partitions": 1}))
         try:
             wait_until(lambda: evaluated_everything(run, last, shards), query=query)
+            resumed = min(progress["batchId"] for progress in query.recentProgress)
         finally:
             query.stop()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", str(shards))
+    assert resumed == committed + 1, "the restarted query resumes after the last batch committed"
     assert_matches_oracle(run, events, last)

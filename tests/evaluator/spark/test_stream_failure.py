@@ -36,7 +36,7 @@ def test_a_poisoned_stream_query_is_counted_in_redis_and_opens_the_incident(spar
     client, keys = redis.Redis.from_url(run.redis_url, decode_responses=True), RedisKeys(run)
     ensure_topics(run)
     ensure_topics(run, {topic_name("bad", run): 2})
-    checkpoint = checkpoint_of(run, "bad")
+    checkpoint = Path(checkpoint_of(run, "bad"))
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))  # the query starts ...
     (checkpoint / "offsets" / "0").write_text("not a Spark offset log\n")  # ... and dies on a torn offset log

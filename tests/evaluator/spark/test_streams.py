@@ -56,7 +56,7 @@ def on_hosts(condition: Condition) -> Condition:
 def stream_settings(settings: Settings, tmp_path: Path) -> Settings:
     return settings.model_copy(update={"stream_topic_prefix": f"{settings.events_topic}.stream.",
                                        "max_window_ms": HORIZON, "source_max_records_per_trigger": 400,
-                                       "checkpoint_dir": tmp_path / "checkpoint", "stream_refresh_s": 0.5})
+                                       "checkpoint_dir": str(tmp_path / "checkpoint"), "stream_refresh_s": 0.5})
 
 
 def host_records(seed: int, n: int) -> list[tuple[str, int, float, float, str]]:
