@@ -10,6 +10,7 @@ lasted), and counted once (``tocsin_redis_outages_total``), not per retry. Error
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 from redis.backoff import ExponentialBackoff
 from redis.client import Pipeline
-from redis.cluster import ClusterPipeline
+from redis.cluster import ClusterPipeline, RedisCluster
 
 from core.settings import Settings
 
@@ -54,8 +55,9 @@ def is_transient(exc: BaseException) -> bool:
 class Outage:
     """One component's view of Redis: up, or down since a moment (thread-safe: workers run threads)."""
 
-    def __init__(self, component: str, settings: Settings) -> None:
+    def __init__(self, component: str, settings: Settings, client: redis.Redis | None = None) -> None:
         self.component = component
+        self.client = client  # a cluster client's slot map is refreshed after each failure (see refresh)
         self.base_s = settings.redis_outage_backoff_base_s
         self.cap_s = settings.redis_outage_backoff_cap_s
         self.since: float | None = None
@@ -75,6 +77,14 @@ class Outage:
         OUTAGES.labels(self.component).inc()
         DOWN.labels(self.component).set(1)
         log.warning("redis_outage", component=self.component, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    def refresh(self) -> None:
+        """After a failure, have a cluster client ask the cluster again who serves which slots: a pipeline's
+        failure does not always make redis-py do so, and then every try goes to the primary that is gone, even
+        once its replica took over. A node that does not answer yet is no error here (the next try says so)."""
+        if isinstance(self.client, RedisCluster):
+            with contextlib.suppress(Exception):
+                self.client.nodes_manager.initialize()
 
     def recovered(self) -> None:
         """A command succeeded: the outage under way, if any, is over."""
@@ -105,6 +115,7 @@ class Outage:
                 if not is_transient(exc):
                     raise
                 self.failed(exc)
+                self.refresh()
                 failures += 1
                 if stop is not None and stop.is_set():
                     raise

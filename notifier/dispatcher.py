@@ -123,7 +123,7 @@ class Dispatcher:
         self.next_claim = 0.0
         self.turn = 0  # the partition the next blocking read waits on, on a cluster
         self.running = True
-        self.outage = Outage("dispatcher", settings)
+        self.outage = Outage("dispatcher", settings, self.redis)
         claim_layout(self.redis, self.keys)  # a sink writing partitions this dispatcher does not read: refuse
         self.create_groups()
 
@@ -511,6 +511,7 @@ class Dispatcher:
                     # A node lost, a failover, a restart: logged and counted once per outage (not per round),
                     # waited out with a bounded backoff; what was read stays buffered or pending.
                     self.outage.failed(exc)
+                    self.outage.refresh()
                     failures += 1
                     time.sleep(self.outage.pause_s(failures))
                     continue

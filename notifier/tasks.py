@@ -219,7 +219,8 @@ STORE_ERRORS = (*TRANSIENT, redis.OutOfMemoryError, redis_errors.RedisClusterExc
 @functools.cache
 def _outage() -> Outage:
     """This worker process's view of Redis (its threads share it)."""
-    return Outage("worker", get_settings())
+    settings = get_settings()
+    return Outage("worker", settings, _redis(settings.redis_url, settings.redis_cluster, settings.redis_socket_timeout_s))
 
 
 def store_away(exc: BaseException) -> bool:
@@ -244,6 +245,7 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
         if store_away(exc):
             REQUEUED.inc()
             _outage().failed(exc)  # logged once per outage, not per delivery put back
+            _outage().refresh()
             time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
             raise Reject(exc, requeue=True) from exc
         if isinstance(exc, redis.RedisError):  # during an attempt a recorded retry; here not even that was written

@@ -75,12 +75,20 @@ class LocalCluster:
         self.nodes[port] = spawn("redis-cluster-node", [
             redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
             "--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(self.node_timeout_ms)], node_dir / "redis.log")
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--repl-diskless-sync-delay", "0"],  # a replica's first sync at once, not after Redis's 5 s
+            node_dir / "redis.log")
         wait_for_port("127.0.0.1", port, process=self.nodes[port].process)
 
     def role(self, port: int) -> str:
         with redis.Redis(port=port, decode_responses=True) as client:
             return str(client.execute_command("ROLE")[0])
+
+    def in_sync(self, port: int) -> bool:
+        """Whether the node on ``port`` is a replica whose link to its primary is up (its first sync done)."""
+        with redis.Redis(port=port, decode_responses=True) as client:
+            info = client.info("replication")
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
     def primaries(self) -> list[int]:
         return [port for port, node in self.nodes.items() if node.process.poll() is None and self.role(port) == "master"]
@@ -128,8 +136,8 @@ def cluster_nodes(data_dir: Path, masters: int = 3, replicas: int = 0,
         cluster.wait_ok()
         if replicas:  # every replica attached and in sync, so a failover has one to promote
             deadline = time.monotonic() + 60
-            while sum(cluster.role(port) == "slave" for port in ports) < masters * replicas:
-                assert time.monotonic() < deadline, "the replicas did not attach"
+            while sum(cluster.in_sync(port) for port in ports) < masters * replicas:
+                assert time.monotonic() < deadline, "the replicas did not attach and sync"
                 time.sleep(0.1)
         yield cluster
     finally:

@@ -132,7 +132,7 @@ def main() -> None:
         signal.signal(signum, lambda *_: stop.set())
     stats = make_redis(settings)
     keys = RedisKeys(settings)
-    outage = Outage("evaluator", settings)
+    outage = Outage("evaluator", settings, stats)
     stopping = stop_file(settings)
     stopping.unlink(missing_ok=True)  # left by a run that was killed
     try:
@@ -214,6 +214,7 @@ def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: th
             if outage is None or not is_transient(exc):
                 raise
             outage.failed(exc)
+            outage.refresh()
             continue
         if outage is not None:
             outage.recovered()

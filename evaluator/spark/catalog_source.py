@@ -92,7 +92,7 @@ class CatalogSource:
         self.redis = make_redis(settings)
         # Redis away (a node lost, a failover): the batch waits for it rather than failing the query, or
         # evaluating against a catalog it could not read (core.redis_outage).
-        self.outage = Outage("evaluator_worker", settings)
+        self.outage = Outage("evaluator_worker", settings, self.redis)
         self.catalog_log = CatalogLog(self.redis, self.keys)
         # the parser's series registry (core.series_limit), remembering what this worker reported
         self.series = SeriesLimit(self.redis, settings, remember_s=settings.stream_series_report_s)

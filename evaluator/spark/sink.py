@@ -163,7 +163,7 @@ class RedisAlertSink:
         self.redis = make_redis(settings)
         # Redis away (a node lost, a failover, a restart) holds the batch until it answers, rather than failing the
         # query: every write below is safe to repeat (the script's dedupe marks make a replayed call add nothing).
-        self.outage = Outage("sink", settings)
+        self.outage = Outage("sink", settings, self.redis)
         self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions nobody reads: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
 

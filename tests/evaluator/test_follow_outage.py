@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import redis
 from redis.backoff import NoBackoff
@@ -18,12 +19,10 @@ from devstack.services import free_port
 from evaluator.spark.__main__ import _follow
 
 
-class _RunningQuery:
+def _running_query() -> SimpleNamespace:
     """What ``_follow`` reads of a Spark StreamingQuery that keeps running (the loop's Redis handling is the test)."""
-
-    isActive = True
-    name = "trades"
-    lastProgress = {"batchId": 1, "durationMs": {"triggerExecution": 10}, "numInputRows": 0, "sources": []}
+    return SimpleNamespace(isActive=True, name="trades", lastProgress={
+        "batchId": 1, "durationMs": {"triggerExecution": 10}, "numInputRows": 0, "sources": []})
 
 
 def test_the_progress_loop_outlives_redis_being_away(settings: Settings) -> None:
@@ -35,14 +34,18 @@ def test_the_progress_loop_outlives_redis_being_away(settings: Settings) -> None
 
     def follow() -> None:
         try:
-            _follow(_RunningQuery(), away, RedisKeys(settings), stop, refresh_s=0.1, outage=outage)  # type: ignore[arg-type]
+            _follow(_running_query(), away, RedisKeys(settings), stop, refresh_s=0.1, outage=outage)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - the test's point
             failure.append(exc)
 
     with capture_logs() as logs:
         loop = threading.Thread(target=follow)
         loop.start()
-        time.sleep(2)  # many rounds, each meeting Redis away
+        deadline = time.monotonic() + 60
+        while outage.since is None:  # the first round met Redis away
+            assert time.monotonic() < deadline and loop.is_alive(), f"no outage seen: {failure}"
+            time.sleep(0.05)
+        time.sleep(1)  # more rounds (0.1 s apart), each meeting Redis away: still one outage
         assert loop.is_alive(), f"the loop ended: {failure}"
         stop.set()
         loop.join(timeout=30)
