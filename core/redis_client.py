@@ -26,8 +26,17 @@ from core.settings import Settings
 
 
 def make_redis(settings: Settings, decode_responses: bool = False, **options: Any) -> redis.Redis:
-    """A client of the deployment's Redis, single or cluster as configured."""
-    return connect(settings.redis_url, settings.redis_cluster, decode_responses, **options)
+    """A client of the deployment's Redis, single or cluster as configured, whose every command and connection
+    attempt gives up after ``redis_socket_timeout_s`` unless ``options`` say otherwise (see :func:`timeouts`)."""
+    return connect(settings.redis_url, settings.redis_cluster, decode_responses, **timeouts(settings, options))
+
+
+def timeouts(settings: Settings, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the deployment's socket timeouts where they name none: without them a read from a node
+    that vanished with its host (no reset) waits for ever, and a process that should ride out the outage
+    (``core.redis_outage``) hangs instead."""
+    return {"socket_timeout": settings.redis_socket_timeout_s,
+            "socket_connect_timeout": settings.redis_socket_timeout_s, **options}
 
 
 def connect(url: str, cluster: bool, decode_responses: bool = False, **options: Any) -> redis.Redis:
@@ -41,6 +50,7 @@ def connect(url: str, cluster: bool, decode_responses: bool = False, **options: 
 def make_async_redis(settings: Settings, **options: Any) -> redis.asyncio.Redis:
     """An asyncio client of the deployment's Redis, single or cluster as configured (for code on an event loop
     that must not wait on a thread for Redis). Make it on the loop that uses it: its connections belong there."""
+    options = timeouts(settings, options)
     if settings.redis_cluster:
         return cast("redis.asyncio.Redis", redis.asyncio.RedisCluster.from_url(settings.redis_url, **options))
     return redis.asyncio.Redis.from_url(settings.redis_url, **options)

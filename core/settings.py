@@ -63,6 +63,19 @@ class Settings(BaseSettings):
         1, ge=1, le=1024, description="slot partitions of the per-subscription keys and the alert stream: each is "
                                       "one hash tag, so one Redis Cluster slot (see core.redis_schema)"
     )
+    redis_socket_timeout_s: float = Field(
+        10.0, gt=0, description="the longest any Redis command (and connecting) may wait for an answer: a node lost "
+                                "with its host (no reset, no close) is then an error the outage handling rides out, "
+                                "never a read that waits for ever. Longer than every blocking read "
+                                "(TOCSIN_DISPATCHER_BLOCK_MS)"
+    )
+    redis_outage_backoff_base_s: float = Field(
+        0.1, gt=0, le=10, description="a long-running process that finds Redis away (a node lost, a cluster failing "
+                                      "over) tries again after this long, doubling per try (core.redis_outage)"
+    )
+    redis_outage_backoff_cap_s: float = Field(
+        5.0, gt=0, le=60, description="... up to this long between tries, for as long as the outage lasts"
+    )
 
     # --- Subscriptions store ---------------------------------------------------
     database_url: str = Field(
@@ -468,6 +481,14 @@ class Settings(BaseSettings):
                 f"({self.publish_threads}) must be below TOCSIN_WEB_DB_POOL_SIZE + TOCSIN_WEB_DB_MAX_OVERFLOW ({pool}): "
                 f"one account's requests and publishing's token checks could otherwise hold every database "
                 f"connection of a web process")
+        return self
+
+    @model_validator(mode="after")
+    def _blocking_reads_end_before_the_socket_timeout(self) -> Settings:
+        if self.dispatcher_block_ms / 1000 >= self.redis_socket_timeout_s:
+            raise ValueError(f"TOCSIN_DISPATCHER_BLOCK_MS ({self.dispatcher_block_ms}) must be below "
+                             f"TOCSIN_REDIS_SOCKET_TIMEOUT_S ({self.redis_socket_timeout_s} s): every blocking read "
+                             f"would otherwise time out")
         return self
 
     @model_validator(mode="after")

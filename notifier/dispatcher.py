@@ -60,6 +60,7 @@ from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import is_cluster, make_redis
+from core.redis_outage import TRANSIENT, Outage, is_transient
 from core.redis_replies import text_hash
 from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys, claim_layout
 from core.settings import Settings, get_settings
@@ -84,7 +85,7 @@ FAILED = Counter("tocsin_dispatcher_failed_rounds_total", "Rounds that failed an
 UNDELIVERABLE = Counter("tocsin_dispatcher_undeliverable_total",
                         "Entries dead-lettered after dispatcher_max_deliveries deliveries without an acknowledgement")
 
-OUTAGES = (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError, BrokerError)
+OUTAGES: tuple[type[Exception], ...] = (*TRANSIENT, OperationalError, InterfaceError, BrokerError)
 """Failures of a service, not of the entries: a group that met one is tried again from the buffer."""
 
 DECISION_TTL_S = 7 * 24 * 3600
@@ -123,6 +124,7 @@ class Dispatcher:
         self.next_claim = 0.0
         self.turn = 0  # the partition the next blocking read waits on, on a cluster
         self.running = True
+        self.outage = Outage("dispatcher", settings, self.redis)
         claim_layout(self.redis, self.keys)  # a sink writing partitions this dispatcher does not read: refuse
         self.create_groups()
 
@@ -496,30 +498,35 @@ class Dispatcher:
             FAILED.inc()
             log.exception("dispatch_failed")
         log.info("dispatcher_started", streams=self.keys.alerts_streams, consumer=self.settings.dispatcher_consumer)
+        failures = 0  # rounds in a row that met Redis away
         while self.running:
             try:
                 self.run_once()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # a timeout too: e.g. resumed after a stall
-                log.warning("redis_unavailable", error=str(exc))
-                time.sleep(1)
+                self.outage.recovered()
+                failures = 0
             except (OperationalError, InterfaceError) as exc:  # routes and silences are read at each decision
                 log.warning("database_unavailable", error=str(exc)[:500])  # buffered and pending entries wait
                 time.sleep(1)
-            except redis.ResponseError as exc:
-                FAILED.inc()
-                if "NOGROUP" not in str(exc):
-                    log.exception("dispatch_failed")
-                    time.sleep(1)
+            except Exception as exc:
+                if is_transient(exc):  # a timeout too: e.g. resumed after a stall
+                    # A node lost, a failover, a restart: logged and counted once per outage (not per round),
+                    # waited out with a bounded backoff; what was read stays buffered or pending.
+                    self.outage.failed(exc)
+                    self.outage.refresh()
+                    failures += 1
+                    time.sleep(self.outage.pause_s(failures))
                     continue
-                # The stream went with its group (a Redis restarted without its data, a key deleted): the sink
-                # writes a new stream, which nobody would ever read without the group again.
-                log.error("consumer_group_missing", error=str(exc))
-                with contextlib.suppress(redis.RedisError):  # if Redis is away, the next round says so
-                    self.create_groups()
-            except Exception:  # e.g. the Celery broker unreachable (kombu's OperationalError)
-                # Never stop: a group whose dispatch failed left the buffer but stays pending; claim() takes it
-                # back once idle for dispatcher_claim_idle_ms (its own entries too) and dispatches it again.
                 FAILED.inc()
+                if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+                    # The stream went with its group (a Redis restarted without its data, a key deleted): the sink
+                    # writes a new stream, which nobody would ever read without the group again.
+                    log.error("consumer_group_missing", error=str(exc))
+                    with contextlib.suppress(redis.RedisError):  # if Redis is away, the next round says so
+                        self.create_groups()
+                    continue
+                # e.g. the Celery broker unreachable (kombu's OperationalError). A group whose dispatch failed left
+                # the buffer but stays pending; claim() takes it back once idle for dispatcher_claim_idle_ms (its
+                # own entries too) and dispatches it again.
                 log.exception("dispatch_failed")
                 time.sleep(1)
         self.flush(force=True)

@@ -60,6 +60,7 @@ from prometheus_client import Counter, Histogram
 
 from core.metrics import serve_metrics
 from core.redis_client import connect
+from core.redis_outage import TRANSIENT, Outage, is_transient
 from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
@@ -94,9 +95,9 @@ def _serve_metrics(**_: object) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _redis(url: str, cluster: bool) -> redis.Redis:
+def _redis(url: str, cluster: bool, timeout_s: float) -> redis.Redis:
     """One client (and connection pool) per worker process, not one per task."""
-    return connect(url, cluster, decode_responses=True)
+    return connect(url, cluster, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
 
 def backoff_s(retries: int, base_s: float, cap_s: float) -> float:
@@ -213,8 +214,22 @@ def read_delivery(notification: object, endpoint_id: object, attempt: object, de
 #: can be recorded or re-queued with a countdown, so the task is put back, not failed (a failed task is
 #: acknowledged: lost). Any other Redis error is a reply no wait changes (WRONGTYPE, a script's bug): put back, the
 #: task would come round for ever holding a worker thread each time, so it ends as any other failure (below).
-STORE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, redis.OutOfMemoryError,
-                redis_errors.TryAgainError, redis_errors.ClusterDownError, OperationalError)
+STORE_ERRORS = (*TRANSIENT, redis.OutOfMemoryError, redis_errors.RedisClusterException, OperationalError)
+"""Redis (or the broker) away, failing over or full: the delivery is put back, never dropped. A bare
+``RedisClusterException`` is no cluster node answering; its subclasses (a cross-slot call) are bugs, not waited on."""
+@functools.cache
+def _outage() -> Outage:
+    """This worker process's view of Redis (its threads share it)."""
+    settings = get_settings()
+    return Outage("worker", settings, _redis(settings.redis_url, settings.redis_cluster, settings.redis_socket_timeout_s))
+
+
+def store_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says the records' store (or the broker) is away for now, not that the call is wrong."""
+    return isinstance(exc, STORE_ERRORS) and (is_transient(exc)
+                                              or not isinstance(exc, redis_errors.RedisClusterException))
+
+
 STORE_BROKEN = Counter("tocsin_delivery_store_errors_total",
                        "Deliveries whose records Redis refused for a reason no wait changes (WRONGTYPE, a script)")
 
@@ -225,24 +240,28 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
             woken: int = 0, **unknown: object) -> str:
     settings = get_settings()
     try:
-        return _deliver(self, settings, notification, endpoint_id, extra, owner_id, generation, attempt, deferrals,
-                        woken, unknown)
-    except STORE_ERRORS as exc:
-        REQUEUED.inc()
-        log.warning("delivery_requeued_store_unavailable", endpoint_id=endpoint_id,
-                    reason=f"{type(exc).__name__}: {exc}")
-        time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
-        raise Reject(exc, requeue=True) from exc
-    except redis.RedisError:  # during an attempt it is a recorded retry; here not even that could be written
-        STORE_BROKEN.inc()
-        log.exception("delivery_store_error", endpoint_id=endpoint_id, notification=notification)
+        result = _deliver(self, settings, notification, endpoint_id, extra, owner_id, generation, attempt, deferrals,
+                          woken, unknown)
+    except Exception as exc:
+        if store_away(exc):
+            REQUEUED.inc()
+            _outage().failed(exc)  # logged once per outage, not per delivery put back
+            _outage().refresh()
+            time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
+            raise Reject(exc, requeue=True) from exc
+        if isinstance(exc, redis.RedisError):  # during an attempt a recorded retry; here not even that was written
+            STORE_BROKEN.inc()
+            log.exception("delivery_store_error", endpoint_id=endpoint_id, notification=notification)
         raise
+    _outage().recovered()
+    return result
 
 
 def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint_id: int | None, extra: tuple,
              owner_id: int | None, generation: str | None, attempt: int, deferrals: int, woken: int,
              unknown: dict) -> str:
-    records = DeliveryRecords(_redis(settings.redis_url, settings.redis_cluster), RedisKeys(settings))
+    records = DeliveryRecords(_redis(settings.redis_url, settings.redis_cluster, settings.redis_socket_timeout_s),
+                              RedisKeys(settings))
     try:
         typed = read_delivery(notification, endpoint_id, attempt, deferrals, extra, unknown, woken)
     except MalformedNotificationError as exc:  # never silence: a task that is not a delivery is a dead letter, with why
@@ -279,9 +298,9 @@ def _deliver(self: Task, settings: Settings, notification: dict | None, endpoint
         return "sending elsewhere"
     try:
         return delivery.run(turn)
-    except STORE_ERRORS:
-        raise
     except Exception as exc:
+        if store_away(exc):
+            raise
         log.exception("delivery_failed_unexpectedly", notification=nid, endpoint_id=endpoint_id)
         return delivery.failed(None, Attempt(False, True, 0.0, error=f"internal error: {type(exc).__name__}: {exc}"))
     finally:

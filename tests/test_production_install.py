@@ -28,6 +28,7 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.services import ManagedProcess, free_port, log_tail, spawn, wait_for_port
 from ingest.kafka import ensure_topics
 
@@ -109,7 +110,7 @@ def run_installed(production_venv: Path, settings: Settings, tmp_path: Path) -> 
 
 def wait_for(predicate, what: str, process: ManagedProcess, log: Path, timeout_s: float = 180) -> None:
     """Poll ``predicate`` until it holds; fail at once, with the log's tail, if ``process`` exits first."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not predicate():
         assert process.process.poll() is None, (f"{process.name} exited with {process.process.returncode} before "
                                                 f"{what}:\n" + "\n".join(log_tail(log, 40)))

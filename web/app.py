@@ -21,6 +21,7 @@ from prometheus_client import Histogram
 from starlette.middleware.base import RequestResponseEndpoint
 
 from core.redis_client import make_redis
+from core.redis_outage import Outage, is_transient
 from core.settings import Settings, get_settings
 from notifier.app import make_celery
 from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Alerts on sliding-window aggregates of keyed event streams. Authenticate with "
                               "`Authorization: Bearer <API token>` (`POST /api/auth/token` makes one).")
     app.state.settings = settings
+    app.state.redis_outage = Outage("web", settings)
     app.state.limiter = RateLimiter(settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.request_max_bytes, timeout_s=settings.request_body_timeout_s)
     app.state.account_bound = AccountBound(settings, SESSION_COOKIE)
@@ -120,11 +122,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def bad_condition(_request: Request, exc: ConditionError) -> JSONResponse:
         return _field_error("condition", str(exc))
 
-    async def store_down(request: Request, _exc: Exception) -> Response:
+    async def store_down(request: Request, exc: Exception) -> Response:
+        if is_transient(exc):  # a node lost, a failover: logged once per outage; /readyz says when it is over
+            app.state.redis_outage.failed(exc)
         return await page_or_json_error(request, unavailable())
 
     for error in STORE_DOWN:
         app.add_exception_handler(error, store_down)
+
+    @app.exception_handler(redis.exceptions.RedisClusterException)  # not a RedisError: no cluster node answers
+    async def cluster_unreachable(request: Request, exc: redis.exceptions.RedisClusterException) -> Response:
+        if not is_transient(exc):  # a cross-slot call: a bug, a 500 with its traceback
+            raise exc
+        return await store_down(request, exc)
 
     @app.exception_handler(sqlalchemy.exc.TimeoutError)  # the pool had no connection free: 503, never a 500
     async def database_is_busy(request: Request, _exc: sqlalchemy.exc.TimeoutError) -> Response:

@@ -18,7 +18,6 @@ a stopping job stops them all between batches too (docs/evaluator-streams.md).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import threading
@@ -33,6 +32,7 @@ from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import make_redis
+from core.redis_outage import Outage, is_transient
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
 from evaluator.spark.job import build_query
@@ -99,11 +99,20 @@ def _stop_between_batches(query, deadline: float) -> bool:  # noqa: ANN001 - py4
     return False
 
 
-def _heartbeat(stats: redis.Redis, key: str, stop: threading.Event) -> None:
+def _heartbeat(stats: redis.Redis, key: str, stop: threading.Event, outage: Outage) -> None:
     """Beat every second until stopped; a Redis outage costs beats, not the job."""
     while not stop.wait(1.0):
-        with contextlib.suppress(redis.RedisError):
+        try:
             stats.hset(key, "driver_heartbeat_at", time.time())
+        except Exception as exc:
+            if is_transient(exc):
+                outage.failed(exc)
+            elif isinstance(exc, redis.RedisError):
+                log.warning("heartbeat_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            else:
+                raise
+        else:
+            outage.recovered()
 
 
 def _record_start(stats: redis.Redis, keys: RedisKeys) -> None:
@@ -125,10 +134,16 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signum, lambda *_: stop.set())
     stats = make_redis(settings)
     keys = RedisKeys(settings)
+    outage = Outage("evaluator", settings, stats)
     stopping = stop_file(settings)
     stopping.unlink(missing_ok=True)  # left by a run that was killed
-    _record_start(stats, keys)
-    beating = threading.Thread(target=_heartbeat, args=(stats, keys.evaluator_stats, stop), daemon=True)
+    try:
+        outage.ride_out(lambda: _record_start(stats, keys), stop)
+    except Exception:
+        if not stop.is_set():
+            raise
+        return
+    beating = threading.Thread(target=_heartbeat, args=(stats, keys.evaluator_stats, stop, outage), daemon=True)
     beating.start()
     spark = query = supervisor = None
     try:
@@ -145,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                  trigger=settings.trigger_interval, max_records_per_batch=settings.source_max_records_per_trigger)
         supervisor = StreamSupervisor(spark, settings, RegistryReader(stats, keys, settings), build_query,
                                       deleted=DeletedCheckpoints(spark, settings))
-        _follow(query, stats, keys, stop, supervisor, settings.stream_refresh_s)
+        _follow(query, stats, keys, stop, supervisor, settings.stream_refresh_s, outage)
     finally:
         stop.set()
         # Spark's own stop could hang (a JVM under memory pressure, a stuck task): it runs on a thread we
@@ -184,9 +199,10 @@ def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None: 
 
 
 def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event,
-            supervisor: StreamSupervisor | None = None, refresh_s: float = 2.0) -> None:
+            supervisor: StreamSupervisor | None = None, refresh_s: float = 2.0, outage: Outage | None = None) -> None:
     """Publish each micro-batch's progress until stopped, and let the supervisor follow the stream registry every
-    ``refresh_s``; raise if the (trades) query ended before ``stop``, with an error or without."""
+    ``refresh_s``; raise if the (trades) query ended before ``stop``, with an error or without. Redis away (a node
+    lost, a failover) costs published progress, not the job: the outage is logged once and the loop goes on."""
     last_batch = -1
     polled = float("-inf")
     while not stop.wait(min(1.0, refresh_s)) and query.isActive:
@@ -196,30 +212,16 @@ def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: th
                 supervisor.poll()
             except Exception as exc:  # noqa: BLE001 - the other streams' trouble must not stop trades'
                 log.warning("stream_supervisor_failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        totals = stats.hgetall(keys.evaluator_stats)
-        for name, gauge in TOTALS.items():
-            gauge.set(float(totals.get(name.encode(), 0)))
-        progress = query.lastProgress
-        if not progress or progress["batchId"] == last_batch:
+        try:
+            last_batch = _publish_progress(query, stats, keys, last_batch)
+        except Exception as exc:
+            if outage is None or not is_transient(exc):
+                raise
+            outage.failed(exc)
+            outage.refresh()
             continue
-        last_batch = progress["batchId"]
-        seconds = progress["durationMs"].get("triggerExecution", 0) / 1000
-        INPUT_RATE.set(progress.get("processedRowsPerSecond") or 0)
-        BATCH_SECONDS.set(seconds)
-        BATCH_ID.set(last_batch)
-        source = (progress.get("sources") or [{}])[0]
-        stats.hset(
-            keys.evaluator_stats,
-            mapping={
-                "batch_seconds": seconds,
-                "input_rows": progress.get("numInputRows", 0),
-                "rows_per_second": progress.get("processedRowsPerSecond") or 0,
-                # {partition: next offset} read through: with the log ends, the dashboards' Kafka lag
-                "source_offsets": _json_text(source.get("endOffset") or {}),
-            },
-        )
-        if progress.get("numInputRows"):
-            log.debug("batch", id=last_batch, rows=progress["numInputRows"], seconds=seconds)
+        if outage is not None:
+            outage.recovered()
     if stop.is_set():
         return
     # The query ended without being asked to: a failure even when Spark recorded no error (its stream thread
@@ -228,6 +230,36 @@ def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: th
     error = query.exception()
     raise RuntimeError(f"streaming query failed: {error}" if error else
                        f"streaming query {query.name} ended by itself, without an error recorded")
+
+
+def _publish_progress(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, last_batch: int) -> int:
+    """The evaluator's totals into its gauges, and the query's last progress into Redis if it is new; returns the
+    last batch published (raises Redis's errors)."""
+    totals = stats.hgetall(keys.evaluator_stats)
+    for name, gauge in TOTALS.items():
+        gauge.set(float(totals.get(name.encode(), 0)))
+    progress = query.lastProgress
+    if not progress or progress["batchId"] == last_batch:
+        return last_batch
+    last_batch = progress["batchId"]
+    seconds = progress["durationMs"].get("triggerExecution", 0) / 1000
+    INPUT_RATE.set(progress.get("processedRowsPerSecond") or 0)
+    BATCH_SECONDS.set(seconds)
+    BATCH_ID.set(last_batch)
+    source = (progress.get("sources") or [{}])[0]
+    stats.hset(
+        keys.evaluator_stats,
+        mapping={
+            "batch_seconds": seconds,
+            "input_rows": progress.get("numInputRows", 0),
+            "rows_per_second": progress.get("processedRowsPerSecond") or 0,
+            # {partition: next offset} read through: with the log ends, the dashboards' Kafka lag
+            "source_offsets": _json_text(source.get("endOffset") or {}),
+        },
+    )
+    if progress.get("numInputRows"):
+        log.debug("batch", id=last_batch, rows=progress["numInputRows"], seconds=seconds)
+    return last_batch
 
 
 if __name__ == "__main__":

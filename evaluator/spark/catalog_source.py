@@ -20,6 +20,7 @@ import structlog
 from core.catalog_log import CatalogLog
 from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import make_redis
+from core.redis_outage import Outage
 from core.redis_schema import RedisKeys
 from core.series_limit import SeriesLimit
 from core.settings import Settings
@@ -89,6 +90,9 @@ class CatalogSource:
         self.reassert_s = reassert_s
         self.preview_max_age_s = settings.preview_timeout_s
         self.redis = make_redis(settings)
+        # Redis away (a node lost, a failover): the batch waits for it rather than failing the query, or
+        # evaluating against a catalog it could not read (core.redis_outage).
+        self.outage = Outage("evaluator_worker", settings, self.redis)
         self.catalog_log = CatalogLog(self.redis, self.keys)
         # the parser's series registry (core.series_limit), remembering what this worker reported
         self.series = SeriesLimit(self.redis, settings, remember_s=settings.stream_series_report_s)
@@ -134,9 +138,9 @@ class CatalogSource:
         now = time.monotonic()
         if now - self._checked >= self.refresh_s:
             self._checked = now
-            reached = reach(self.catalog_log, self._catalog, self.keep)
+            reached = self.outage.ride_out(lambda: reach(self.catalog_log, self._catalog, self.keep))
             self._catalog = reached.catalog
-            self._report(reached)
+            self.outage.ride_out(lambda: self._report(reached))
         return self._catalog
 
     def share(self, stream: str = TRADES, shape: StreamShape | None = None) -> Catalog:
@@ -150,7 +154,7 @@ class CatalogSource:
                     log.warning("subscription_not_evaluated", subscription_id=sid, stream=stream, reason=reason)
             self._refusals_logged = dict(refused)
             shown = dict(sorted(refused.items())[:REFUSALS_SHOWN])  # for operators: which, and why
-            self.redis.hset(self.keys.evaluator_stats, NOT_EVALUATED, json.dumps(shown))
+            self.outage.ride_out(lambda: self.redis.hset(self.keys.evaluator_stats, NOT_EVALUATED, json.dumps(shown)))
         return share
 
     def _report(self, reached: Reach) -> None:

@@ -168,7 +168,7 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrbyfloat(keys.evaluator_stats, "shard_host_transfer_ms_total",
                           round(max(ran - opened - result.restore_s - result.evaluate_s, 0.0) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
-        pipe.execute()
+        source.outage.execute(pipe)
         yield result.output
 
     def close(self) -> None:

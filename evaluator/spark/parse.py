@@ -165,7 +165,8 @@ class PaneParser:
             started = time.perf_counter()
             raw = batch.to_pandas()
             stats = shared_catalog_source(self.settings)  # its Redis client, key names and series registry
-            parsed = self.admit(self.parse(raw), raw, stats.series)
+            parsed = self.parse(raw)
+            parsed = stats.outage.ride_out(lambda: self.admit(parsed, raw, stats.series))  # noqa: B023 - called now
             pipe = stats.redis.pipeline(transaction=False)
             if parsed.dead:
                 producer = _dead_letter_producer(self.settings.kafka_bootstrap)
@@ -177,7 +178,7 @@ class PaneParser:
             rows = self._frame(parsed.events(), progress)
             pipe.hincrbyfloat(stats.keys.evaluator_stats, "parse_ms_total",  # the per-stage profile
                               round((time.perf_counter() - started) * 1000, 3))
-            pipe.execute()
+            stats.outage.execute(pipe)
             yield rows
 
     def admit(self, parsed: ParsedRecords, raw: pd.DataFrame, limit: SeriesLimit) -> ParsedRecords:

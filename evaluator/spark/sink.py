@@ -22,6 +22,7 @@ from redis.typing import EncodableT, FieldT
 
 from core.gc_policy import apply_gc_policy
 from core.redis_client import make_redis, run_script
+from core.redis_outage import Outage
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
@@ -160,7 +161,10 @@ class RedisAlertSink:
         self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
         self.redis = make_redis(settings)
-        claim_layout(self.redis, self.keys)  # alerts in partitions the dispatchers do not read: refuse
+        # Redis away (a node lost, a failover, a restart) holds the batch until it answers, rather than failing the
+        # query: every write below is safe to repeat (the script's dedupe marks make a replayed call add nothing).
+        self.outage = Outage("sink", settings, self.redis)
+        self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions nobody reads: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -168,9 +172,15 @@ class RedisAlertSink:
         transitions = [Transition.from_dict(row) for row in rows]
         records = [(t.alert_id, t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json())
                    for t in transitions]
-        pipe = self.redis.pipeline(transaction=False)
-        self._queue(pipe, records)
-        return sum(int(n) for n in pipe.execute())
+        return self._record(records)
+
+    def _record(self, records: Sequence[Record]) -> int:
+        """Run the scripts that record ``records`` (again, for as long as Redis is away); how many were new."""
+        def attempt() -> int:
+            pipe = self.redis.pipeline(transaction=False)
+            calls = self._queue(pipe, records)
+            return sum(int(n) for n in pipe.execute()) if calls else 0
+        return self.outage.ride_out(attempt)
 
     def _queue(self, pipe: redis.client.Pipeline, records: Sequence[Record]) -> int:
         """Queue the script calls that record ``records`` on ``pipe``, per partition; returns how many calls."""
@@ -196,12 +206,14 @@ class RedisAlertSink:
         is_clock = frame["state"] == CLOCK_STATE
         clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(sid)): int(at) for sid, at in
                   zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
-        pipe = self.redis.pipeline(transaction=False)
-        calls = self._queue(pipe, frame_records(frame[~is_clock]))
+        written = self._record(frame_records(frame[~is_clock]))
         # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
-        written = sum(int(n) for n in pipe.execute()[:calls]) if calls else 0
-        pipe.hset(self.keys.evaluator_stats, mapping={stream_stat(self.stream, "last_batch_id"): batch_id,
-                                                      stream_stat(self.stream, "last_batch_at"): time.time(), **clocks})
-        pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
-        pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
-        pipe.execute()
+        def stats() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(self.keys.evaluator_stats, mapping={stream_stat(self.stream, "last_batch_id"): batch_id,
+                                                          stream_stat(self.stream, "last_batch_at"): time.time(),
+                                                          **clocks})
+            pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
+            pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
+            pipe.execute()
+        self.outage.ride_out(stats)

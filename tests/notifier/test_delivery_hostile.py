@@ -48,7 +48,7 @@ def test_a_redis_error_no_wait_cures_is_retried_then_dead_lettered_not_requeued_
     dead = records.log(broken_sub)[0]
     assert "internal error: ResponseError" in dead["error"] and "WRONGTYPE" in dead["error"]
     worker_log = (tmp_path / "logs" / "worker.log").read_text()
-    assert "delivery_requeued_store_unavailable" not in worker_log
+    assert "redis_outage" not in worker_log
     # Logged as one JSON line with a plain traceback: Celery's default rendered each error with every frame's
     # locals (~800 lines, 5-10 s of the worker, the settings' Redis URL among them).
     assert "redis_url" not in worker_log and '"event": "delivery_failed_unexpectedly"' in worker_log
