@@ -49,6 +49,7 @@ Each script is one round trip of O(log n) work per key of the notification.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
@@ -216,12 +217,33 @@ def places(notification: Notification) -> list[tuple[str, int]]:
     return [(alert.key, alert.sequence) for alert in notification.alerts if alert.sequence is not None]
 
 
-def reserve(client: redis.Redis, keys: RedisKeys, subscription_id: int, alert_keys: list[str]) -> list[int]:
-    """The next sequence of each key, in one transaction (a key named twice gets two)."""
+def reserve(client: redis.Redis, keys: RedisKeys, subscription_id: int, alert_keys: list[str],
+            restart: Mapping[str, int] | None = None) -> list[int]:
+    """The next sequence of each key, in one transaction (a key named twice gets two).
+
+    ``restart``: keys whose counter, if it has none, starts after the given number rather than at 1 - those whose
+    state was lost (a Redis node that came back empty took the counter along, and deliveries numbered before may
+    still be in flight: a new number must not fall below theirs, see :func:`restart_after`).
+    """
     pipe = client.pipeline(transaction=True)  # one hash: one slot
     for key in alert_keys:
+        if restart and key in restart:
+            pipe.hsetnx(keys.sequences(subscription_id), key, restart[key])
         pipe.hincrby(keys.sequences(subscription_id), key, 1)
-    return [int(n) for n in pipe.execute()] if alert_keys else []
+    replies = pipe.execute() if alert_keys else []
+    numbers: list[int] = []
+    it = iter(replies)
+    for key in alert_keys:
+        if restart and key in restart:
+            next(it)  # HSETNX's answer
+        numbers.append(int(next(it)))
+    return numbers
+
+
+def restart_after(now: float) -> int:
+    """Where a key's lost counter starts again: the clock in milliseconds. Numbers a key was given before (from 1,
+    or from an earlier restart, one per notification) stay below it: a key is not notified once a millisecond."""
+    return int(now * 1000)
 
 
 class DeliveryOrder:
