@@ -11,6 +11,10 @@ Each notified transition, and each reminder, gets its key's next ``sequence``, a
 notification is put in its lines to each endpoint before its deliveries are enqueued, so an
 endpoint gets a key's notifications in that order (``notifier.order``).
 
+A key with no policy state at all (lost with a Redis node that came back empty) is not one whose firing
+was held back: its resolution is sent, marked ``state_unknown`` on its alert, logged and counted
+(``notifier.policy``, docs/redis.md).
+
 Crash safety: the policy decision for each transition, including the id of the
 notification it joins and its sequence, is stored before any task is enqueued, and entries are
 acknowledged only after. A restarted dispatcher re-handles its pending entries,

@@ -11,7 +11,10 @@ for an unknown ``dedup_key``, and the later trigger opens an incident nothing cl
   hand out one number twice), and the number is stored with the transition's decision, so a re-handled
   transition keeps it. Every alert of a notification carries its ``sequence``; receivers can order on it
   too. Numbers only grow; a gap is a transition that was not notified (policy, silences) or a number
-  taken by a dispatcher that died before storing its decisions.
+  taken by a dispatcher that died before storing its decisions. A resolution whose key's state was lost
+  (``state_unknown``, ``notifier.policy``) lost the counter and the lines too: its counter starts again at
+  the clock (:func:`restart_after`), above every number given before, so a firing numbered before the loss
+  and still queued goes first or, once the resolution went, is superseded - never after it.
 - **Line.** Before a notification is enqueued, the dispatcher puts it in the line of every (endpoint,
   key) it carries (:meth:`DeliveryOrder.join`): ``order:<subscription>:<endpoint>:<key>``, a sorted set
   by sequence. A delivery task attempts only at the head of each of its lines (:meth:`~DeliveryOrder.turn`,
