@@ -292,7 +292,9 @@ class Dispatcher:
                         raise broken[key[0]]
                     self.dispatch(known.get(key[0]), group.entries, key[3])
                 except OUTAGES:
-                    self.buffer[key] = group  # not the entries' fault: tried again next round, not re-delivered
+                    # Not the entries' fault: tried again next round, not re-delivered - and first, as it was due
+                    # first: behind a later group of its keys (their resolution), it would be decided after it.
+                    self.buffer = {key: group, **self.buffer}
                     raise
                 except Exception as exc:  # noqa: BLE001 - re-raised below, after the other groups
                     # Out of the buffer: they stay pending and a claim brings them back, up to the delivery bound.

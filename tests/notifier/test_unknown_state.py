@@ -182,3 +182,38 @@ def test_a_resolution_whose_state_was_lost_reaches_the_receiver_marked_and_logge
     assert alert["state_unknown"] is True and alert["key"] == "AAPL"
     assert logged[0]["state_unknown"] == ["AAPL"]
     assert all("state_unknown" not in e for e in records.log(sid) if e["state"] == "firing")
+
+
+def test_a_group_put_back_for_an_outage_is_still_decided_before_the_later_groups_of_its_keys(
+        settings: Settings, redis_client: redis.Redis, owner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A firing whose dispatch met an outage goes back to the buffer ahead of its key's resolution, read with it:
+    decided after it, the resolution would find no state (sent as ``state_unknown``) and the firing would open
+    what nothing closes."""
+    keys = RedisKeys(settings)
+    with session_factory(settings.database_url)() as session:
+        service = SubscriptionService(session, settings, redis_client, owner)
+        hook = service.create_endpoint(EndpointIn(kind="webhook", target="http://127.0.0.1:9/")).id
+        sid = service.create(SubscriptionIn(name="flap", condition="SUM(volume) OVER 1m > 100",
+                                            endpoint_ids=[hook])).id
+    firing, resolved = (_transition(sid, "AAPL", "firing", 1_700_000_060_000),
+                        _transition(sid, "AAPL", "resolved", 1_700_000_120_000))
+    RedisAlertSink(settings).write([firing, resolved])
+    dispatcher = Dispatcher(settings)
+    dispatcher.read(block_ms=100)
+    real, calls = dispatcher.dispatch, []
+
+    def outage_once(*args: object) -> None:
+        calls.append(args)
+        if len(calls) == 1:
+            raise redis.ConnectionError("Redis away")
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dispatcher, "dispatch", outage_once)
+    with pytest.raises(redis.ConnectionError):
+        dispatcher.flush(force=True)
+    dispatcher.flush(force=True)
+    decided = {t["state"]: json.loads(redis_client.get(keys.decision(sid, t["alert_id"])) or "{}")
+               for t in (firing, resolved)}
+    assert decided["firing"]["sequence"] == 1 and decided["resolved"]["sequence"] == 2, decided
+    assert "state_unknown" not in decided["resolved"]
+    assert decided["resolved"]["episode"] == firing["alert_id"]
