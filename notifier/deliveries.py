@@ -163,6 +163,12 @@ def enqueue_test_alert(celery: Celery, endpoint: EndpointRoute) -> str:
     return notification.notification_id
 
 
+def _unknown(notification: dict) -> dict:
+    """``{"state_unknown": [keys]}``: the keys resolved without a record of their firing (``notifier.policy``)."""
+    keys = [a["key"] for a in notification["alerts"] if a.get("state_unknown")]
+    return {"state_unknown": keys} if keys else {}
+
+
 def dead_letter_id(notification_id: str, endpoint_id: int) -> str:
     return f"{notification_id}:{endpoint_id}"
 
@@ -199,6 +205,7 @@ class DeliveryRecords:
             "attempt": number,
             "outcome": outcome,
             **attempt.detail(),
+            **_unknown(notification),
         }
 
     def attempt(self, notification: dict, endpoint_id: int, kind: str | None, attempt: Attempt, number: int,

@@ -11,6 +11,10 @@ Each notified transition, and each reminder, gets its key's next ``sequence``, a
 notification is put in its lines to each endpoint before its deliveries are enqueued, so an
 endpoint gets a key's notifications in that order (``notifier.order``).
 
+A key with no policy state at all (lost with a Redis node that came back empty) is not one whose firing
+was held back: its resolution is sent, marked ``state_unknown`` on its alert, logged and counted
+(``notifier.policy``, docs/redis.md).
+
 Crash safety: the policy decision for each transition, including the id of the
 notification it joins and its sequence, is stored before any task is enqueued, and entries are
 acknowledged only after. A restarted dispatcher re-handles its pending entries,
@@ -68,8 +72,8 @@ from evaluator.transition import Transition
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
-from notifier.order import DeliveryOrder, reserve
-from notifier.policy import KeyState, decide, reminder_due
+from notifier.order import DeliveryOrder, reserve, restart_after
+from notifier.policy import KeyState, decide, reminder_due, resolves_unknown
 from notifier.silences import SilenceCache, silenced_decision
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
@@ -84,6 +88,9 @@ BUFFERED = Gauge("tocsin_dispatcher_buffered_transitions", "Transitions waiting 
 FAILED = Counter("tocsin_dispatcher_failed_rounds_total", "Rounds that failed and are retried (entries stay pending)")
 UNDELIVERABLE = Counter("tocsin_dispatcher_undeliverable_total",
                         "Entries dead-lettered after dispatcher_max_deliveries deliveries without an acknowledgement")
+UNKNOWN_STATE = Counter("tocsin_dispatcher_unknown_state_resolutions_total",
+                        "Resolutions sent without a record that their firing was notified (the key's policy state "
+                        "was lost, e.g. with a Redis node that came back empty): marked state_unknown")
 
 OUTAGES: tuple[type[Exception], ...] = (*TRANSIENT, OperationalError, InterfaceError, BrokerError)
 """Failures of a service, not of the entries: a group that met one is tried again from the buffer."""
@@ -285,7 +292,9 @@ class Dispatcher:
                         raise broken[key[0]]
                     self.dispatch(known.get(key[0]), group.entries, key[3])
                 except OUTAGES:
-                    self.buffer[key] = group  # not the entries' fault: tried again next round, not re-delivered
+                    # Not the entries' fault: tried again next round, not re-delivered - and first, as it was due
+                    # first: behind a later group of its keys (their resolution), it would be decided after it.
+                    self.buffer = {key: group, **self.buffer}
                     raise
                 except Exception as exc:  # noqa: BLE001 - re-raised below, after the other groups
                     # Out of the buffer: they stay pending and a claim brings them back, up to the delivery bound.
@@ -368,6 +377,8 @@ class Dispatcher:
                 alert["episode_id"] = decided["episode"]
             if decided.get("sequence") is not None:
                 alert["sequence"] = decided["sequence"]
+            if decided.get("state_unknown"):
+                alert["state_unknown"] = True
         fresh = [a for a, raw in zip(alerts, known, strict=True) if raw is None]
         if not fresh:
             return assigned
@@ -376,10 +387,12 @@ class Dispatcher:
         now = time.time()
         reasons: dict[str, str | None] = {}
         silenced_with: dict[str, int] = {}
+        unknown: list[dict] = []  # resolutions notified without a record of their firing (notifier.policy)
         pipe = self.redis.pipeline(transaction=True)  # the subscription's slot: its states, decisions and log
         counts = self.redis.pipeline(transaction=False)  # the deployment's counters, in a slot of their own
         for alert, raw in zip(fresh, stored, strict=True):
             state = KeyState.from_dict(json.loads(raw) if raw else None)
+            blind = resolves_unknown(state, alert["state"])
             reason: str | None
             silence = silenced(alert["key"], now)
             if silence is not None and not (alert["state"] == "resolved" and state.open):  # see notifier.silences
@@ -390,13 +403,19 @@ class Dispatcher:
             reasons[alert["alert_id"]] = reason
             if reason is None and state.episode:
                 alert["episode_id"] = state.episode
+            if reason is None and blind:
+                alert["state_unknown"] = True
+                unknown.append(alert)
             pipe.hset(states_key, alert["key"], json.dumps(state.to_dict()))
         notified = [a for a in fresh if reasons[a["alert_id"]] is None]
         shared = notification_id([a["alert_id"] for a in notified]) if policy.group and notified else None
         # Numbered before the decisions are stored with their numbers: a crash in between leaves a gap, never a
         # number given twice.
+        # A key whose state was lost lost its counter too: it starts again above any number given before, so a
+        # delivery numbered before the loss and still in flight is not taken for a later one (notifier.order).
+        restart = {a["key"]: restart_after(now) for a in unknown}
         for alert, sequence in zip(notified, reserve(self.redis, self.keys, subscription_id,
-                                                     [a["key"] for a in notified]), strict=True):
+                                                     [a["key"] for a in notified], restart), strict=True):
             alert["sequence"] = sequence
         for alert in fresh:
             reason = reasons[alert["alert_id"]]
@@ -404,7 +423,8 @@ class Dispatcher:
             assigned[alert["alert_id"]] = nid
             pipe.set(self.keys.decision(subscription_id, alert["alert_id"]),
                      json.dumps({"reason": reason, "notification": nid, "episode": alert.get("episode_id"),
-                                 "sequence": alert.get("sequence")}),
+                                 "sequence": alert.get("sequence"),
+                                 **({"state_unknown": True} if alert.get("state_unknown") else {})}),
                      ex=DECISION_TTL_S)
             if reason is not None:
                 self.records.suppressed(subscription_id, alert, reason, pipe, counts,
@@ -412,6 +432,10 @@ class Dispatcher:
             TRANSITIONS.labels("notified" if reason is None else "suppressed").inc()
         pipe.execute()
         counts.execute()
+        if unknown:
+            UNKNOWN_STATE.inc(len(unknown))
+            log.warning("resolution_with_unknown_state", subscription_id=subscription_id,
+                        keys=sorted(a["key"] for a in unknown)[:20], alerts=len(unknown))
         return assigned
 
     def enqueue(self, notification: Notification, route: Route) -> None:

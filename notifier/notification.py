@@ -55,6 +55,10 @@ class AlertLine(BaseModel):
     # transition or reminder of the key (``notifier.order``): each endpoint gets them in this order, and a
     # receiver can order on it too. Only on the dispatcher's notifications, like ``episode_id``.
     sequence: int | None = None
+    # True on a resolution sent although nothing recorded that its firing was notified: the key's policy state was
+    # lost (a Redis node that came back empty) and a firing left open for ever is worse than a resolve not needed
+    # (``notifier.policy``). Its ``episode_id`` is unknown then. Absent otherwise.
+    state_unknown: bool | None = None
     window_start: int | float | None = None
     window_end: int | float | None = None
     evaluated_at: int | float | None = None
@@ -140,7 +144,8 @@ def make_notification(subscription: dict, alerts: list[dict], notification: str,
         alerts=tuple(AlertLine.model_validate({f: a.get(f) for f in ALERT_FIELDS}
                                               | ({"episode_id": a["episode_id"]} if a.get("episode_id") else {})
                                               | ({"kind": a["kind"]} if a.get("kind", "state") != "state" else {})
-                                              | ({"sequence": a["sequence"]} if a.get("sequence") is not None else {}))
+                                              | ({"sequence": a["sequence"]} if a.get("sequence") is not None else {})
+                                              | ({"state_unknown": True} if a.get("state_unknown") else {}))
                      for a in ordered),
         **marks,
     )

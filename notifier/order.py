@@ -11,7 +11,10 @@ for an unknown ``dedup_key``, and the later trigger opens an incident nothing cl
   hand out one number twice), and the number is stored with the transition's decision, so a re-handled
   transition keeps it. Every alert of a notification carries its ``sequence``; receivers can order on it
   too. Numbers only grow; a gap is a transition that was not notified (policy, silences) or a number
-  taken by a dispatcher that died before storing its decisions.
+  taken by a dispatcher that died before storing its decisions. A resolution whose key's state was lost
+  (``state_unknown``, ``notifier.policy``) lost the counter and the lines too: its counter starts again at
+  the clock (:func:`restart_after`), above every number given before, so a firing numbered before the loss
+  and still queued goes first or, once the resolution went, is superseded - never after it.
 - **Line.** Before a notification is enqueued, the dispatcher puts it in the line of every (endpoint,
   key) it carries (:meth:`DeliveryOrder.join`): ``order:<subscription>:<endpoint>:<key>``, a sorted set
   by sequence. A delivery task attempts only at the head of each of its lines (:meth:`~DeliveryOrder.turn`,
@@ -49,6 +52,7 @@ Each script is one round trip of O(log n) work per key of the notification.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
@@ -216,12 +220,33 @@ def places(notification: Notification) -> list[tuple[str, int]]:
     return [(alert.key, alert.sequence) for alert in notification.alerts if alert.sequence is not None]
 
 
-def reserve(client: redis.Redis, keys: RedisKeys, subscription_id: int, alert_keys: list[str]) -> list[int]:
-    """The next sequence of each key, in one transaction (a key named twice gets two)."""
+def reserve(client: redis.Redis, keys: RedisKeys, subscription_id: int, alert_keys: list[str],
+            restart: Mapping[str, int] | None = None) -> list[int]:
+    """The next sequence of each key, in one transaction (a key named twice gets two).
+
+    ``restart``: keys whose counter, if it has none, starts after the given number rather than at 1 - those whose
+    state was lost (a Redis node that came back empty took the counter along, and deliveries numbered before may
+    still be in flight: a new number must not fall below theirs, see :func:`restart_after`).
+    """
     pipe = client.pipeline(transaction=True)  # one hash: one slot
     for key in alert_keys:
+        if restart and key in restart:
+            pipe.hsetnx(keys.sequences(subscription_id), key, restart[key])
         pipe.hincrby(keys.sequences(subscription_id), key, 1)
-    return [int(n) for n in pipe.execute()] if alert_keys else []
+    replies = pipe.execute() if alert_keys else []
+    numbers: list[int] = []
+    it = iter(replies)
+    for key in alert_keys:
+        if restart and key in restart:
+            next(it)  # HSETNX's answer
+        numbers.append(int(next(it)))
+    return numbers
+
+
+def restart_after(now: float) -> int:
+    """Where a key's lost counter starts again: the clock in milliseconds. Numbers a key was given before (from 1,
+    or from an earlier restart, one per notification) stay below it: a key is not notified once a millisecond."""
+    return int(now * 1000)
 
 
 class DeliveryOrder:
