@@ -21,8 +21,8 @@ STORED_AS: dict[str, type[Base]] = {
     "LoginTokenIn": ApiToken, "PublisherTokenIn": PublisherToken, "StreamIn": Stream, "Credentials": User,
     "SignUpIn": User,
 }
-NOT_STORED = {  # kept whole in a JSON or Text column, or not kept at all
-    "AlertPolicy", "Attribute", "Dimension", "MatcherIn", "SilenceIn", "ConditionIn", "TemplatePreviewIn",
+NOT_STORED = {  # kept whole in a JSON or Text column, or not kept at all (AlertPolicy-Input: its request form)
+    "AlertPolicy", "AlertPolicy-Input", "Attribute", "Dimension", "MatcherIn", "SilenceIn", "ConditionIn", "TemplatePreviewIn",
     "InvitationIn", "MuteIn", "PasswordChangeIn",
 }
 
