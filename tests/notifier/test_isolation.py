@@ -3,8 +3,9 @@
 Two hostile tenants - one receiver answering a byte a second, forever, one
 answering 503 with an endless body - get deliveries and a burst of test alerts,
 while a third tenant's alerts are enqueued at a steady rate. The third tenant's
-p99 from enqueue to arrival must stay under the bound docs/notifications.md states (the
-attempt deadline plus a second, far above what it needs), the worker's memory
+p99 from enqueue to arrival must stay under the bound docs/notifications.md states: one attempt
+deadline, set long (5 s) so that a delivery queued behind a hostile attempt shows as a wait of a whole
+deadline, far above what an isolated delivery needs even on a loaded machine; the worker's memory
 must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
 """
 
@@ -33,8 +34,8 @@ from tests.users import new_user
 # slower machine, 0.48 s alone there)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.jvm]
 
-HOSTILE_DELIVERIES = 3
-TEST_ALERTS = 3
+HOSTILE_DELIVERIES = 2
+TEST_ALERTS = 2
 OTHER_DELIVERIES = 40
 OTHER_RATE = 5.0  # per second
 
@@ -56,10 +57,10 @@ def _notification(tag: str, i: int) -> dict:
 @pytest.mark.timeout(240)
 def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_client, tmp_path) -> None:
     settings = settings.model_copy(update={
-        "webhook_total_timeout_s": 2.0, "webhook_read_timeout_s": 5.0, "delivery_max_retries": 1,
+        "webhook_total_timeout_s": 5.0, "webhook_read_timeout_s": 8.0, "delivery_max_retries": 1,
         "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 1, "delivery_busy_delay_s": 0.5,
         "delivery_visibility_margin_s": 60})  # attempts here take the whole deadline: no redelivery meanwhile
-    bound_s = settings.webhook_total_timeout_s + 1.0
+    bound_s = settings.webhook_total_timeout_s  # isolated: well under it; queued behind a hostile attempt: over
     slow, endless, normal = WebhookReceiver(trickle_bytes_per_s=1), WebhookReceiver(endless_status=503), \
         WebhookReceiver()
     slow_ep, endless_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (slow, endless, normal))
@@ -102,7 +103,7 @@ def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_
     assert len(letters) == 2 * HOSTILE_DELIVERIES + TEST_ALERTS
     slow_errors = {e["error"] for e in records.endpoint_log(slow_ep.id) if e["outcome"] in ("retry", "dead")}
     endless_errors = {e["error"] for e in records.endpoint_log(endless_ep.id) if e["outcome"] in ("retry", "dead")}
-    assert slow_errors == {"no complete response within the 2 s deadline"}
+    assert slow_errors == {"no complete response within the 5 s deadline"}
     assert endless_errors == {"HTTP 503 (response body cut at 64 KiB)"}
     outcomes = [e["outcome"] for e in records.endpoint_log(slow_ep.id)]
     assert outcomes.count("retry") == outcomes.count("dead") == HOSTILE_DELIVERIES + TEST_ALERTS
