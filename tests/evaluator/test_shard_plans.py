@@ -9,7 +9,7 @@ exactly as the original.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.comparators import Range
+from evaluator.incremental import PlanCosts
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
@@ -94,16 +95,33 @@ def _step(shard: ShardEvaluator, batch, end: int, catalog: Catalog, stats: Batch
     return shard.step(pane_rows(batch) if batch else PaneRows.empty(len(ATTRS)), progress, catalog, stats)
 
 
+@dataclass
+class DrawnWays(PlanCosts):
+    """The incremental plan's way at each choice, drawn, not measured: the measured choice depends on the machine's
+    speed, so a property that fails only for one mix of ways cannot be replayed (hypothesis called it flaky)."""
+
+    ways: tuple[str, ...] = ("per_key",)
+    made: int = 0
+
+    def choose(self, per_key_units: float, scan_units: float) -> str:
+        self.made += 1
+        return self.ways[(self.made - 1) % len(self.ways)]
+
+
 @pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=disordered(), catalog=catalogs())
-def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog) -> None:
+@given(batches=disordered(), catalog=catalogs(),
+       ways=st.lists(st.sampled_from(("per_key", "scan")), min_size=1, max_size=12).map(tuple))
+def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog, ways) -> None:
     batches, end = _batches(batches)
     seen = _catalogs(catalog[0], catalog[1], len(batches))
     shards = {plan: ShardEvaluator(config) for plan, config in PLANS.items()}
     for way in ("per_key", "scan"):  # the incremental plan's two ways, each forced
         shards[way] = ShardEvaluator(PLANS["incremental"])
         shards[way].costs.force = way
+    shards["mixed"] = ShardEvaluator(PLANS["incremental"])  # the two ways mixed, as the measured costs mix them
+    shards["mixed"].costs = DrawnWays(ways=ways)
+    shards["incremental"].costs.force = "per_key"  # the measured choice, timing-dependent, stays out of a property
     for batch, cat in zip(batches, seen, strict=True):
         outputs = {}
         for plan, shard in shards.items():
