@@ -184,7 +184,11 @@ def test_a_killed_dispatcher_and_worker_come_back_and_alerts_are_delivered_after
         assert got[0].json["subscription_id"] == created.json()["id"]
 
         # The driver too: SIGKILLed, restarted by the runner, evaluating again (its phases printed, not judged).
-        rows = measure(settings, patient(600), psutil.Process(runner.pid))
+        try:
+            rows = measure(settings, patient(600), psutil.Process(runner.pid))
+        except SystemExit as stuck:  # say why: the new driver's log (once stuck after "query started" in a CI run)
+            log = settings.data_dir / "logs" / "evaluator.log"
+            pytest.fail(f"{stuck}\n--- evaluator.log ---\n{log.read_text()[-8000:] if log.exists() else ''}")
         assert {row[0]: row[1] for row in rows}["first batch"] != "-"
         with capsys.disabled():
             print_breakdown(rows)
