@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from _pytest.mark import deselect_by_keyword, deselect_by_mark  # see pytest_collection_modifyitems
 
 import notifier.channels  # noqa: F401 - fills the endpoint-kind registry, as the web app and the worker do at start
 from core.settings import Settings
 from devstack.patience import patient
 from devstack.services import free_port, start_redis, start_tansu
+from tests import suite_plan
 from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()
@@ -41,8 +43,8 @@ os.environ.setdefault("TOCSIN_DATA_DIR", str(_SCRATCH))
 os.environ.setdefault("TOCSIN_DATABASE_URL", f"sqlite:///{_SCRATCH / 'tocsin.db'}")
 
 #: Tests that run a JVM (the shared SparkSession, an evaluator or a whole platform in a child process). infra/test
-#: runs the suite on two pytest-xdist workers (``--dist loadgroup``): these all go to one of them, one JVM at a time
-#: on two cores, while the other worker takes the rest, which mostly waits on servers, SMTP and browsers.
+#: runs the suite on two pytest-xdist workers (``--dist loadgroup``): these form two groups, each run on one worker,
+#: one JVM at a time; the worker with the second group first takes the rest (tests/suite_plan.py).
 JVM_PATHS = ("tests/evaluator/spark/", "tests/evaluator/cluster/", "tests/devstack/", "tests/benchmarks/",
              "tests/test_e2e.py", "tests/rediscluster/test_job.py")
 
@@ -60,7 +62,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if ("spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")
                 or item.get_closest_marker("jvm") or item.nodeid.startswith(JVM_PATHS)):
             item.add_marker(pytest.mark.jvm)  # so that ``-m "not jvm"`` (the inner loop) leaves every one out
-            item.add_marker(pytest.mark.xdist_group("jvm"))
+    # pytest's own -m/-k deselection, done now (it runs again after, finding nothing): the plan sizes what runs
+    deselect_by_keyword(items, config)
+    deselect_by_mark(items, config)
+    jvm = [item for item in items if item.get_closest_marker("jvm")]
+    groups = suite_plan.split([item.nodeid for item in jvm], others=len(items) - len(jvm))
+    group_of = {item.nodeid: groups[suite_plan.module_of(item.nodeid)] for item in jvm}
+    for item in jvm:
+        item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid]))
+    items[:] = [items[i] for i in suite_plan.order([group_of.get(item.nodeid) for item in items])]
+    for item in items:
         if (limit := item.get_closest_marker("timeout")) is not None and limit.args:
             item.add_marker(pytest.mark.timeout(patient(limit.args[0])), append=False)  # first: the closest mark
 

@@ -1,4 +1,5 @@
-"""The suite's own layout: on pytest-xdist with ``--dist loadgroup`` (infra/test), the JVM tests share one worker.
+"""The suite's own layout: on pytest-xdist with ``--dist loadgroup`` (infra/test), each JVM test is in one of the two
+JVM groups (tests/suite_plan.py), whose tests run one at a time on one worker.
 
 Two causes each stopped the grouping silently, and this test failed with each: ``tests/conftest.py`` marked the
 tests after pytest-xdist had read the marks (its hook now runs first), and pytest 9.2 keeps node ids where
@@ -11,7 +12,35 @@ import pytest
 
 
 @pytest.mark.jvm
-def test_a_jvm_test_is_in_the_jvm_group(request: pytest.FixtureRequest) -> None:
+def test_a_jvm_test_is_in_a_jvm_group(request: pytest.FixtureRequest) -> None:
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not on pytest-xdist with --dist loadgroup: nothing is grouped")
-    assert request.node.nodeid.endswith("@jvm"), request.node.nodeid
+    assert request.node.nodeid.endswith(("@jvm", "@jvm-2")), request.node.nodeid
+
+
+
+def test_the_first_group_takes_half_of_all_the_work_and_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import suite_plan
+
+    known = {"a.py::t1": 400.0, "a.py::t2": 200.0, "b.py::t": 300.0, "c.py::t": 200.0, "d.py::t": 100.0}
+    monkeypatch.setattr(suite_plan, "durations", lambda: {"jvm": known, "other_mean_s": 2.0})
+    groups = suite_plan.split([*(f"{k}@jvm" for k in known), "e.py::t[x]"], others=200)  # e unlisted: 20 s
+    cost = {"a.py": 600.0, "b.py": 300.0, "c.py": 200.0, "d.py": 100.0, "e.py": suite_plan.UNLISTED_S}
+    first = sum(cost[m] for m, g in groups.items() if g == suite_plan.FIRST)
+    assert groups["a.py"] == suite_plan.FIRST and set(groups.values()) == {suite_plan.FIRST, suite_plan.SECOND}
+    assert first == 800.0  # (1220 + 200 x 2) / 2 = 810: a and c; b would overshoot, d and e go second
+    assert suite_plan.order([suite_plan.SECOND, None, suite_plan.FIRST, None]) == [2, 1, 3, 0]
+
+
+def test_the_durations_are_read_from_a_junit_report(tmp_path) -> None:
+    from tests import suite_plan
+
+    report = tmp_path / "report.xml"
+    report.write_text("""<testsuites><testsuite>
+      <testcase classname="tests.devstack.test_runner" name="test_a[x]@jvm-2" time="12.34"/>
+      <testcase classname="tests.web.test_ui.TestPages" name="test_b" time="1.0"/>
+      <testcase classname="tests.web.test_ui" name="test_c" time="3.0"/>
+      <testcase classname="tests.web.test_ui" name="test_d" time="0.0"><skipped/></testcase>
+    </testsuite></testsuites>""")
+    assert suite_plan.from_junit(report) == {"jvm": {"tests/devstack/test_runner.py::test_a[x]": 12.3},
+                                             "other_mean_s": 2.0}
