@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -50,15 +51,18 @@ def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) 
         time.sleep(0.05)
 
 
-def new_consumer(settings: Settings) -> KafkaConsumer:
-    """A group-less consumer for explicit ``assign`` + ``seek`` reads."""
-    return KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        request_timeout_ms=max(settings.kafka_request_timeout_ms, 1_000),
-        consumer_timeout_ms=1_000,
-    )
+def consumer_config(settings: Settings, bounded: bool = False) -> dict[str, Any]:
+    """A group-less consumer's configuration. ``bounded``: the first connection too gives up after the request
+    timeout, not kafka-python's 30 s (a probe asked by /readyz or the dashboard must answer within its own)."""
+    timeout_ms = max(settings.kafka_request_timeout_ms, 1_000)
+    return {"bootstrap_servers": settings.kafka_bootstrap, "enable_auto_commit": False, "group_id": None,
+            "request_timeout_ms": timeout_ms, "consumer_timeout_ms": 1_000,
+            **({"bootstrap_timeout_ms": timeout_ms} if bounded else {})}
+
+
+def new_consumer(settings: Settings, bounded: bool = False) -> KafkaConsumer:
+    """A group-less consumer for explicit ``assign`` + ``seek`` reads (``bounded``: see :func:`consumer_config`)."""
+    return KafkaConsumer(**consumer_config(settings, bounded))
 
 
 def log_end_offsets(
@@ -123,7 +127,7 @@ class LogEndProbe:
 
     def _ask(self) -> dict[int, int]:
         if self._consumer is None:
-            self._consumer = new_consumer(self.settings)
+            self._consumer = new_consumer(self.settings, bounded=True)
         consumer = self._consumer
         tps = [TopicPartition(self.topic, p) for p in partitions_of(consumer, self.topic, self.timeout_s)]
         consumer.assign(tps)
