@@ -7,10 +7,12 @@ with their own topics, Redis key prefixes and databases.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import itertools
 import os
 import shutil
+import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -98,9 +100,28 @@ def redis_url(workdir: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
+def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path, migrated_sqlite: Path) -> Settings:
     """Settings isolated per test: fresh topics, key prefix, database and state directory."""
+    database = tmp_path / "tocsin.db"
+    shutil.copyfile(migrated_sqlite, database)
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("update deployment set deployment_id = ?", (uuid.uuid4().hex[:12],))  # its own, as new
     return isolated_settings(kafka_bootstrap, redis_url, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new SQLite database at Alembic's head, copied for each test: migrating a new one took 0.2-0.5 s of every
+    database test's setup (the copy is then at head, which the app's own migrate finds in ~15 ms)."""
+    from sqlalchemy import create_engine
+
+    from subscriptions.db import migrate
+
+    path = tmp_path_factory.mktemp("migrated") / "tocsin.db"
+    engine = create_engine(f"sqlite:///{path}")
+    migrate(engine)
+    engine.dispose()
+    return path
 
 
 def isolated_settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Settings:
