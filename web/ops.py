@@ -68,22 +68,16 @@ SAMPLED = {name: Gauge(f"tocsin_{name}", text) for name, text in {
 
 _probes: dict[tuple[str, str], LogEndProbe] = {}
 _probes_lock = threading.Lock()
-_close_when_free = threading.Event()  # the web app stopped while a probe was asked: its asker closes them after
 
 
 def log_ends(settings: Settings, topic: str | None = None) -> dict[int, int]:
     """A topic's log ends (the event topic's by default), over this process's one client for that broker and topic."""
     topic = topic or settings.events_topic
     with _probes_lock:  # one question at a time per client (kafka-python clients are not thread-safe)
-        try:
-            probe = _probes.get((settings.kafka_bootstrap, topic))
-            if probe is None:
-                probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings, topic,
-                                                                                 STREAM_PROBE_TIMEOUT_S)
-            return probe.ends()
-        finally:
-            if _close_when_free.is_set():
-                _close_all()
+        probe = _probes.get((settings.kafka_bootstrap, topic))
+        if probe is None:
+            probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings, topic, STREAM_PROBE_TIMEOUT_S)
+        return probe.ends()
 
 
 def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
@@ -95,24 +89,14 @@ def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
 
 
 def close_probes() -> None:
-    """Close this process's Kafka clients (the web app's shutdown) without waiting for a question under way (the
-    sampler's, in a thread the shutdown does not stop): its asker closes them when it ends. Waiting made every
-    shutdown take as long as a probe (1-2 s per web test; 30 s with the broker down, before probes bounded their
-    first connection)."""
-    _close_when_free.set()  # first: an asker that ends before the lock is tried below still closes them
-    if _probes_lock.acquire(blocking=False):
-        try:
-            _close_all()
-        finally:
-            _probes_lock.release()
-
-
-def _close_all() -> None:
-    """Close every probe (the caller holds the lock)."""
-    for probe in _probes.values():
-        probe.close()
-    _probes.clear()
-    _close_when_free.clear()
+    """Close this process's Kafka clients (the web app's shutdown), after the question under way, if any: the
+    sampler's thread outlives a shutdown that does not wait, and in one process (the tests) it then opened
+    databases of apps long gone beside new ones (Alembic is not thread-safe). A probe's question is bounded by
+    its timeout (``STREAM_PROBE_TIMEOUT_S``), its first connection included."""
+    with _probes_lock:
+        for probe in _probes.values():
+            probe.close()
+        _probes.clear()
 
 
 def _number(raw: dict[str, str], name: str) -> float:
