@@ -14,7 +14,6 @@ A test not listed counts :data:`UNLISTED_S`. Stale figures only unbalance the tw
 from __future__ import annotations
 
 import json
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -83,7 +82,9 @@ def from_junit(report: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python -m tests.suite_plan REPORT.xml  (a CI-mode run's --junitxml report; rewrites "
-                 f"{DURATIONS.relative_to(Path.cwd()) if DURATIONS.is_relative_to(Path.cwd()) else DURATIONS})")
-    DURATIONS.write_text(json.dumps(from_junit(Path(sys.argv[1])), indent=1) + "\n")
+    from core import cli
+
+    args = cli.parser(f"Rewrite {DURATIONS.name} from a CI-mode run's JUnit report (pytest --junitxml=REPORT).",
+                      "python -m tests.suite_plan")
+    args.add_argument("report", type=Path, help="the run's --junitxml file")
+    DURATIONS.write_text(json.dumps(from_junit(args.parse_args().report), indent=1) + "\n")
