@@ -1,7 +1,8 @@
 """How infra/test spreads the suite over its two pytest-xdist workers (``--dist loadgroup --no-loadscope-reorder``).
 
-The JVM tests once all ran on one worker, one at a time, while the other took the rest: in the CI-mode run of
-2026-11-28 the rest took ~27 min and that worker then idled for an hour of an 88-min run. Now the JVM tests form
+The JVM tests once all ran on one worker, one at a time, while the other took the rest: on 2026-11-28 they
+summed to 41.5 min of an idle CI-mode run and the rest to 35 min, so the JVM worker alone was the critical path,
+and more so as the JVM suites grow. Now the JVM tests form
 two groups, split by module: the *first* group is handed out first, to one worker; the other worker takes the
 rest one test at a time, then the *second* group. Sized so both workers end together, at most two JVM suites
 run at a time, never the one-JVM-test-per-worker free-for-all that once doubled a run (tests/test_suite_groups.py).

@@ -4,8 +4,8 @@ Two hostile tenants - one receiver answering a byte a second, forever, one
 answering 503 with an endless body - get deliveries and a burst of test alerts,
 while a third tenant's alerts are enqueued at a steady rate. The third tenant's
 p99 from enqueue to arrival must stay under the bound docs/notifications.md states: one attempt
-deadline, set long (5 s) so that a delivery queued behind a hostile attempt shows as a wait of a whole
-deadline, far above what an isolated delivery needs even on a loaded machine; the worker's memory
+deadline, set long (5 s): deliveries queued behind hostile attempts wait for those attempts' deadlines, far
+above what an isolated delivery needs even on a loaded machine; the worker's memory
 must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
 """
 
