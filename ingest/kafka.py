@@ -38,13 +38,21 @@ def ensure_topics(settings: Settings, topics: dict[str, int] | None = None) -> N
         admin.close()
 
 
-def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[int]:
-    """Partition ids of ``topic``, waiting for metadata to arrive."""
+class TopicMissing(LookupError):
+    """The broker's metadata names no such topic."""
+
+
+def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0, wait_for_topic: bool = True) -> list[int]:
+    """Partition ids of ``topic``, waiting for metadata to arrive. ``wait_for_topic=False`` (probes asked by a
+    dashboard or /readyz): a topic the broker's fresh metadata does not name fails at once with
+    :class:`TopicMissing` instead of being waited for as one being created."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = consumer.partitions_for_topic(topic)
+        found = consumer.partitions_for_topic(topic)  # kafka-python: a cache miss fetches every topic's metadata
         if found:
             return sorted(found)
+        if not wait_for_topic and topic not in consumer.topics():
+            raise TopicMissing(f"topic {topic!r} does not exist")
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic!r} has no partitions (does it exist?)")
         consumer.topics()  # forces a metadata refresh
@@ -88,12 +96,15 @@ def log_end_offsets(
     return {tp: max(consumer.highwater(tp), lower[tp]) for tp in tps}
 
 
-def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
-    """``{partition: log end offset}`` for every partition of ``topic``, or an error within about ``timeout_s``."""
+def topic_end_offsets(
+    settings: Settings, topic: str, timeout_s: float = 10.0, wait_for_topic: bool = True
+) -> dict[int, int]:
+    """``{partition: log end offset}`` for every partition of ``topic``, or an error within about ``timeout_s``
+    (``wait_for_topic``: see :func:`partitions_of`)."""
     bounded = min(settings.kafka_request_timeout_ms, int(timeout_s * 1000))
     consumer = new_consumer(settings.model_copy(update={"kafka_request_timeout_ms": bounded}))
     try:
-        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic, timeout_s)]
+        tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic, timeout_s, wait_for_topic)]
         return {tp.partition: end for tp, end in log_end_offsets(consumer, tps, timeout_s).items()}
     finally:
         consumer.close()
@@ -107,7 +118,9 @@ class LogEndProbe:
     last high watermark it saw, so each question waits until the fetch it makes
     returns a record of every non-empty partition: that response carries the
     current high watermark. On any error the client is dropped and the next
-    question makes a new one.
+    question makes a new one. A topic that does not exist fails at once
+    (:class:`TopicMissing`): waiting the whole timeout for it held up every
+    question and the web app's shutdown, which waits for the question under way.
     """
 
     def __init__(self, settings: Settings, topic: str, timeout_s: float = 10.0) -> None:
@@ -129,7 +142,8 @@ class LogEndProbe:
         if self._consumer is None:
             self._consumer = new_consumer(self.settings, bounded=True)
         consumer = self._consumer
-        tps = [TopicPartition(self.topic, p) for p in partitions_of(consumer, self.topic, self.timeout_s)]
+        tps = [TopicPartition(self.topic, p)
+               for p in partitions_of(consumer, self.topic, self.timeout_s, wait_for_topic=False)]
         consumer.assign(tps)
         lower = consumer.end_offsets(tps)
         waiting = {tp for tp in tps if lower[tp] > 0}

@@ -9,7 +9,7 @@ import pytest
 from core.settings import Settings
 from devstack.patience import patient
 from devstack.services import free_port
-from ingest.kafka import LogEndProbe, consumer_config, ensure_topics, topic_end_offsets
+from ingest.kafka import LogEndProbe, TopicMissing, consumer_config, ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from web import ops
@@ -67,3 +67,21 @@ def test_a_probe_of_a_broker_that_is_down_gives_up_within_its_own_timeout(settin
         probe.ends()
     assert time.monotonic() - started < patient(15)  # 30 s unbounded; about 1 s bounded
 
+
+
+def test_a_probe_of_a_topic_that_does_not_exist_fails_at_once_and_one_being_created_is_waited_for(
+    settings: Settings,
+) -> None:
+    """The dashboard's probe of a missing topic waited its whole timeout (and the web app's shutdown with it: ~2 s
+    of every web test's teardown) before a TimeoutError; the broker's metadata already said the topic is not there.
+    Callers that wait for a topic being created (``partitions_of``'s default) still wait."""
+    probe = LogEndProbe(settings, settings.events_topic, timeout_s=patient(60))
+    try:
+        with pytest.raises(TopicMissing, match=settings.events_topic):
+            probe.ends()
+        with pytest.raises(TopicMissing):
+            topic_end_offsets(settings, settings.events_topic, timeout_s=patient(60), wait_for_topic=False)
+        ensure_topics(settings)
+        assert probe.ends() == dict.fromkeys(range(settings.event_partitions), 0)
+    finally:
+        probe.close()

@@ -35,7 +35,7 @@ def _check_database(settings: Settings) -> None:
 
 def _check_stream(settings: Settings) -> None:
     """The broker answers and the event topic exists."""
-    topic_end_offsets(settings, settings.events_topic, timeout_s=STREAM_PROBE_TIMEOUT_S)
+    topic_end_offsets(settings, settings.events_topic, timeout_s=STREAM_PROBE_TIMEOUT_S, wait_for_topic=False)
 
 
 @router.get("/readyz")
