@@ -219,6 +219,11 @@ class Settings(BaseSettings):
     invitation_ttl_s: int = Field(7 * 86_400, ge=60, description="how long an operator's invitation can be used")
     password_min_length: int = Field(10, ge=8, description="shortest password (surrounding spaces not counted)")
     password_max_length: int = Field(256, ge=16, le=4096, description="longest password (bounds hashing work)")
+    password_hashing: Literal["rfc9106-low-memory", "rfc9106-high-memory", "cheapest-insecure"] = Field(
+        "rfc9106-low-memory", description="Argon2id cost: RFC 9106's profiles (low memory: 64 MiB, 3 passes; high: "
+        "2 GiB, 1 pass); `cheapest-insecure` is for test suites only. Stored hashes are renewed at the next login "
+        "when it changes"
+    )
     session_ttl_s: int = Field(14 * 86_400, ge=60, description="how long a browser session lasts")
     session_cookie_secure: bool = Field(False, description="send the session cookie over HTTPS only")
     login_max_failures: int = Field(10, ge=1, description="failed logins per address before it is locked out")

@@ -10,12 +10,13 @@ invitation an operator issued: single use, expiring, carrying the role it grants
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-from argon2 import PasswordHasher
+from argon2 import PasswordHasher, profiles
 from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy import CursorResult, Result, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -28,9 +29,16 @@ from subscriptions.models import ROLES, ApiToken, Invitation, User, WebSession
 
 TOKEN_PREFIX = "tcs_"  # API tokens are recognisable (secret scanners, logs)
 
-_hasher = PasswordHasher()
-# Verified against when an address is unknown, so a failed login takes as long either way.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+_PROFILES = {"rfc9106-low-memory": profiles.RFC_9106_LOW_MEMORY, "rfc9106-high-memory": profiles.RFC_9106_HIGH_MEMORY,
+             "cheapest-insecure": profiles.CHEAPEST}
+
+
+@functools.cache
+def _hashing(profile: str) -> tuple[PasswordHasher, str]:
+    """The hasher of a ``password_hashing`` profile, and a hash verified against when an address is unknown, so
+    that a failed login takes as long either way."""
+    hasher = PasswordHasher.from_parameters(_PROFILES[profile])
+    return hasher, hasher.hash(secrets.token_urlsafe(16))
 
 
 def _digest(token: str) -> str:
@@ -59,6 +67,7 @@ class AccountService:
     def __init__(self, session: Session, settings: Settings) -> None:
         self.session = session
         self.settings = settings
+        self._hasher, self._dummy_hash = _hashing(settings.password_hashing)
 
     # -- users ---------------------------------------------------------------------------------
 
@@ -81,7 +90,7 @@ class AccountService:
             raise Conflict(f"{email} already has an account")
         if invitation is not None:
             role = self._redeem(invitation)
-        user = User(email=email, password_hash=_hasher.hash(password), role=role)
+        user = User(email=email, password_hash=self._hasher.hash(password), role=role)
         self.session.add(user)
         try:
             self.session.commit()
@@ -123,13 +132,13 @@ class AccountService:
     def authenticate(self, email: str, password: str) -> User | None:
         user = self.session.scalar(select(User).where(User.email == email.strip().lower()))
         try:
-            _hasher.verify(user.password_hash if user else _DUMMY_HASH, password)
+            self._hasher.verify(user.password_hash if user else self._dummy_hash, password)
         except (VerificationError, InvalidHashError):
             return None
         if user is None:
             return None
-        if _hasher.check_needs_rehash(user.password_hash):
-            user.password_hash = _hasher.hash(password)
+        if self._hasher.check_needs_rehash(user.password_hash):
+            user.password_hash = self._hasher.hash(password)
             self.session.commit()
         return user
 
@@ -149,7 +158,7 @@ class AccountService:
         (sessions, tokens) revoked."""
         self.check_password_rules(new, user.email)
         user = self.session.get_one(User, user.id)
-        user.password_hash = _hasher.hash(new)
+        user.password_hash = self._hasher.hash(new)
         others = delete(WebSession).where(WebSession.user_id == user.id)
         if keep_session is not None:
             others = others.where(WebSession.id != keep_session.id)

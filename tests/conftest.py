@@ -35,6 +35,9 @@ _topic_ids = itertools.count()
 # alone as in the full suite (once set by the Spark fixture only, it changed under tests that came later).
 # A test that waits for an info line asks for it: ``monkeypatch.setenv("TOCSIN_LOG_LEVEL", "INFO")``.
 os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
+# Argon2id at its production cost took ~0.3 s of every test that signs a user up and in (0.15 s a hash, as much a
+# check): the suite hashes with the cheapest parameters (tests/subscriptions/test_password_hashing.py: the default).
+os.environ.setdefault("TOCSIN_PASSWORD_HASHING", "cheapest-insecure")
 
 # A test that builds Settings() without its own database or data directory writes to a scratch directory, never
 # to the checkout's var/ (the local platform's, which `infra/up` uses): a runner test once created its first
