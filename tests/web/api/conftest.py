@@ -7,7 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 from core.settings import Settings
-from tests.databases import postgres_database
+from tests.databases import migrated_postgres_template, postgres_database
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str]:
+    with migrated_postgres_template() as name:
+        yield name
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -15,5 +21,5 @@ def settings(request: pytest.FixtureRequest, settings: Settings) -> Iterator[Set
     if request.param == "sqlite":
         yield settings
         return
-    with postgres_database() as url:
+    with postgres_database(template=request.getfixturevalue("postgres_template")) as url:
         yield settings.model_copy(update={"database_url": url})
