@@ -66,12 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if ("spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")
                 or item.get_closest_marker("jvm") or item.nodeid.startswith(JVM_PATHS)):
-            item.add_marker(pytest.mark.jvm)  # so that ``-m "not jvm"`` (the inner loop) leaves every one out
+            item.add_marker(pytest.mark.jvm)  # so that ``-m "not jvm"`` leaves every one out
+        elif not item.get_closest_marker("slow") and suite_plan.quick(item.nodeid):
+            item.add_marker(pytest.mark.quick)  # the inner loop: ``-m quick``
     # pytest's own -m/-k deselection, done now (it runs again after, finding nothing): the plan sizes what runs
     deselect_by_keyword(items, config)
     deselect_by_mark(items, config)
     jvm = [item for item in items if item.get_closest_marker("jvm")]
-    groups = suite_plan.split([item.nodeid for item in jvm], others=len(items) - len(jvm))
+    groups = suite_plan.split([item.nodeid for item in jvm],
+                              [item.nodeid for item in items if not item.get_closest_marker("jvm")])
     group_of = {item.nodeid: groups[suite_plan.module_of(item.nodeid)] for item in jvm}
     for item in jvm:
         item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid]))
@@ -154,6 +157,7 @@ def isolated_settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> S
         delivery_restore_interval_s=1,
         dispatcher_group_wait_ms=300,
         dashboard_sample_s=3600,  # tests that need samples take them (web.ops.sample_once)
+        web_sampler=False,  # its start-up sample took ~0.15 s of every web test (tests/web/test_ops.py: it runs)
     )
 
 

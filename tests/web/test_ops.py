@@ -9,10 +9,12 @@ import redis
 
 from core.redis_schema import LANES, RedisKeys, celery_queue_keys, lane_queue
 from core.settings import Settings
+from devstack.patience import patient
 from ingest.kafka import ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from notifier.app import DELIVER_TASK, make_celery
+from tests.users import api_client
 from web.ops import sample_once, samples
 
 
@@ -54,3 +56,15 @@ def test_the_dashboard_counts_the_queues_celery_fills(settings: Settings, redis_
             assert redis_client.llen(queue) == 1, lane
     finally:
         celery.close()
+
+
+def test_a_web_process_samples_from_its_start_unless_told_not_to(settings: Settings, redis_client: redis.Redis) -> None:
+    ensure_topics(settings)
+    for sampler in (False, True):
+        with api_client(settings.model_copy(update={"web_sampler": sampler})) as client:
+            assert client.get("/healthz").status_code == 200
+            deadline = time.monotonic() + patient(30)
+            while sampler and not samples(redis_client, settings) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        taken = samples(redis_client, settings)
+        assert (len(taken), taken[0]["kafka"] if taken else None) == ((1, "ok") if sampler else (0, None))
