@@ -57,7 +57,7 @@ def test_a_stalled_watermark_fires_once_and_resolves_once(settings: Settings, re
         endpoint = SubscriptionService(session, settings, redis_client, operator).create_endpoint(
             EndpointIn(kind="webhook", target=receiver.url))
     settings = settings.model_copy(update={
-        "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0, "evaluator_stale_s": 3600.0,
+        "web_sampler": True, "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0, "evaluator_stale_s": 3600.0,
         "operator_endpoint_ids": [endpoint.id]})
     clock = CLOCK
 

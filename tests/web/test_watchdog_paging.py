@@ -38,7 +38,8 @@ def test_operators_are_emailed_and_a_stale_streams_subscribers_hear_its_start_an
     operator, _ = new_user(settings, role="operator")
     _, token = new_user(settings)
     settings = settings.model_copy(update={
-        "smtp_host": "127.0.0.1", "smtp_port": sink.bound_port, "dashboard_sample_s": 0.2, "watchdog_stall_s": 2.0,
+        "smtp_host": "127.0.0.1", "smtp_port": sink.bound_port, "web_sampler": True, "dashboard_sample_s": 0.2,
+        "watchdog_stall_s": 2.0,
         "evaluator_stale_s": 3600.0})
     assert settings.operator_endpoint_ids == []
 
