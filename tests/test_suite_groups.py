@@ -64,3 +64,12 @@ def test_the_durations_are_read_from_a_junit_report_over_the_previous_ones(tmp_p
     assert suite_plan.from_junit(report, previous, tmp_path) == {"seconds": {
         "tests/devstack/test_runner.py::test_a[x]": 12.34, "tests/test_kept.py::test_slow": 50.0,
         "tests/web/test_ui.py::test_b": 1.0, "tests/web/test_ui.py::test_c": 3.0}}
+
+
+def test_property_tests_draw_every_example_in_ci_and_a_third_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import examples
+
+    monkeypatch.setattr(examples, "FULL", True)
+    assert examples.examples(120) == 120
+    monkeypatch.setattr(examples, "FULL", False)
+    assert (examples.examples(120), examples.examples(12)) == (40, 10)

@@ -27,6 +27,7 @@ from core.streams import (
     trades_schema,
 )
 from ingest.model import Event
+from tests.examples import examples
 
 LIMITS = RecordLimits(max_record_bytes=512, max_json_depth=8, max_value=1e15)
 TRADES = trades_schema(Settings())
@@ -222,13 +223,13 @@ def _agrees(validator: StreamValidator, records: list[str | bytes]) -> None:
         (i, v, records[i]) for i, v in enumerate(verdicts) if isinstance(v, str)]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_batches(TRADES))
 def test_vectorised_trades_validation_is_the_reference(records: list[str | bytes]) -> None:
     _agrees(StreamValidator(TRADES, LIMITS), records)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_batches(HOSTS))
 def test_vectorised_hosts_validation_is_the_reference(records: list[str | bytes]) -> None:
     _agrees(StreamValidator(HOSTS, LIMITS), records)

@@ -10,6 +10,7 @@ from evaluator import catalog as catalog_module
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
 from evaluator.spec import SubscriptionSpec
 from subscriptions.language import parse_condition
+from tests.examples import examples
 
 CONDITIONS = [parse_condition(text) for text in
               ("COUNT(*) OVER 1m >= 2", "SUM(volume) OVER 5m > 2e6", "MAX(price) OVER 30s < 10", "AVG(price) OVER 1m > 3")]
@@ -32,7 +33,7 @@ def rebuilt(subscriptions: tuple[SubscriptionSpec, ...], change: CatalogChange) 
     return tuple(s for s in subscriptions if s.id not in gone) + change.upserts
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(start=st.lists(specs, max_size=30, unique_by=lambda s: s.id), edits=edits, keep=st.integers(0, 5),
        fold=st.sampled_from([0, 2, 64]))
 def test_applied_changes_equal_the_catalog_rebuilt_from_scratch(start: list[SubscriptionSpec], edits: list,
@@ -66,7 +67,7 @@ def check_applied(start: list[SubscriptionSpec], edits: list, keep: int) -> None
         assert Catalog(old.version, expected) == Catalog(old.version, old.subscriptions)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(start=st.lists(specs, max_size=10, unique_by=lambda s: s.id), edits=edits,
        data=st.data())
 def test_brought_forward_applies_the_contiguous_run_and_stops_at_a_gap(start: list, edits: list, data: st.DataObject) -> None:

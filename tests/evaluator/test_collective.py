@@ -9,12 +9,13 @@ from hypothesis import strategies as st
 from evaluator.collective import CollectiveIndexes
 from evaluator.spec import Aggregate, Condition
 from tests.evaluator.oracle import value_of
+from tests.examples import examples
 
 ATTRS = ("price", "volume")
 PANE = 1_000
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from("ABCDE"), st.integers(0, 3), st.integers(1, 5),
                        st.integers(0, 1_000), st.integers(0, 10**6)), max_size=80),

@@ -16,6 +16,7 @@ from evaluator.spec import Aggregate, Condition
 from evaluator.transition import STATES, Transition, alert_id
 from subscriptions.language import parse_condition
 from tests.evaluator.test_shard import pane_rows
+from tests.examples import examples
 
 texts = st.text(max_size=12)
 times = st.integers(0, 2**53)
@@ -86,7 +87,7 @@ ATTRS = ("price", "volume")
 PANE = 1_000
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("ABCDE"), st.integers(0, 3), st.integers(1, 5),
                           st.integers(0, 1_000), st.integers(0, 10**6)), max_size=60),
        st.sampled_from([Aggregate.COUNT, Aggregate.SUM, Aggregate.MAX, Aggregate.MIN]), st.integers(0, 2_000))

@@ -17,6 +17,7 @@ from evaluator.spec import SubscriptionSpec
 from subscriptions.language import parse_condition
 from tests.evaluator.test_shard import CONFIG, KEYS, progress_of
 from tests.evaluator.test_shard import pane_rows as two_attribute_rows
+from tests.examples import examples
 
 WIDE = dataclasses.replace(CONFIG, attributes=(*CONFIG.attributes, "disk"))
 SPECS = [SubscriptionSpec(1, parse_condition("SUM(volume) OVER 3s > 8")),
@@ -54,7 +55,7 @@ def batches(stream: list, size: int = 7) -> list[list]:
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events, events, st.booleans())
 def test_a_widened_shard_equals_one_that_had_the_attribute_all_along(before: list, after: list,
                                                                      from_snapshot: bool) -> None:

@@ -8,13 +8,14 @@ from hypothesis import strategies as st
 from evaluator.spec import Aggregate, Condition
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
+from tests.examples import examples
 
 elements = st.lists(st.tuples(st.sampled_from("ABCDE"), st.integers(0, 50), st.integers(0, 30)), min_size=1,
                     max_size=60)
 queries = st.lists(st.tuples(st.integers(1, 60), st.integers(0, 60), st.booleans()), min_size=1, max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(items=elements, arrival=st.randoms(use_true_random=False), asks=queries, p=st.sampled_from([1, 2, 4]))
 def test_ci_sum_with_late_inserts_equals_in_order_build(items, arrival, asks, p: int) -> None:
     in_order = CollectiveSum(p=p, bucket_ms=4)
@@ -33,7 +34,7 @@ def test_ci_sum_with_late_inserts_equals_in_order_build(items, arrival, asks, p:
         assert late.candidates(condition, 50) == in_order.candidates(condition, 50)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(items=elements, cut=st.integers(0, 60), asks=queries, agg=st.sampled_from(["MAX", "MIN"]))
 def test_extreme_with_late_inserts_equals_in_order_build(items, cut: int, asks, agg: str) -> None:
     ordered = sorted(items, key=lambda e: e[1])

@@ -37,6 +37,7 @@ from tests.evaluator.test_shard import (
 )
 from tests.evaluator.test_shard_plans import PLANS, _batches, _step, continue_copies
 from tests.evaluator.test_shard_time import disordered
+from tests.examples import examples
 
 DURATIONS = st.sampled_from([0, 0, 500, 1_000, 2_000, 3_000])
 
@@ -80,7 +81,7 @@ def _seen(transitions: list[Transition]) -> set[tuple]:
     return {(t.subscription_id, t.key, t.state, t.evaluated_at, t.kind) for t in transitions}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=st.lists(st.tuples(any_condition, key_filters), min_size=1, max_size=6))
 def test_every_plan_equals_the_lifecycle_oracle(stream, specs) -> None:
     events, batches = stream
@@ -151,7 +152,7 @@ def _catalogs(first, diffs, n: int) -> list[Catalog]:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), catalog=catalogs())
 def test_every_plan_equals_the_lifecycle_oracle_through_edits(stream, catalog) -> None:
     """Catalog edits mid-stream (clauses added, changed, removed; subscriptions turned into crossings and back):
@@ -171,7 +172,7 @@ def test_every_plan_equals_the_lifecycle_oracle_through_edits(stream, catalog) -
 
 
 @pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs())
 def test_plans_agree_through_lifecycle_edits(batches, catalog) -> None:
     batches, end = _batches(batches)
@@ -185,7 +186,7 @@ def test_plans_agree_through_lifecycle_edits(batches, catalog) -> None:
 
 
 @pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs(), split=st.integers(0, 8), behind=st.integers(0, 4))
 def test_snapshots_and_replayed_deltas_continue_lifecycles_exactly(batches, catalog, split: int, behind: int) -> None:
     """Pending periods, keep-firing, damping and crossings continue exactly in a copy restored from a snapshot

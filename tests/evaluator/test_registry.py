@@ -25,6 +25,7 @@ from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from subscriptions.language import explain, format_condition, language_help, parse_condition
 from tests.evaluator.oracle import DEFINITIONS, oracle, value_of
 from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, run, streams
+from tests.examples import examples
 
 
 def test_the_oracle_defines_every_declared_aggregate() -> None:
@@ -65,7 +66,7 @@ subscriptions = st.lists(
 ).map(lambda items: [SubscriptionSpec(i + 1, c, keys) for i, (c, keys) in enumerate(items)])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, collective=st.booleans())
 def test_every_aggregate_and_comparator_equals_the_oracle(stream: tuple[list, list], specs: list[SubscriptionSpec],
                                                           collective: bool) -> None:

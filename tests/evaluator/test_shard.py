@@ -16,6 +16,7 @@ from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from tests.evaluator.oracle import oracle, value_of
+from tests.examples import examples
 
 ATTRS = ("price", "volume")
 PANE, DELAY, HORIZON, PARTITIONS = 1_000, 2_000, 8_000, 2
@@ -113,7 +114,7 @@ def run(shard: ShardEvaluator, batches, catalog: Catalog) -> tuple[set[tuple], d
     return got, values, deltas
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, collective=st.booleans())
 def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: bool) -> None:
     events, batches = stream
@@ -134,7 +135,7 @@ def test_transitions_equal_the_brute_force_oracle(stream, specs, collective: boo
         assert (value is None and expected is None) or math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, split=st.integers(0, 6))
 def test_snapshot_and_replayed_deltas_continue_exactly(stream, specs, split: int) -> None:
     """A copy restored from a snapshot and brought up to date by deltas evaluates like the original."""
@@ -191,7 +192,7 @@ def test_removed_subscription_is_forgotten_and_a_new_one_fires_at_once() -> None
         (2, "A", "firing", 3_000), (2, "B", "firing", 3_000)}
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), condition=conditions, keys=st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS))),
        collective=st.booleans())
 def test_preview_answers_what_the_condition_matches_at_the_last_boundary(stream, condition, keys,

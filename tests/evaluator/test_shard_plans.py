@@ -36,6 +36,7 @@ from tests.evaluator.test_shard import (
     streams,
 )
 from tests.evaluator.test_shard_time import disordered
+from tests.examples import examples
 
 PLANS = {"incremental": replace(CONFIG, plan="incremental"), "index": replace(CONFIG, plan="index"),
          "naive": replace(CONFIG, collective=False)}
@@ -109,7 +110,7 @@ class DrawnWays(PlanCosts):
 
 
 @pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs(),
        ways=st.lists(st.sampled_from(("per_key", "scan")), min_size=1, max_size=12).map(tuple))
 def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog, ways) -> None:
@@ -134,7 +135,7 @@ def test_every_plan_gives_the_same_transitions_at_every_step(batches, catalog, w
     assert all(shard.firing == shards["naive"].firing for shard in shards.values())
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=st.lists(st.tuples(any_condition, key_filters), min_size=1, max_size=8))
 def test_the_incremental_and_index_plans_equal_the_oracle(stream, specs) -> None:
     events, batches = stream
@@ -149,7 +150,7 @@ def test_the_incremental_and_index_plans_equal_the_oracle(stream, specs) -> None
         assert got == oracle(events, specs, (end - DELAY) // PANE * PANE, PANE, HORIZON), plan
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), catalog=catalogs(), split=st.integers(0, 8), behind=st.integers(0, 4))
 def test_snapshots_and_replayed_deltas_continue_exactly(batches, catalog, split: int, behind: int) -> None:
     """A copy restored from a snapshot, and a stale cached copy that replays the deltas it missed, evaluate the

@@ -19,6 +19,7 @@ from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from tests.evaluator.oracle import value_of
 from tests.evaluator.test_shard import CONFIG, DELAY, HORIZON, KEYS, PANE, pane_rows, progress_of
+from tests.examples import examples
 
 PLANS = {"incremental": replace(CONFIG), "index": replace(CONFIG, plan="index"),
          "naive": replace(CONFIG, collective=False)}
@@ -68,7 +69,7 @@ def expected(events: list, condition: Condition, keys: frozenset[str] | None, at
     return answer
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=signed_streams(), subscribed=conditions, other=conditions,
        keys=st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS), min_size=1)), plan=st.sampled_from(list(PLANS)))
 def test_previews_equal_the_subscriptions_evaluation_and_the_oracle_over_negative_values(

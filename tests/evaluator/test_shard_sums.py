@@ -19,6 +19,7 @@ from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from tests.evaluator.oracle import oracle, value_of
 from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, pane_rows, progress_of
+from tests.examples import examples
 
 REL = 1e-12
 big = st.floats(9, 15).map(lambda e: 10.0**e)
@@ -61,7 +62,7 @@ def close(got: float | None, want: float | None) -> bool:
                                                 and abs(got - want) <= REL * abs(want))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=histories(), specs=specs, collective=st.booleans(), per_batch=st.integers(1, 12))
 def test_window_sums_equal_fsum_whatever_the_history(events, specs, collective: bool, per_batch: int) -> None:
     shard = ShardEvaluator(replace(CONFIG, collective=collective))

@@ -18,6 +18,7 @@ from evaluator.spec import SubscriptionSpec
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle
 from tests.evaluator.test_shard import ATTRS, CONFIG, KEYS, PANE, PARTITIONS, pane_rows, progress_of, subscriptions
+from tests.examples import examples
 
 DAY = 86_400_000
 
@@ -163,7 +164,7 @@ def disordered(draw):
 
 
 @pytest.mark.slow  # a heavy property/Spark check: CI runs it (infra/test with CI set), a developer's default run not
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), specs=subscriptions, other=subscriptions, switch=st.integers(0, 8),
        collective=st.booleans())
 def test_skipping_boundaries_changes_nothing(batches, specs, other, switch: int, collective: bool) -> None:

@@ -16,6 +16,7 @@ from evaluator.spec import SubscriptionSpec
 from evaluator.streams import StreamCatalogs, StreamShape, refusal
 from ingest.model import ATTRIBUTES
 from subscriptions.language import parse_condition
+from tests.examples import examples
 
 SCHEMA = StreamSchema(name="hosts", attributes=(Attribute(name="price"), Attribute(name="volume", required=False)),
                       dimensions=(Dimension(name="region"),), retention_ms=60_000, partitions=1)
@@ -73,7 +74,7 @@ def test_a_refusal_is_forgotten_once_the_subscription_moves_to_a_stream_that_eva
 
 @given(st.lists(st.tuples(st.lists(spec(), max_size=3), st.lists(st.integers(1, 8), max_size=2)), max_size=12),
        st.integers(0, 12))
-@hypothesis_settings(max_examples=150, deadline=None)
+@hypothesis_settings(max_examples=examples(150), deadline=None)
 def test_a_stream_share_follows_the_whole_catalog(changes: list, read_every: int) -> None:
     whole = Catalog.empty()
     shares = StreamCatalogs(keep=5)

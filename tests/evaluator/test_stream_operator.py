@@ -28,6 +28,7 @@ from evaluator.spec import Condition, SubscriptionSpec
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog
 from tests.evaluator.oracle import oracle
+from tests.examples import examples
 
 HOSTS = StreamSchema(name="hosts", attributes=(Attribute(name="cpu", min=0), Attribute(name="mem", min=0)),
                      dimensions=(Dimension(name="region"),), retention_ms=60_000, partitions=1)
@@ -143,7 +144,7 @@ tie_record = st.fixed_dictionaries({
 _VERSIONS = itertools.count(1)
 
 
-@hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@hypothesis_settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(batches=st.lists(st.lists(tie_record, min_size=1, max_size=12), min_size=1, max_size=3),
        every_event=st.booleans())
 def test_among_equal_times_the_newest_is_the_last_to_arrive_whatever_its_cell(

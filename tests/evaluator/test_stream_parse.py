@@ -18,6 +18,7 @@ from evaluator.spark.parse import pane_rows, shard_of
 from evaluator.spark.stream_parse import StreamPaneParser
 from evaluator.views import cell_suffix, key_of
 from ingest.model import Heartbeat
+from tests.examples import examples
 
 NOW = 1_700_000_000_000
 SETTINGS = Settings(max_event_value=1e15, max_future_skew_ms=300_000, max_record_bytes=512)
@@ -81,7 +82,7 @@ record = st.one_of(
 
 
 @given(st.lists(record, max_size=40))
-@hypothesis_settings(max_examples=150, deadline=None)
+@hypothesis_settings(max_examples=examples(150), deadline=None)
 def test_stream_parse_equals_the_record_by_record_reference(values: list[bytes]) -> None:
     partitions = [i % 2 for i in range(len(values))]
     parsed = StreamPaneParser(SETTINGS, SHARDS, HOSTS).parse(raw_frame(values, partitions))
@@ -111,7 +112,7 @@ def test_a_trades_record_is_dead_lettered_on_hosts_with_the_reason() -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3_999), st.integers(0, 100),
                           st.one_of(st.none(), st.integers(0, 50))), min_size=1, max_size=40))
-@hypothesis_settings(max_examples=150, deadline=None)
+@hypothesis_settings(max_examples=examples(150), deadline=None)
 def test_pane_rows_leave_missing_optional_values_out(events: list[tuple[str, int, int, int | None]]) -> None:
     """Per (key, pane): COUNT(*) counts every event; a missing ``disk`` adds nothing to its sum and is neither
     its min nor its max (0 when the pane has none); the pane's events hold 0 for it."""

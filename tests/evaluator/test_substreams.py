@@ -19,6 +19,7 @@ from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.substreams import SubstreamDelta, SubstreamShard
 from evaluator.transition import Transition
 from evaluator.views import View, cell_suffix, rows_in, split_cell
+from tests.examples import examples
 
 ATTRS = ("v", "w")  # w is optional
 OPTIONAL = frozenset({"w"})
@@ -122,7 +123,7 @@ def split(stream: list[Event], size: int = 6) -> list[list[Event]]:
     return [ordered[i : i + size] for i in range(0, len(ordered), size)] + [[("a1", 40_000, None, 0.0, None)]]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=events, subs=subscriptions)
 def test_every_view_alerts_as_an_evaluator_fed_only_its_events(stream: list[Event], subs: list) -> None:
     batches = split(stream)
@@ -138,7 +139,7 @@ def test_every_view_alerts_as_an_evaluator_fed_only_its_events(stream: list[Even
     assert set(shard.views) <= {View.of(s.condition, OPTIONAL) for s in catalogs_[-1].subscriptions}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=events, subs=subscriptions, cells=st.booleans(), snapshot_every=st.integers(1, 4))
 def test_a_copy_following_deltas_and_snapshots_goes_on_as_the_first(stream: list[Event], subs: list, cells: bool,
                                                                     snapshot_every: int) -> None:

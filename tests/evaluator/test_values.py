@@ -14,6 +14,7 @@ from evaluator.expr import Term
 from evaluator.panerows import PaneRows
 from evaluator.values import KeyValues
 from tests.evaluator.oracle import term_of
+from tests.examples import examples
 
 ATTRS = ("price", "volume")
 
@@ -37,7 +38,7 @@ events = st.lists(st.tuples(st.sampled_from("AB"), st.integers(0, 50), st.intege
                             st.integers(0, 9).map(float)), max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(events, st.lists(st.integers(0, 60), max_size=4), st.integers(1, 40), st.integers(1, 60),
        st.sampled_from([0.1, 0.25, 0.5, 0.95, 1.0]), st.booleans())
 def test_quantile_and_last_equal_brute_force(stream, cuts, window, boundary, q, snapshot) -> None:
@@ -72,7 +73,7 @@ steps = st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("AB"), st.integers
                            st.integers(1, 6), st.booleans()), min_size=1, max_size=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(steps, st.sampled_from([0.25, 0.5, 1.0]), st.booleans(), st.sampled_from([32, 160]))
 def test_expiring_at_every_boundary_or_lazily_answers_as_brute_force(batches, q, snapshot, horizon) -> None:
     """Boundaries move on batch after batch, each batch's events before its boundary (``age`` before it: some

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from core.settings import Settings
 from evaluator.spark.parse import PaneParser, ParsedRecords
 from ingest.model import MAX_TS, Event, Heartbeat
+from tests.examples import examples
 
 NOW = 1_700_000_000_000
 SETTINGS = Settings(max_event_value=1e15, max_future_skew_ms=300_000, max_record_bytes=512)
@@ -133,7 +134,7 @@ def assert_same(raw: pd.DataFrame) -> ParsedRecords:
 
 
 @given(batches())
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(pd.DataFrame({"topic": "t", "partition": [0, 0], "offset": [0, 1], "value": [
     b'{"key":"A","ts":1,"price":-0.0,"volume":0}', b'{"key":"A","ts":1,"price":1e15,"volume":1000000000000001}'],
     "value_bytes": [40, 60], "value_sha256": [None, None], "now": NOW}))

@@ -23,6 +23,7 @@ from tests.evaluator.oracle import oracle, value_of, window_of
 from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, pane_rows, progress_of
 from tests.evaluator.test_shard import streams as jittered
 from tests.evaluator.test_shard_time import disordered
+from tests.examples import examples
 
 TUPLE_MAX = 6
 BASE = replace(CONFIG, tuple_max_events=TUPLE_MAX)
@@ -91,7 +92,7 @@ def _run(shard: ShardEvaluator, batches: list, end: int, catalog: Catalog) -> tu
     return got, values
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=jittered(), specs=specs_of)
 def test_every_plan_equals_the_oracle(stream, specs: list[SubscriptionSpec]) -> None:
     """Events out of order within the allowed delay: every plan, and the values transitions carry."""
@@ -114,7 +115,7 @@ def test_every_plan_equals_the_oracle(stream, specs: list[SubscriptionSpec]) -> 
             assert value is None or math.isclose(value, truth, rel_tol=1e-9, abs_tol=1e-9)  # type: ignore[arg-type]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), specs=specs_of)
 def test_late_and_dropped_events_give_the_same_transitions_in_every_plan(batches, specs) -> None:
     """Disorder beyond the delay and idle gaps beyond the horizon: a late event takes its place by event time
@@ -132,7 +133,7 @@ def test_late_and_dropped_events_give_the_same_transitions_in_every_plan(batches
     assert outputs["incremental"] == outputs["index"] == outputs["naive"]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=disordered(), specs=specs_of, split=st.integers(0, 8), behind=st.integers(0, 4))
 def test_snapshots_and_replays_continue_exactly(batches, specs, split: int, behind: int) -> None:
     """A copy restored from a snapshot (the retained events of tuple windows included) and a stale copy

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ingest import model
 from ingest.model import MAX_REASON_CHARS, DeadLetter, Event, Heartbeat, RecordLimits, parse_event, parse_record
+from tests.examples import examples
 
 
 def test_valid_event_round_trips() -> None:
@@ -107,7 +108,7 @@ def test_dead_letter_of_a_huge_record_keeps_its_start_length_and_digest() -> Non
     assert letter.raw.startswith("\x00\x01") and len(letter.to_json()) < 1_000_000 // 20
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
                  st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=5),
                               lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
@@ -120,7 +121,7 @@ def test_any_input_is_an_event_a_heartbeat_or_a_dead_letter(raw: bytes) -> None:
         assert parsed.raw_bytes == len(raw)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(key=st.sampled_from(["A", "", "B.C", 7, None]),
        ts=st.one_of(st.integers(-5, 2**70), st.sampled_from(["2026-01-02T09:30:00Z", True, 1.5, "12"])),
        price=st.one_of(st.floats(allow_nan=True), st.integers(-5, 2**60), st.sampled_from(["1", True, None])),

@@ -19,6 +19,7 @@ from subscriptions.templating import (
     sample_notification,
     variables,
 )
+from tests.examples import examples
 
 LIMITS = TemplateLimits()
 SAMPLE = variables(sample_notification())
@@ -170,7 +171,7 @@ def test_a_failing_or_empty_template_falls_back_to_the_default_and_says_why() ->
     assert fine == type(fine)("AAPLM…")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.sampled_from([
     "{{ title }}", "{{ title ~ title }}", "{% for a in alerts %}", "{% for i in range(999) %}", "{% endfor %}",
     "{% set t = title ~ title ~ title %}", "{{ t }}", "{{ keys * 99 }}", "{{ (keys * 99)|join }}", "x" * 50,

@@ -28,6 +28,7 @@ from subscriptions.db import session_factory
 from subscriptions.models import CatalogVersion
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import CatalogPublisher, SubscriptionService
+from tests.examples import examples
 from tests.users import new_user
 
 CONDITIONS = ("COUNT(*) OVER 1m >= 2", "SUM(volume) OVER 5m > 2e6", "MAX(price) OVER 30s < 10")
@@ -112,7 +113,7 @@ steps = st.lists(st.one_of(
 
 @pytest.mark.parametrize("snapshot_every", [2, 1_000])
 def test_readers_hold_exactly_what_the_database_held(settings: Settings, tmp_path: Path, snapshot_every: int) -> None:
-    @hypothesis_settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @hypothesis_settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(steps=steps)
     def run(steps: list[tuple]) -> None:
         world = World(settings, tmp_path, catalog_snapshot_every=snapshot_every, catalog_gap_wait_s=0.0)

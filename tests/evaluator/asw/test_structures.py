@@ -17,6 +17,7 @@ from evaluator.asw.quantile import QuantileIntervals, kth_smallest, rank_of
 from evaluator.asw.rint import RunningIntervals
 from evaluator.asw.timebased import TimeWindows
 from evaluator.monoid import Agg
+from tests.examples import examples
 
 values_st = st.lists(
     st.one_of(st.floats(-1e12, 1e12), st.integers(-5, 5).map(float)), min_size=0, max_size=300
@@ -47,7 +48,7 @@ def factories(widths: list[int]):
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     values_st,
     st.sampled_from([Agg.SUM, Agg.MIN, Agg.MAX]),
@@ -75,7 +76,7 @@ def test_tuple_windows_match_brute_force(values, agg, capacity, widths, data) ->
                 assert close(agg, s.range(a, b), brute(agg, values[a:b]), scale), (name, a, b)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(values_st, st.integers(2, 64), st.lists(st.integers(1, 64), min_size=1, max_size=5))
 def test_materialize_all_matches_for_its_widths(values, capacity, widths) -> None:
     capacity = max(capacity, max(widths))
@@ -88,7 +89,7 @@ def test_materialize_all_matches_for_its_widths(values, capacity, widths) -> Non
                 assert close(agg, s.lookup(w), brute(agg, values[max(i + 1 - w, 0) : i + 1]), scale)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.floats(-1e6, 1e6), max_size=200),
     st.integers(2, 64),
@@ -118,7 +119,7 @@ def test_kth_smallest_of_sorted_runs(runs, data) -> None:
         assert kth_smallest([np.array(r, dtype=float) for r in runs], k) == flat[k]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 30), st.floats(-1e9, 1e9)), max_size=250),
     st.sampled_from([Agg.SUM, Agg.MAX, Agg.MIN]),
@@ -155,7 +156,7 @@ def test_time_windows_match_brute_force_and_grow(steps, agg, max_duration, data)
             timed["B-INT"].append(ts - 1, 0.0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(values_st, st.integers(2, 32), st.sampled_from([Agg.SUM, Agg.MIN, Agg.MAX]))
 def test_state_round_trips_through_bytes(values, capacity, agg) -> None:
     kinds = [BaseIntervals, AggregateTree, MaterializeNone] + ([RunningIntervals] if agg is Agg.SUM else [])
@@ -201,7 +202,7 @@ def test_lookup_costs_are_what_the_paper_says() -> None:
         BaseIntervals(Agg.SUM, 4).range(0, 1)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.integers(0, 5)), max_size=100), st.integers(1, 64))
 def test_average_is_sum_over_count_of_panes(panes, width) -> None:
     from evaluator.asw.average import SharedAverage

@@ -18,6 +18,7 @@ from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
 from evaluator.spark.sink import RedisAlertSink, clock_record, frame_records
 from evaluator.transition import Transition, alert_id
+from tests.examples import examples
 
 
 class Batch:
@@ -45,7 +46,7 @@ def stored(settings: Settings, sid: int) -> tuple[list[dict], list[dict], dict[s
     return alerts, history, firing, client.hgetall(keys.counters(sid))
 
 
-@hypothesis_settings(max_examples=60, deadline=None)
+@hypothesis_settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 2**40), st.text(min_size=1, max_size=12),
                           st.sampled_from(["firing", "resolved", "crossing"]),
                           st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 2**50)),

@@ -18,6 +18,7 @@ from evaluator.spec import Aggregate, Condition
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
 from tests.evaluator.ssf.test_collective import brute, conditions
+from tests.examples import examples
 
 HORIZON = 300
 
@@ -61,7 +62,7 @@ def check_extreme_bounded(index: CollectiveExtreme, held: set[str], peak: int, r
     assert len(index.point_ts) <= index.capacity <= max(1024, 4 * peak_retained), "the point array is compacted"
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(churn, st.lists(conditions(Aggregate.SUM), min_size=1, max_size=4), st.sampled_from([1, 4]),
        st.sampled_from([1, 50, 1_000]))
 def test_sum_forgets_quiet_keys_and_stays_exact(stream, conds, p, bucket) -> None:
@@ -89,7 +90,7 @@ def test_sum_forgets_quiet_keys_and_stays_exact(stream, conds, p, bucket) -> Non
         assert restored.query(cond, ts) == index.query(cond, ts) == brute(events, cond, ts, "SUM", expired=cut)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(churn, st.lists(conditions(Aggregate.MAX), min_size=1, max_size=4), st.integers(16, 64))
 def test_max_and_min_forget_quiet_keys_and_stay_exact(stream, conds, capacity) -> None:
     maxi, mini = CollectiveExtreme("MAX", capacity, bucket_ms=7), CollectiveExtreme("MIN", capacity, bucket_ms=7)

@@ -12,6 +12,7 @@ from evaluator.spec import Aggregate, Condition
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
 from evaluator.ssf.naive import NaiveSubstreams
+from tests.examples import examples
 
 KEYS = [f"k{i}" for i in range(12)]
 
@@ -61,7 +62,7 @@ def replay(stream) -> list[tuple[str, int, float]]:
     return events
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(streams, st.lists(conditions(Aggregate.SUM), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4, 8]),
        st.integers(0, 50), st.sampled_from([1, 7, 100, 10_000]))
 def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds, p, later, bucket) -> None:
@@ -85,7 +86,7 @@ def test_ci_sum_is_exact_and_candidates_are_a_guaranteed_superset(stream, conds,
                 assert candidates.guaranteed_at_least >= (1 - index.epsilon) * cond.low
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(streams, conditions(Aggregate.SUM), st.integers(0, 3_000), st.sampled_from([1, 4]))
 def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:
     events = replay(stream)
@@ -102,7 +103,7 @@ def test_ci_sum_after_expiry_and_restore(stream, cond, horizon, p) -> None:
         assert restored.query(cond, now) == want
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(KEYS), st.integers(0, 40), st.floats(-1e12, 1e12)), max_size=300),
     st.lists(st.tuples(conditions(Aggregate.MAX), st.booleans()), min_size=1, max_size=6),
@@ -146,7 +147,7 @@ signed_values = st.one_of(st.integers(-20, 20), st.integers(-10**12, 10**12), st
 signed_bound = st.one_of(st.none(), st.integers(-200, 200).map(float), st.integers(-10**13, 10**13).map(float))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(KEYS[:3]), st.integers(0, 40), signed_values, st.booleans()), max_size=200),
        st.lists(st.tuples(st.integers(1, 2_000), signed_bound, signed_bound, st.booleans(), st.booleans()),
                 min_size=1, max_size=4),

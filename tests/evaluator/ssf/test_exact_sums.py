@@ -17,6 +17,7 @@ from evaluator.asw.rint import RunningIntervals
 from evaluator.spec import Aggregate, Condition
 from evaluator.ssf.ci_sum import CollectiveSum
 from evaluator.ssf.naive import NaiveSubstreams
+from tests.examples import examples
 
 REL = 1e-12
 ISSUE_CASES = [([1e15] * 10, [1.0] * 3), ([99.99] * 1_000, [0.1, 0.2])]  # (history, window) from the issue
@@ -59,7 +60,7 @@ def test_the_issue_cases_in_r_int(history: list[float], window: list[float]) -> 
     assert rint.lookup(len(window)) == math.fsum(window)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories=st.lists(st.tuples(histories, windows), min_size=1, max_size=4), p=st.sampled_from([1, 2, 4]),
        data=st.data())
 def test_window_sums_and_threshold_decisions_are_exact_whatever_the_history(histories, p: int, data) -> None:
@@ -88,7 +89,7 @@ def test_window_sums_and_threshold_decisions_are_exact_whatever_the_history(hist
             assert set(naive.query(cond, now)) == expected
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(history=histories, window=windows, late=st.lists(magnitudes, max_size=5), expire=st.booleans())
 def test_late_inserts_expiry_and_restore_keep_sums_exact(history: list[float], window: list[float],
                                                         late: list[float], expire: bool) -> None:
@@ -106,7 +107,7 @@ def test_late_inserts_expiry_and_restore_keep_sums_exact(history: list[float], w
                                       now) == {"k"}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(values=st.lists(magnitudes, min_size=1, max_size=400), capacity=st.integers(2, 64), data=st.data())
 def test_r_int_windows_are_exact(values: list[float], capacity: int, data) -> None:
     rint = RunningIntervals("SUM", capacity)

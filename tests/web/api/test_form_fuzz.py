@@ -18,11 +18,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from core.settings import Settings
+from tests.examples import examples
 from tests.users import api_client, form_csrf, new_user, sign_in
 from web import pages
 from web.deps import CSRF_HEADER, SESSION_COOKIE
 
-EXAMPLES_PER_ROUTE = 25
+EXAMPLES_PER_ROUTE = examples(25)
 SKIPPED = {"/logout"}  # would end the session the fuzz runs in
 SUBSCRIPTION_FORM = ["name", "condition", "keys", "endpoint_ids", "active", "cooldown_s", "renotify_s",
                      "send_resolved", "group"]  # read from the request's form, not declared as parameters

@@ -13,10 +13,11 @@ from hypothesis import settings as hypothesis_settings
 
 from core.settings import Settings
 from ingest.kafka import ensure_topics
+from tests.examples import examples
 from tests.users import evaluator_running, new_user
 from web.app import create_app
 
-EXAMPLES_PER_OPERATION = 30
+EXAMPLES_PER_OPERATION = examples(30)
 
 
 def test_no_request_makes_a_server_error(settings: Settings) -> None:
