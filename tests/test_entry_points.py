@@ -59,6 +59,7 @@ def _session(pid: int) -> int | None:
         return None
 
 
+@pytest.mark.slow  # CI: ~60 s of interpreters importing everything; the infra scripts' stay
 @pytest.mark.parametrize("module", entry_points())
 def test_help_and_unknown_arguments(module: str, tmp_path: Path) -> None:
     with ThreadPoolExecutor(2) as both:  # the two interpreters start side by side: imports are most of their time

@@ -10,11 +10,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from devstack.patience import deadline, patient
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # CI: a whole pytest run of its own (~18 s)
 def test_one_interrupt_ends_a_two_worker_run_with_its_summary(tmp_path: Path) -> None:
     """As infra/test runs it (two workers, the jvm group on one): a terminal's Ctrl-C reaches the whole process
     group, here while a test waits on a child process in its own session as the server fixtures start them."""

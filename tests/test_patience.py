@@ -28,6 +28,7 @@ def test_a_factor_that_is_not_a_positive_number_is_refused(monkeypatch: pytest.M
         patient(1)
 
 
+@pytest.mark.slow  # CI: a whole pytest run of its own (~14 s)
 def test_pytest_timeout_grows_with_the_factor(tmp_path: Path) -> None:
     """A test that sleeps past the configured limit passes once the factor stretches it (the ini limit and a mark)."""
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure, pytest_collection_modifyitems\n")

@@ -158,7 +158,7 @@ def test_two_dispatchers_deliver_every_alert_once_when_one_is_killed_mid_stream(
     _two_dispatchers_one_killed(on_cluster, tmp_path)
 
 
-@pytest.mark.parametrize("partitions", [1, 4])
+@pytest.mark.parametrize("partitions", [pytest.param(1, marks=pytest.mark.slow), 4])  # one partition: CI
 def test_two_dispatchers_on_a_single_redis(settings: Settings, partitions: int, tmp_path: Path) -> None:
     for deployment in _deployment(settings.model_copy(update={"redis_partitions": partitions})):
         _two_dispatchers_one_killed(deployment, tmp_path)

@@ -80,8 +80,9 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
     assert Catalog.decode(raw.get(RedisKeys(crashing).catalog_snapshot)).version == 1
 
 
+@pytest.mark.slow  # a restart with another setting (~35 s each): run in CI
 @pytest.mark.parametrize("location", [
-    pytest.param("path", marks=pytest.mark.slow),  # a restart with another setting: run in CI
+    "path",
     "file-uri",  # the checkpoint's offset and commit logs, its state: all at a file:// URI Spark and we resolve alike
 ])
 def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exact(spark, settings: Settings,

@@ -64,6 +64,7 @@ def poison(ts: int) -> list[tuple[bytes | None, str]]:
     ]
 
 
+@pytest.mark.slow  # hostile input, ~25 s: run in CI
 def test_poison_and_future_records_cost_only_themselves(spark, settings: Settings, tmp_path: Path) -> None:
     ensure_topics(settings)
     events = generated_stream(seed=7, n=900)

@@ -65,6 +65,7 @@ def matches(answers: dict[int, PreviewAnswer]) -> dict[str, float]:
     return {k: v for a in answers.values() for k, v in a.matches}
 
 
+@pytest.mark.slow  # CI: ~30 s; test_job keeps a preview answered by every shard
 def test_previews_over_negative_values_are_right_and_never_fail_the_batch(spark, settings: Settings,
                                                                           tmp_path: Path) -> None:
     run = stream_settings(settings, tmp_path).model_copy(update={"preview_timeout_s": 60.0})

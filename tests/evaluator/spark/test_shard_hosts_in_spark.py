@@ -22,6 +22,7 @@ from tests.evaluator.streams import wait_until
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # CI: ~30 s; tests/evaluator/spark/test_shard_host.py runs the hosts without Spark
 def test_every_batch_of_a_shard_finds_its_copy_on_its_host(spark, settings: Settings) -> None:
     ensure_topics(settings)
     publish_catalog(settings, SubscriptionSpec(1, parse_condition("COUNT(*) OVER 5s >= 2")))

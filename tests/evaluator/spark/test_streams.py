@@ -156,6 +156,7 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
     assert "cpu" in on_trades_topic[0]["reason"] or "Extra inputs" in on_trades_topic[0]["reason"]
 
 
+@pytest.mark.slow  # CI: ~60 s; the default run keeps the two-stream oracle test
 def test_streams_follow_the_registry_while_the_job_runs(spark, settings: Settings, tmp_path: Path) -> None:
     """A stream declared while the job runs is evaluated within a trigger or two; an optional attribute added live
     restarts the stream's query with its windows and firing state kept; a deleted stream's query stops."""
