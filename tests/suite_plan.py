@@ -9,7 +9,8 @@ run at a time, never the one-JVM-test-per-worker free-for-all that once doubled 
 
 The sizes come from ``tests/suite_durations.json``: each test's seconds (setup, call and teardown) in a run's
 JUnit report (``python -m tests.suite_plan report.xml`` writes those it ran over the old figures). A JVM test not
-listed counts :data:`UNLISTED_S`, another :data:`OTHER_UNLISTED_S`. Stale figures only unbalance the two workers.
+listed counts :data:`UNLISTED_S`, another :data:`OTHER_UNLISTED_S`. Stale figures only unbalance the workers
+or move a test in or out of ``quick``.
 
 The same figures mark the inner loop's tests ``quick`` (``infra/test -m quick``): neither JVM nor slow, and not
 measured above :data:`HEAVY_S` (a test not measured yet is quick: it is most likely the one being written).
