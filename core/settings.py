@@ -274,7 +274,8 @@ class Settings(BaseSettings):
     rate_test_alert_client: str = Field("20/minute", description="test alerts per client address")
     dashboard_sample_s: float = Field(2.0, gt=0, description="how often the web app samples operator metrics")
     web_sampler: bool = Field(True, description="this web process takes the operators' samples and runs the dead "
-                              "man's switch (several share a lock: one per period samples); off: it only serves")
+                              "man's switch (several share a lock: one per period samples); off: it only serves. "
+                              "Keep it on in at least one web process, or nothing pages when the pipeline stalls")
     dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")
     preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
 
