@@ -51,11 +51,10 @@ def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0, 
         found = consumer.partitions_for_topic(topic)  # kafka-python: a cache miss fetches every topic's metadata
         if found:
             return sorted(found)
-        if not wait_for_topic and topic not in consumer.topics():
+        if topic not in consumer.topics() and not wait_for_topic:  # topics() refreshes the metadata
             raise TopicMissing(f"topic {topic!r} does not exist")
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic!r} has no partitions (does it exist?)")
-        consumer.topics()  # forces a metadata refresh
         time.sleep(0.05)
 
 
