@@ -7,12 +7,10 @@ with their own topics, Redis key prefixes and databases.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import itertools
 import os
 import shutil
-import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from core.settings import Settings
 from devstack.patience import patient
 from devstack.services import free_port, start_redis, start_tansu
 from tests import suite_plan
+from tests.databases import renew_deployment_id
 from tests.users import api_client, new_user
 
 _topic_ids = itertools.count()
@@ -110,8 +109,7 @@ def settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path, migrated_sqli
     """Settings isolated per test: fresh topics, key prefix, database and state directory."""
     database = tmp_path / "tocsin.db"
     shutil.copyfile(migrated_sqlite, database)
-    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
-        connection.execute("update deployment set deployment_id = ?", (uuid.uuid4().hex[:12],))  # its own, as new
+    renew_deployment_id(f"sqlite:///{database}")
     return isolated_settings(kafka_bootstrap, redis_url, tmp_path)
 
 

@@ -28,13 +28,22 @@ def postgres_database(template: str | None = None) -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     url = _url(name)
     if template:
-        with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as copy:
-            copy.execute("update deployment set deployment_id = %s", (uuid.uuid4().hex[:12],))
+        renew_deployment_id(url)
     try:
         yield url
     finally:  # FORCE closes the connections cached engines still hold
         with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def renew_deployment_id(url: str) -> None:
+    """Give a copied database a deployment id of its own, as a new one gets (Redis keys are namespaced by it)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("update deployment set deployment_id = :id"), {"id": uuid.uuid4().hex[:12]})
+    engine.dispose()
 
 
 @contextmanager
