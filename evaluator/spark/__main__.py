@@ -37,7 +37,7 @@ from core.redis_schema import RedisKeys
 from core.settings import get_settings
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
-from evaluator.spark.session import spark_session
+from evaluator.spark.session import spark_session, stop_session
 from evaluator.spark.source import stop_file
 from evaluator.spark.supervisor import DeletedCheckpoints, StreamSupervisor
 from ingest.kafka import ensure_topics
@@ -195,7 +195,7 @@ def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None: 
                             reason="the batch under way outlived the stop timeout; it is evaluated again on restart")
             each.stop()
     if spark is not None:
-        spark.stop()
+        stop_session(spark)
 
 
 def _follow(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys, stop: threading.Event,
