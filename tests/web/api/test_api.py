@@ -57,6 +57,7 @@ def test_create_list_update_pause_delete(api: TestClient, settings: Settings) ->
     assert published(settings).subscriptions == ()
 
 
+@pytest.mark.database_plays_no_part
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
@@ -114,6 +115,7 @@ def test_catalog_publication_never_goes_backwards(api: TestClient, settings: Set
     assert published(settings) == current
 
 
+@pytest.mark.database_plays_no_part
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [

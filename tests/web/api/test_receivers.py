@@ -67,6 +67,7 @@ def test_a_template_is_stored_changed_and_cleared(api: TestClient) -> None:
     assert cleared.status_code == 200 and cleared.json()["template"] is None
 
 
+@pytest.mark.database_plays_no_part
 @pytest.mark.parametrize(("kind", "template", "state", "text"), [
     ("slack", "{{ state|upper }} {{ subscription.name }} <{{ alert.key }}>", "resolved", "RESOLVED High volume <AAPL>"),
     ("pagerduty", "{{ alert.key }} is {{ alert.value|number }}", "firing", "AAPL is 2.514e+06"),

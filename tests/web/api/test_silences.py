@@ -64,6 +64,7 @@ def test_a_start_in_the_past_is_now(api: TestClient) -> None:
     assert created["state"] == "active"
 
 
+@pytest.mark.database_plays_no_part
 @pytest.mark.parametrize(
     ("change", "loc", "message"),
     [

@@ -23,6 +23,7 @@ def _create(api: TestClient, *matchers: tuple[str, str, str], **body: object):
                                            "comment": "why", "duration_s": 600, **body})
 
 
+@pytest.mark.database_plays_no_part
 @pytest.mark.parametrize("matchers", [
     [("key", "!=", "AAPL")],
     [("key", "=~", ".*")],

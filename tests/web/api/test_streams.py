@@ -306,8 +306,7 @@ RECORD = {"key": "A", "ts": 1, "price": 1, "volume": 1}
 
 
 @contextmanager
-def stalled_producer(own_broker: tuple[Settings, object], request: pytest.FixtureRequest,
-                     publish_first: bool = False) -> Iterator[Stalled]:
+def stalled_producer(own_broker: tuple[Settings, object], publish_first: bool = False) -> Iterator[Stalled]:
     """Serve the app on ``own_broker``, stop the broker (after one acknowledged batch if ``publish_first``) and
     send a batch of two that stays in flight: the state backpressure is about."""
     import httpx
@@ -316,8 +315,6 @@ def stalled_producer(own_broker: tuple[Settings, object], request: pytest.Fixtur
     from web.app import create_app
 
     settings, broker = own_broker
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in backpressure")
     ensure_topics(settings)
     _, token = new_user(settings, role="operator")
     app = create_app(settings)
@@ -340,9 +337,9 @@ def stalled_producer(own_broker: tuple[Settings, object], request: pytest.Fixtur
         yield Stalled(client, publisher, producer, waiting, first)
 
 
-def test_backpressure_answers_429_with_retry_after(own_broker: tuple[Settings, object],
-                                                   request: pytest.FixtureRequest) -> None:
-    with stalled_producer(own_broker, request, publish_first=True) as stalled:
+@pytest.mark.database_plays_no_part
+def test_backpressure_answers_429_with_retry_after(own_broker: tuple[Settings, object]) -> None:
+    with stalled_producer(own_broker, publish_first=True) as stalled:
         client, publisher, producer, waiting, first = (stalled.client, stalled.publisher, stalled.producer,
                                                        stalled.waiting, stalled.first)
         busy = client.post("/api/streams/trades/events", json=[RECORD], headers=publisher)

@@ -19,16 +19,15 @@ from tests.web.api.test_streams import HOSTS, _publish, _token, limited, own_bro
 
 
 @pytest.fixture
-def publisher(settings: Settings, request: pytest.FixtureRequest) -> Iterator[TestClient]:
-    """A publisher token's client on ``trades`` (SQLite only: the database plays no part here)."""
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in judging records")
+def publisher(settings: Settings) -> Iterator[TestClient]:
+    """A publisher token's client on ``trades`` (its tests are marked database_plays_no_part)."""
     ensure_topics(settings)
     _, token = new_user(settings, role="operator")
     with api_client(settings, token) as operator, api_client(settings, _token(operator, "trades")) as client:
         yield client
 
 
+@pytest.mark.database_plays_no_part
 def test_a_record_ahead_of_the_clock_is_refused_not_accepted_then_dropped(publisher: TestClient,
                                                                          settings: Settings) -> None:
     """The evaluator dead-letters events more than max_future_skew_ms ahead: a 202 must not count them accepted."""
@@ -47,14 +46,14 @@ def test_a_record_ahead_of_the_clock_is_refused_not_accepted_then_dropped(publis
     assert [e["key"] for e in events_on(settings, settings.events_topic)] == ["A"]
 
 
-def test_a_full_producer_refuses_before_judging_the_batch(own_broker: tuple[Settings, object],  # noqa: F811
-                                                          request: pytest.FixtureRequest) -> None:
+@pytest.mark.database_plays_no_part
+def test_a_full_producer_refuses_before_judging_the_batch(own_broker: tuple[Settings, object]) -> None:  # noqa: F811
     """Backpressure must relieve the process: a request it will refuse costs no parsing or validation.
 
     (Judging 10,000 records takes a CPU core 0.2-0.5 s; while Kafka is away every retry paid it for its 429.)
     A broken body tells the order: refused (429) before it is parsed (422).
     """
-    with stalled_producer(own_broker, request) as stalled:  # the first batch fills the producer
+    with stalled_producer(own_broker) as stalled:  # the first batch fills the producer
         broken = stalled.client.post("/api/streams/trades/events", content=b"[" + b"1," * 1_000 + b"nope]",
                                      headers={**stalled.publisher, "Content-Type": "application/json"})
         assert broken.status_code == 429, broken.text
@@ -76,6 +75,7 @@ def test_an_array_over_the_record_limit_is_refused_without_parsing_it_all(
     assert "at most 3 per request" in answer.json()["detail"]
 
 
+@pytest.mark.database_plays_no_part
 def test_a_lone_surrogate_in_a_repeated_field_name_costs_that_record_only(publisher: TestClient,
                                                                          settings: Settings) -> None:
     """The reason names the field; a field name that is a lone surrogate (``"\\udc00"``) made the reason
@@ -129,6 +129,7 @@ def test_a_bad_token_is_refused_before_the_body_is_read(settings: Settings) -> N
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
 
 
+@pytest.mark.database_plays_no_part
 def test_a_body_slower_than_the_body_timeout_gets_a_408_and_the_connection_closed(settings: Settings) -> None:
     """No bound on how long a body could take: a slow-loris client held connections and buffers without end."""
     import socket
@@ -173,12 +174,9 @@ def test_a_body_slower_than_the_body_timeout_gets_a_408_and_the_connection_close
 
 
 @contextmanager
-def hosts_declared(settings: Settings, request: pytest.FixtureRequest, **limits: float
-                   ) -> Iterator[tuple[Settings, TestClient]]:
-    """Settings with ``limits`` and the ``hosts`` stream declared, and an operator's client (SQLite only: the
-    database plays no part in judging records)."""
-    if request.node.callspec.params.get("settings") == "postgresql":
-        pytest.skip("the database plays no part in judging records")
+def hosts_declared(settings: Settings, **limits: float) -> Iterator[tuple[Settings, TestClient]]:
+    """Settings with ``limits`` and the ``hosts`` stream declared, and an operator's client (its tests are marked
+    database_plays_no_part)."""
     settings = settings.model_copy(update={**limits, "stream_topic_prefix": f"{settings.events_topic}.stream."})
     ensure_topics(settings)
     _, token = new_user(settings, role="operator")
@@ -187,12 +185,13 @@ def hosts_declared(settings: Settings, request: pytest.FixtureRequest, **limits:
         yield settings, operator
 
 
+@pytest.mark.database_plays_no_part
 def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_limit(
-        settings: Settings, request: pytest.FixtureRequest) -> None:
+        settings: Settings) -> None:
     """A publisher naming a new region with every record (a cell per event, core.series_limit): beyond
     stream_max_series the records of new series are rejects with the reason, not accepted and dead-lettered later
     by the evaluator; records of series already admitted go on being accepted."""
-    with hosts_declared(settings, request, stream_max_series=3, publish_token_series_share=1.0) as (
+    with hosts_declared(settings, stream_max_series=3, publish_token_series_share=1.0) as (
             settings, operator), api_client(settings, _token(operator, "hosts")) as publisher:
         regular = {"host": "web-1", "time": "2026-11-26T10:00:00Z", "cpu": 40, "region": "eu"}
         assert _publish(publisher, "hosts", [regular]).json() == {"accepted": 1, "rejected": []}
@@ -209,13 +208,14 @@ def test_a_new_dimension_value_with_every_record_is_refused_beyond_the_series_li
     assert sorted(d["source"] for d in dead) == sorted(f"stream hosts: HTTP record {i}" for i in range(2, 10))
 
 
+@pytest.mark.database_plays_no_part
 def test_a_flooding_publisher_token_fills_its_share_and_the_other_collectors_go_on(
-        settings: Settings, request: pytest.FixtureRequest) -> None:
+        settings: Settings) -> None:
     """Two collectors share ``hosts``; one goes wild and names a new region with every record. It keeps at most
     publish_token_series_share of the stream's series (its records beyond are rejects with the reason), so the
     other collector's new hosts are still accepted; before, the flood filled the stream's limit and the other
     collector's new series were refused for as long as the flood kept them active."""
-    with hosts_declared(settings, request, stream_max_series=6, publish_token_series_share=0.5) as (
+    with hosts_declared(settings, stream_max_series=6, publish_token_series_share=0.5) as (
             settings, operator):
         wild, calm = _token(operator, "hosts"), _token(operator, "hosts")
         with api_client(settings, wild) as flooding, api_client(settings, calm) as collector:
