@@ -423,6 +423,7 @@ def _delivering(settings: Settings, service: SubscriptionService,
         receiver.close()
 
 
+@pytest.mark.slow  # fault injection (Redis stopped), ~10 s: run in CI
 def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis_answers(
         settings, service, tmp_path) -> None:
     # The delivery records live in a Redis of their own here, so the test can take it away while the broker stays.
@@ -448,6 +449,7 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
     assert "redis_outage" in (tmp_path / "logs" / "worker.log").read_text()
 
 
+@pytest.mark.slow  # fault injection (the broker refuses), ~10 s: run in CI
 def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings, service, redis_client,
                                                                        tmp_path) -> None:
     """Celery's ``Task.retry`` turned a refused publish into ``Reject(requeue=False)``: with the broker out of

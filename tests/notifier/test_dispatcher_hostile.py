@@ -96,6 +96,7 @@ def test_a_broker_outage_does_not_kill_the_dispatcher(settings: Settings, redis_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # fault injection (SIGSTOP, then SIGCONT), ~12 s: run in CI
 def test_a_stalled_dispatcher_resumed_after_its_entries_were_claimed_sends_nothing_twice(settings: Settings,
                                                                                          tmp_path: Path) -> None:
     """A reads an evaluation and is SIGSTOPped holding it; B claims A's entries and delivers them, then the next.

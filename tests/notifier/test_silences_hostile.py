@@ -158,6 +158,7 @@ def _rename(database: str, to: str) -> None:
         admin.execute(f'ALTER DATABASE "{database}" RENAME TO "{to}"')
 
 
+@pytest.mark.slow  # fault injection (the database renamed away), ~11 s: run in CI
 @pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
 def test_the_dispatcher_outlives_a_database_that_goes_away_and_dispatches_once_it_answers(
         settings: Settings, redis_client: redis.Redis, owner, tmp_path) -> None:

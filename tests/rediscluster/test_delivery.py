@@ -153,12 +153,14 @@ def test_one_dispatcher_delivers_every_alert_once_and_the_web_app_reads_the_clus
     assert not any(d.client.exists(k) for k in state)
 
 
+@pytest.mark.slow  # fault injection (SIGKILL), ~30 s: run in CI
 def test_two_dispatchers_deliver_every_alert_once_when_one_is_killed_mid_stream(
         on_cluster: Deployment, tmp_path: Path) -> None:
     _two_dispatchers_one_killed(on_cluster, tmp_path)
 
 
-@pytest.mark.parametrize("partitions", [pytest.param(1, marks=pytest.mark.slow), 4])  # one partition: CI
+@pytest.mark.slow  # fault injection (SIGKILL), ~15 s each: run in CI
+@pytest.mark.parametrize("partitions", [1, 4])
 def test_two_dispatchers_on_a_single_redis(settings: Settings, partitions: int, tmp_path: Path) -> None:
     for deployment in _deployment(settings.model_copy(update={"redis_partitions": partitions})):
         _two_dispatchers_one_killed(deployment, tmp_path)

@@ -110,6 +110,7 @@ def marks(run: Settings) -> list[ClockAhead]:
     return recent(redis.Redis.from_url(run.redis_url, decode_responses=True), RedisKeys(run), window_s=600)
 
 
+@pytest.mark.slow  # ~50 s of real time and Spark: CI runs it (pure: tests/evaluator/test_clock_rule.py)
 def test_a_producer_running_fast_on_every_partition_moves_no_clock(spark, settings: Settings, tmp_path: Path) -> None:
     run = run_settings(settings, tmp_path)
     specs = [SubscriptionSpec(i, parse_condition(text)) for i, text in enumerate(CONDITIONS, 1)]

@@ -18,6 +18,7 @@ from tests.evaluator.spark.test_job import publish_busy_key, recent_base, transi
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # ~25 s on the real job: CI runs it (without Spark: tests/evaluator/test_shard.py)
 def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> None:
     ensure_topics(settings)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)

@@ -98,6 +98,7 @@ def alerts(settings: Settings, ids: set[int]) -> set[tuple]:
             if t["subscription_id"] in ids}
 
 
+@pytest.mark.slow  # ~40 s: CI runs it; the default run keeps a stream query's whole life (deleted, declared again)
 def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters(spark, settings: Settings,
                                                                                   tmp_path: Path) -> None:
     run = stream_settings(settings, tmp_path)
