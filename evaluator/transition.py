@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 State = Literal["firing", "resolved"]
@@ -40,10 +40,13 @@ class Transition:
     kind: str = "state"
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; ``kind`` only for a crossing, so a state transition reads exactly as before kinds existed."""
-        data = asdict(self)
-        if self.kind == "state":
-            del data["kind"]
+        """The fields; ``kind`` only for a crossing, so a state transition reads exactly as before kinds existed.
+        Written out, not ``dataclasses.asdict``: its recursive deep copy was 6.5 % of a drain batch (issue 33)."""
+        data = {"alert_id": self.alert_id, "subscription_id": self.subscription_id, "key": self.key,
+                "state": self.state, "value": self.value, "window_start": self.window_start,
+                "window_end": self.window_end, "evaluated_at": self.evaluated_at}
+        if self.kind != "state":
+            data["kind"] = self.kind
         return data
 
     def to_json(self) -> str:

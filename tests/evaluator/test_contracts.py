@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,7 +14,7 @@ from evaluator.collective import CollectiveIndexes
 from evaluator.preview import PREVIEW_SHOWN, PreviewAnswer, PreviewRequest
 from evaluator.shard import Delta
 from evaluator.spec import Aggregate, Condition
-from evaluator.transition import STATES, Transition, alert_id
+from evaluator.transition import KINDS, STATES, Transition, alert_id
 from subscriptions.language import parse_condition
 from tests.evaluator.test_shard import pane_rows
 from tests.examples import examples
@@ -34,6 +35,17 @@ def test_a_transition_reads_back_as_written(t: Transition) -> None:
     assert Transition.from_json(payload.encode()).to_json() == payload
     # the sink's bytes before the contract: the fields in order, compact
     assert payload == json.dumps(t.to_dict(), separators=(",", ":"))
+
+
+@given(transitions, st.sampled_from(KINDS))
+def test_to_dict_is_every_field_in_order_and_kind_only_for_a_crossing(t: Transition, kind: str) -> None:
+    # to_dict is written out field by field (dataclasses.asdict deep-copied every transition): it must stay
+    # what asdict gave, field order included, or the sink's bytes and the alert ids downstream would change
+    t = dataclasses.replace(t, kind=kind)
+    expected = dataclasses.asdict(t)
+    if kind == "state":
+        del expected["kind"]
+    assert list(t.to_dict().items()) == list(expected.items())
 
 
 def test_a_transition_takes_spark_row_numbers_and_refuses_what_is_not_one() -> None:
