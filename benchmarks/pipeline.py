@@ -38,9 +38,11 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   scheduling, the state store commit -- and idle cores.
 - *Peers* (``benchmarks/peers.py``), on the same topic, data and thresholds
   (``--peer-subscriptions``): Spark's built-in ``window()`` + a threshold join at
-  each ``--spark-windows`` length, and a single-process quixstreams hopping-window
-  job at each ``--quix-windows`` length (run before Spark starts), ``--peer-batch``
-  records per micro-batch, measured the same way; one ratio table.
+  each ``--spark-windows`` length and each ``--peer-batches`` size, beside Tocsin's
+  row at the same size (like with like: both gain from larger batches, Spark more),
+  and a single-process quixstreams hopping-window job at each ``--quix-windows``
+  length (run before Spark starts; it reads record by record, so it is set beside
+  Tocsin at the smallest size), measured the same way; then each at its best size.
 - *Latency*: events produced live at each ``--live-rates`` (event time = now, a
   producer process of its own) with ``--live-subscriptions`` at a ``--trigger``
   and the production cap, over a *per-symbol alert* mix (one key per subscription,
@@ -730,13 +732,17 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
         seen |= {p["batchId"]: p for p in query.recentProgress}
         query.stop()
     at_end = _numbers(client.hgetall(stats_key))
-    latencies = []
+    times = key_event_times(settings.kafka_bootstrap, settings.events_topic)
+    latencies, from_first, from_last = [], [], []
     for entry_id, fields in text_entries(client.xrange(RedisKeys(settings).alerts_stream)):
         written = int(entry_id.split("-")[0]) / 1000
         alert = json.loads(fields["alert"])
         decidable = (alert["window_end"] + settings.watermark_delay_ms) / 1000
         if decidable >= warm:
             latencies.append(written - decidable)
+            first, last = deciding_events_ms(times, alert["key"], alert["window_end"], settings.pane_ms)
+            from_first.append(written - first / 1000)
+            from_last.append(written - last / 1000)
     ordered = [p for _, p in sorted(seen.items())]
     steady = [p for p in ordered if batch_end_s(p) - p["durationMs"].get("triggerExecution", 0) / 1000 >= warm]
     n = max(len(steady), 1)
@@ -750,7 +756,8 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
     firing = sum(pipe.execute())
     pairs = sum(len(spec.keys) if spec.keys is not None else keys for spec in row.specs)  # (subscription, key)
     return {
-        "latencies": latencies, "batches": len(steady), "batch_rows": processed / n,
+        "latencies": latencies, "from_first": from_first, "from_last": from_last,
+        "batches": len(steady), "batch_rows": processed / n,
         "batch_ms": sum(p["durationMs"].get("triggerExecution", 0) for p in steady) / n,
         "gap_ms": 1000 * sum(gaps) / max(len(gaps), 1),
         "rate": processed / (batch_end_s(steady[-1]) - starts[0]) if steady else float("nan"),
@@ -765,6 +772,47 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
         "log_read_ms": diff.get("restore_log_read_ms_total", 0.0) / n,
         "transfer_ms": diff.get("shard_host_transfer_ms_total", 0.0) / n,
     }
+
+
+def key_event_times(bootstrap: str, topic: str) -> dict[str, np.ndarray]:
+    """Every event's time on ``topic``, sorted, by key (heartbeats carry no key): a live run's alerts are timed
+    from the events that decided them. Read back after the run, so the feed pays nothing for it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-event-times",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        unread = {p for p, end in ends.items() if end > 0}
+        by_key: dict[str, list[int]] = {}
+        while unread:
+            for message in consumer.consume(10_000, timeout=1.0):
+                if message.error() is not None:
+                    continue
+                offset, partition = message.offset(), message.partition()
+                if offset is not None and partition is not None and offset >= ends[partition] - 1:
+                    unread.discard(partition)
+                key, value = message.key(), message.value()
+                if key is not None and value is not None:
+                    by_key.setdefault(key.decode(), []).append(json.loads(value)["ts"])
+    finally:
+        consumer.close()
+    return {key: np.sort(np.asarray(ts, dtype=np.int64)) for key, ts in by_key.items()}
+
+
+def deciding_events_ms(times: dict[str, np.ndarray], key: str, boundary: int, pane_ms: int) -> tuple[int, int]:
+    """The first and last event times of ``key`` in the pane that ends at ``boundary``: the window ending there
+    differs from the one before by that pane's events (the event that made the condition true is one of them)
+    and by the pane that left it. A transition with no event of its key in that pane was decided by time alone
+    (a pane leaving the window): its moment is the boundary itself."""
+    ts = times.get(key)
+    if ts is not None:
+        lo, hi = np.searchsorted(ts, [boundary - pane_ms, boundary], side="left")
+        if hi > lo:
+            return int(ts[lo]), int(ts[hi - 1])
+    return boundary, boundary
 
 
 def _numbers(stats: dict) -> dict[str, float]:
@@ -783,22 +831,33 @@ def _behind(settings: Settings, progress: list[dict]) -> int:
     return sum(end - int(read.get(str(p), 0)) for p, end in ends.items())
 
 
-def peer_rows(spark, base: Settings, specs, args, total_rows: int) -> list[tuple[str, float, float]]:
-    """(name, events/s, peak RSS MB) of the Spark ``window()`` peer at each window length."""
+@dataclass(frozen=True)
+class PeerRow:
+    """One pipeline's drain of the peers' topic at one micro-batch size (``batch`` None: it has none)."""
+
+    name: str
+    batch: int | None
+    rate: float
+    rss_mb: float
+
+
+def peer_rows(spark, base: Settings, specs, args, total_rows: int) -> list[PeerRow]:
+    """The Spark ``window()`` peer at each window length and each ``--peer-batches`` size."""
     limits = thresholds(specs)
     rows = []
-    for seconds in [int(x) for x in args.spark_windows.split(",") if x]:
-        print(f"Spark window() {seconds} s ...", file=sys.stderr, flush=True)
-        with Resources() as rss:
-            throughput, alerts, progress = spark_window_peer(
-                spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
-                window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=args.peer_batch,
-                checkpoint=base.data_dir / f"checkpoint-spark-window-{seconds}", total_rows=total_rows,
-                warm_up_rows=args.peer_batch, budget_s=args.budget,
-            )
-        batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1)
-        print(f"  {throughput} alerts={alerts} batch_ms={batch_ms:.0f}", file=sys.stderr, flush=True)
-        rows.append((f"Spark window() {window_label(seconds)}", throughput.rate, rss.rss_mb))
+    for batch in counts(args.peer_batches):
+        for seconds in counts(args.spark_windows):
+            print(f"Spark window() {seconds} s, {batch:,} records per batch ...", file=sys.stderr, flush=True)
+            with Resources() as rss:
+                throughput, alerts, progress = spark_window_peer(
+                    spark, bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits,
+                    window_ms=seconds * SECOND, delay_ms=base.watermark_delay_ms, rows_per_batch=batch,
+                    checkpoint=base.data_dir / f"checkpoint-spark-window-{seconds}-{batch}", total_rows=total_rows,
+                    warm_up_rows=min(batch, total_rows // 2), budget_s=args.budget,
+                )
+            batch_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / max(len(progress), 1)
+            print(f"  {throughput} alerts={alerts} batch_ms={batch_ms:.0f}", file=sys.stderr, flush=True)
+            rows.append(PeerRow(f"Spark window() {window_label(seconds)}", batch, throughput.rate, rss.rss_mb))
     return rows
 
 
@@ -807,8 +866,8 @@ QUIX_MISSING = ("quixstreams peer skipped: quixstreams is not installed here (it
                 "run infra/bench-venv, then .venv-bench/bin/python benchmarks/pipeline.py")
 
 
-def quix_rows(base: Settings, specs, args, total_rows: int) -> list[tuple[str, float, float]]:
-    """(name, events/s, peak RSS MB) of the quixstreams peer at each window length; run before Spark starts.
+def quix_rows(base: Settings, specs, args, total_rows: int) -> list[PeerRow]:
+    """The quixstreams peer at each window length (it reads record by record: no batch size); run before Spark.
 
     quixstreams is in the ``bench`` extra, not the test venv (it pins pydantic below production's): without it
     the peer is left out, saying how to run it."""
@@ -817,16 +876,17 @@ def quix_rows(base: Settings, specs, args, total_rows: int) -> list[tuple[str, f
         return []
     limits = thresholds(specs)
     rows = []
-    for seconds in [int(x) for x in args.quix_windows.split(",") if x]:
+    for seconds in counts(args.quix_windows):
         print(f"quixstreams {seconds} s ...", file=sys.stderr, flush=True)
         with Resources() as rss:
             throughput, alerts = quixstreams_peer(
                 bootstrap=base.kafka_bootstrap, topic=base.events_topic, rows=limits, window_ms=seconds * SECOND,
-                state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows, warm_up_rows=args.peer_batch,
+                state_dir=base.data_dir / f"quix-{seconds}", total_rows=total_rows,
+                warm_up_rows=min(counts(args.peer_batches)),
                 budget_s=args.budget,
             )
         print(f"  {throughput} alerts={alerts}", file=sys.stderr, flush=True)
-        rows.append((f"quixstreams {window_label(seconds)}", throughput.rate, rss.rss_mb))
+        rows.append(PeerRow(f"quixstreams {window_label(seconds)}", None, throughput.rate, rss.rss_mb))
     return rows
 
 
@@ -896,21 +956,23 @@ def main() -> None:
     parser.add_argument("--hosts-subscriptions", type=int, default=1_000,
                         help="the two-stream row: the mix's first this many, over hosts' cpu and mem")
     parser.add_argument("--peer-subscriptions", type=int, default=10_000)
-    parser.add_argument("--peer-batch", type=int, default=20_000, help="records per micro-batch of the peers")
+    parser.add_argument("--peer-batches", default=f"20000,{default_cap}",
+                        help="records per micro-batch at which Tocsin and the Spark peer are compared, each at each")
     parser.add_argument("--spark-windows", default="60,300", help="window lengths (s) of the Spark window() peer")
     parser.add_argument("--quix-windows", default="60", help="window lengths (s) of the quixstreams peer")
     parser.add_argument("--budget", type=float, default=90.0, help="wall seconds per row after warm-up")
-    parser.add_argument("--live-rates", default="0,1000,5000,20000",
+    parser.add_argument("--live-rates", default="0,1000,5000,20000,50000",
                         help="live feed rates (events/s) of the per-symbol alert mix; 0: heartbeats only (the floor)")
     parser.add_argument("--live-heavy-rates", default="1000", help="live feed rates of the heavy (old) mix")
     parser.add_argument("--live-share", type=float, default=0.005,
                         help="alert mix: about this share of the subscriptions over their threshold")
-    parser.add_argument("--live-edge-share", type=float, default=0.01,
+    parser.add_argument("--live-edge-share", type=float, default=0.03,
                         help="share of the live subscriptions watching a key's 10-second high/low against the "
                              "price it starts at: alerts that fire and resolve during the run, so there are some to time")
     parser.add_argument("--live-subscriptions", type=int, default=10_000)
     parser.add_argument("--live-warm-up", type=int, default=20, help="seconds fed before measuring")
-    parser.add_argument("--live-seconds", type=int, default=40, help="seconds measured after the warm-up")
+    parser.add_argument("--live-seconds", type=int, default=60,
+                        help="seconds measured after the warm-up (a p99 wants 200 alerts or more)")
     parser.add_argument("--trigger", type=float, default=1.0, help="trigger (s) of the live runs")
     parser.add_argument("--shards", type=int, default=2, help="shuffle partitions: one shard each (Tocsin's rows)")
     parser.add_argument("--partitions", type=int, default=4,
@@ -920,7 +982,7 @@ def main() -> None:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
         args.semantics, args.two_streams, args.hosts_subscriptions = "300", 300, 30
-        args.peer_subscriptions, args.peer_batch, args.spark_windows = 300, 200, "60"
+        args.peer_subscriptions, args.peer_batches, args.spark_windows = 300, "100,200", "60"
         args.budget, args.live_rates, args.live_subscriptions, args.live_seconds = 60.0, "100", 300, 15
         args.live_heavy_rates, args.live_warm_up = "", 5
 
@@ -951,6 +1013,12 @@ def main() -> None:
     runs += [row(f"naive {short(n)}", mix[n], "naive") for n in counts(args.naive)]
     sweep_n = 10_000 if 10_000 in mix else max(mix)
     runs += [row(f"collective {short(sweep_n)} cap {short(c)}", mix[sweep_n], cap=c) for c in counts(args.sweep_caps)]
+    peer_n = args.peer_subscriptions
+    for b in counts(args.peer_batches):  # Tocsin at every batch size a peer runs at
+        if not any(r.specs is mix[peer_n] and r.cap == b and r.mode == "collective" and r.topic == base.events_topic
+                   for r in runs):
+            runs.append(row(f"collective {short(peer_n)}" + ("" if b == args.cap else f" cap {short(b)}"),
+                            mix[peer_n], cap=b))
     runs += [row(f"high selectivity {short(n)}", selective_subscriptions(n, keys, args.rate, args.seconds))
              for n in counts(args.high_selectivity)]
     for n in counts(args.semantics):
@@ -966,7 +1034,7 @@ def main() -> None:
                        and r.topic == base.events_topic), "")
         two = TwoStreamRow(f"trades {short(n)} + hosts {short(m)}", mix[n], on_hosts(mix[n][:m]), single, args.cap)
     peer_specs = mix[args.peer_subscriptions]
-    peers: list[tuple[str, float, float]] = []
+    peers: list[PeerRow] = []
     results: dict[str, dict] = {}
     two_result: dict | None = None
     live: dict[str, tuple[LiveRow, dict]] = {}
@@ -1017,6 +1085,35 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
     return rows + [LiveRow(f"heavy {rate:,}", heavy, rate) for rate in counts(args.live_heavy_rates)]
 
 
+def peer_table(args, runs: list[Row], results: dict[str, dict], peers: list[PeerRow]) -> tuple:
+    """Tocsin and each peer at equal records per micro-batch, then each at its best size. The ratio is
+    Tocsin's events/s at the row's batch size over the row's: a batch size favours both pipelines (Spark
+    more, its fixed cost per batch being higher), so pipelines are only compared at the same one. quixstreams
+    reads record by record; it is set beside Tocsin at the smallest size, the peers' usual setting."""
+    peer_specs = next(r.specs for r in runs if r.name == f"collective {short(args.peer_subscriptions)}")
+    tocsin = {r.cap: PeerRow("Tocsin collective", r.cap, results[r.name]["rate"], results[r.name]["rss_mb"])
+              for r in runs if r.specs is peer_specs and r.mode == "collective" and r.topic == "bench-events"}
+    sizes = [b for b in counts(args.peer_batches) if b in tocsin]
+    table: list[tuple[str, PeerRow, PeerRow]] = []  # (label, row, Tocsin's row it is compared with)
+    for b in sizes:
+        table += [("same batch", row, tocsin[b]) for row in [tocsin[b], *(p for p in peers if p.batch == b)]]
+    table += [("per record", p, tocsin[min(sizes)]) for p in peers if p.batch is None]
+    best_tocsin = max(tocsin.values(), key=lambda r: r.rate)
+    for name in dict.fromkeys(p.name for p in peers if p.batch is not None):
+        best = max((p for p in peers if p.name == name), key=lambda r: r.rate)
+        table.append(("each at its best", best, best_tocsin))
+    return (
+        f"Peers at equal batch sizes: {args.peer_subscriptions:,} subscriptions' thresholds, the same topic and "
+        "data, rows processed per wall second; x Tocsin = Tocsin's events/s at the batch size it is set beside "
+        "over the row's (peak RSS of the process tree, Spark rows include the JVM)",
+        ["compared", "pipeline", "records per batch", "events/s", "peak RSS MB", "Tocsin's records per batch",
+         "x Tocsin"],
+        [[label, row.name, "per record" if row.batch is None else f"{row.batch:,}", row.rate, row.rss_mb,
+          f"{versus.batch:,}", versus.rate / row.rate if row.rate > 0 else float("nan")]
+         for label, row, versus in table],
+    )
+
+
 def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[str, tuple[LiveRow, dict]],
            total_rows: int, publish_s: float, begun: str, load_before, load_after,
            two: TwoStreamRow | None = None, two_result: dict | None = None) -> None:
@@ -1061,29 +1158,25 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
               "/".join(map(str, x["batches"])), x["alerts"]["trades"], x["alerts"]["hosts"], x["cpu_us"],
               x["rss_mb"]]],
         ))
-    peer_specs = next((r.specs for r in runs if r.name == f"collective {short(args.peer_subscriptions)}"), None)
-    tocsin = [(f"Tocsin {r.mode}", results[r.name]["rate"], results[r.name]["rss_mb"]) for r in runs
-              if r.specs is peer_specs and r.cap == args.cap and r.topic == "bench-events"]  # the peers' mix only
-    tables.append((
-        f"Peers: {args.peer_subscriptions:,} subscriptions' thresholds, the same topic and data, rows processed "
-        f"per wall second (Tocsin at {args.cap:,} records per batch, peers at {args.peer_batch:,}; peak RSS of "
-        "the process tree, Spark rows include the JVM)",
-        ["pipeline", "events/s", "peak RSS MB", *(f"x {name}" for name, *_ in peers)],
-        [[name, rate, rss, *(rate / other if other > 0 else float("nan") for _, other, _ in peers)]
-         for name, rate, rss in tocsin + peers],
-    ))
+    tables.append(peer_table(args, runs, results, peers))
     warm = f"after a {args.live_warm_up} s warm-up, {args.live_seconds} s measured"
+    def spread(seconds: list[float], qs: tuple[float, ...]) -> list[float]:
+        return percentiles(seconds, qs, 1.0) if seconds else [float("nan")] * len(qs)
+
     tables.append((
         f"Alert latency, live feed, {args.live_subscriptions:,} subscriptions, trigger {args.trigger:g} s, "
-        f"cap {args.cap:,}, allowed delay 0.5 s (window complete in the log -> alert in Redis), {warm}: alerts "
-        "whose window completed after the warm-up, batches that started after it",
+        f"cap {args.cap:,}, panes of 1 s, allowed delay 0.5 s, {warm}: alerts whose window completed after the "
+        "warm-up. From the event: the deciding pane's first event of the alert's key (the event that made the "
+        "condition true is that one or later: an upper bound; the boundary itself when no event of the key was "
+        "in that pane, time alone deciding) -> alert in Redis, and from its last (a lower bound). Decision: the "
+        "window complete in the log (boundary + allowed delay) -> alert in Redis",
         ["mix, feed events/s", "processed events/s", "events/batch", "transitions/batch", "batch ms", "gap ms",
-         "lag at end", "firing % of pairs watched", "warm-up alerts", "alerts", "p50 s", "p95 s", "p99 s", "max s",
-         "peak RSS MB"],
+         "lag at end", "firing % of pairs watched", "warm-up alerts", "alerts", "from the event p50 s",
+         "p95 s", "p99 s", "max s", "from the last event p99 s", "decision p50 s", "decision p99 s", "peak RSS MB"],
         [[name, x["rate"], x["batch_rows"], x["transitions"], x["batch_ms"], x["gap_ms"], f"{x['behind']:,}",
           100 * x["firing_share"], x["warm_up_alerts"], len(x["latencies"]),
-          *(percentiles(x["latencies"], (50, 95, 99, 100), 1.0) if x["latencies"] else [float("nan")] * 4),
-          x["rss_mb"]] for name, (_, x) in live.items()],
+          *spread(x["from_first"], (50, 95, 99, 100)), *spread(x["from_last"], (99,)),
+          *spread(x["latencies"], (50, 99)), x["rss_mb"]] for name, (_, x) in live.items()],
     ))
     tables.append((
         "Where a live batch's time goes, ms per batch after the warm-up: Spark's own stages (durationMs: "
