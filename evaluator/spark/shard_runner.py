@@ -26,7 +26,7 @@ from evaluator.preview import PreviewAnswer, PreviewRequest
 from evaluator.shard import BatchStats, ShardConfig
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.parse import shard_of
-from evaluator.spark.sink import clock_record
+from evaluator.spark.sink import shard_output
 from evaluator.streams import StreamShape, refusal
 from evaluator.substreams import SubstreamDelta, SubstreamShard
 
@@ -152,10 +152,9 @@ class ShardRunner:
         while len(_COPIES) > _COPIES_KEPT:  # copies of queries that stopped would otherwise stay forever
             del _COPIES[next(iter(_COPIES))]
         answer_previews(source, shard, shard_copy, job.stream_name, job.shape)
-        records = [t.to_dict() | {"kind": t.kind} for t in transitions]  # every row has the sink's kind column
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
-        records.append(clock_record(shard, shard_copy.evaluated_at or 0))
-        return BatchResult(pd.DataFrame.from_records(records), epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
+        output = shard_output(transitions, shard, shard_copy.evaluated_at or 0)
+        return BatchResult(output, epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
                            time.perf_counter() - restored)
 
 

@@ -35,10 +35,24 @@ TRANSITIONS_SCHEMA = (
 CLOCK_STATE = "clock"  # an output row carrying a shard's last evaluated boundary, not a transition
 
 
+#: The columns of ``TRANSITIONS_SCHEMA``, in order.
+TRANSITION_COLUMNS = [field.split()[0] for field in TRANSITIONS_SCHEMA.split(", ")]
+
+
 def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
     """The row that carries a shard's clock to the sink (the shard id travels as ``subscription_id``)."""
     return {"alert_id": "", "subscription_id": shard, "key": "", "state": CLOCK_STATE, "value": None,
             "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
+
+
+def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: int) -> pd.DataFrame:
+    """A shard's batch output in ``TRANSITIONS_SCHEMA``: its transitions (every row with its ``kind``), then its
+    clock row. Built from tuples, not a dict per transition: half the time at a few hundred thousand a batch."""
+    rows = [(t.alert_id, t.subscription_id, t.key, t.state, t.value, t.window_start, t.window_end, t.evaluated_at,
+             t.kind) for t in transitions]
+    clock = clock_record(shard, evaluated_at)
+    rows.append(tuple(clock[column] for column in TRANSITION_COLUMNS))
+    return pd.DataFrame.from_records(rows, columns=TRANSITION_COLUMNS)
 
 
 def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) -> int | None:

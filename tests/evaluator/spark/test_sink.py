@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
-from evaluator.spark.sink import RedisAlertSink, clock_record, frame_records
+from evaluator.spark.sink import CLOCK_STATE, RedisAlertSink, clock_record, frame_records, shard_output
 from evaluator.transition import Transition, alert_id
 from tests.examples import examples
 
@@ -55,8 +55,11 @@ def test_payloads_built_by_column_are_what_transition_to_json_writes(rows) -> No
     transitions = [Transition(alert_id(sid, key, state, at), sid, key, "resolved" if state == "resolved" else "firing",
                               value if state != "resolved" else None, at, at + 1, at + 2,
                               kind="crossing" if state == "crossing" else "state") for sid, key, state, value, at in rows]
-    frame = pd.DataFrame.from_records([t.to_dict() | {"kind": t.kind} for t in transitions])  # as the operator yields
-    records = frame_records(frame)
+    frame = shard_output(transitions, 3, 99)  # as the operator yields: the transitions, then the shard's clock
+    clock = frame.iloc[-1].to_dict()
+    assert pd.isna(clock.pop("value")) and clock == {k: v for k, v in clock_record(3, 99).items() if k != "value"}
+    assert clock["state"] == CLOCK_STATE
+    records = frame_records(frame.iloc[:-1])
     assert [r[4] for r in records] == [t.to_json() for t in transitions]
     assert [r[3] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
 
