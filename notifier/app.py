@@ -42,29 +42,34 @@ def queue_for(celery: Celery, notification: dict) -> str:
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
-    lanes = {lane: lane_queue(settings, lane) for lane in LANES}
     app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks"])
-    # Lazily: the queue's name carries the deployment id, read from the database, which importing
-    # this module (for the task's name) must not open.
-    app.add_defaults(lambda: {
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "task_serializer": "json",
-        "accept_content": ["json"],
-        "task_ignore_result": True,
-        "task_default_queue": lanes["alerts"],
-        "task_queues": [Queue(q, Exchange(q), routing_key=q) for q in lanes.values()],
-        "tocsin_lanes": lanes,
-        "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {
-            "visibility_timeout": settings.delivery_visibility_timeout_s,
-            "unacked_restore_interval": settings.delivery_restore_interval_s,
-            "unacked_restore_throttle": 1,
-            "global_keyprefix": celery_key_prefix(settings),
-        },
-        "worker_hijack_root_logger": False,
-    })
+
+    def defaults() -> dict[str, object]:
+        # Lazily, on first use of the configuration: the queues' names carry the deployment id, read from (and,
+        # for a new database, written to) the database, which importing this module (for the task's name, or an
+        # entry point's --help) must not open.
+        lanes = {lane: lane_queue(settings, lane) for lane in LANES}
+        return {
+            "task_acks_late": True,
+            "task_reject_on_worker_lost": True,
+            "worker_prefetch_multiplier": 1,
+            "task_serializer": "json",
+            "accept_content": ["json"],
+            "task_ignore_result": True,
+            "task_default_queue": lanes["alerts"],
+            "task_queues": [Queue(q, Exchange(q), routing_key=q) for q in lanes.values()],
+            "tocsin_lanes": lanes,
+            "broker_connection_retry_on_startup": True,
+            "broker_transport_options": {
+                "visibility_timeout": settings.delivery_visibility_timeout_s,
+                "unacked_restore_interval": settings.delivery_restore_interval_s,
+                "unacked_restore_throttle": 1,
+                "global_keyprefix": celery_key_prefix(settings),
+            },
+            "worker_hijack_root_logger": False,
+        }
+
+    app.add_defaults(defaults)
     return app
 
 

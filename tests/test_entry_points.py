@@ -69,6 +69,15 @@ def test_help_and_unknown_arguments(module: str, tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr
     # the usage, then why: "unrecognized arguments: --bogus" (or, first, the command a parser requires)
     assert refused.stderr.startswith(f"usage: python -m {module}") and "error: " in refused.stderr, refused.stderr
+    assert not (tmp_path / "none.db").exists(), f"{module} opened the database before parsing its arguments"
+
+
+def test_the_dispatchers_help_opens_no_database(tmp_path: Path) -> None:
+    # Importing notifier.app built the Celery app's queue names, which carry the deployment id: `--help` created
+    # and migrated a database (./var/tocsin.db in whatever directory it was asked in).
+    helped = _run([sys.executable, "-m", "notifier.dispatcher", "--help"], tmp_path)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m notifier.dispatcher"), helped.stderr
+    assert not (tmp_path / "none.db").exists()
 
 
 @pytest.mark.parametrize("script", ["infra/up", "infra/bootstrap", "infra/test"])
