@@ -63,13 +63,14 @@ def _session(pid: int) -> int | None:
 @pytest.mark.parametrize("module", entry_points())
 def test_help_and_unknown_arguments(module: str, tmp_path: Path) -> None:
     with ThreadPoolExecutor(2) as both:  # the two interpreters start side by side: imports are most of their time
-        helped, refused = both.map(lambda arg: _run([sys.executable, "-m", module, arg], tmp_path), ["--help", "--bogus"])
+        helped, refused = both.map(lambda arg: _run([sys.executable, "-m", module, arg], tmp_path / arg.strip("-")),
+                                   ["--help", "--bogus"])
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith(f"usage: python -m {module}"), helped.stdout
     assert refused.returncode == 2, refused.stderr
     # the usage, then why: "unrecognized arguments: --bogus" (or, first, the command a parser requires)
     assert refused.stderr.startswith(f"usage: python -m {module}") and "error: " in refused.stderr, refused.stderr
-    assert not (tmp_path / "none.db").exists(), f"{module} opened the database before parsing its arguments"
+    assert not (tmp_path / "help" / "none.db").exists(), f"{module} --help opened the database"
 
 
 def test_the_dispatchers_help_opens_no_database(tmp_path: Path) -> None:
