@@ -978,6 +978,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4,
                         help="Kafka partitions of the events topic: one read-and-parse task each per batch")
     args = parser.parse_args()
+    if not counts(args.peer_batches):
+        parser.error("--peer-batches names no batch size: the peers are compared with Tocsin at one at least")
     if args.quick:
         args.keys, args.rate, args.seconds, args.cap, args.subscriptions, args.naive = 200, 200, 4, 200, "300", "300"
         args.sweep_caps, args.high_selectivity, args.churn, args.churn_turnover = "", "300", 300, 50
@@ -1160,6 +1162,7 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         ))
     tables.append(peer_table(args, runs, results, peers))
     warm = f"after a {args.live_warm_up} s warm-up, {args.live_seconds} s measured"
+
     def spread(seconds: list[float], qs: tuple[float, ...]) -> list[float]:
         return percentiles(seconds, qs, 1.0) if seconds else [float("nan")] * len(qs)
 
