@@ -15,8 +15,7 @@ from tests.evaluator.spark.stateful_stop import STOPPING
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.jvm
-@pytest.mark.slow  # a JVM of its own, ~15 s: run in CI
+@pytest.mark.slow  # a JVM of its own, ~15 s: run in CI (jvm, as every test under tests/evaluator/spark)
 def test_stopping_the_session_after_a_stateful_query_logs_no_stack_trace(tmp_path: Path) -> None:
     # Before stop_session stopped the state stores first, maintenance firing during spark.stop() logged
     # "SparkEnv not active, cannot do maintenance on StateStores" with its trace (CI, test_runner's evaluator log).
