@@ -359,8 +359,54 @@ class Rate(EventAggregate):
         return super().column(columns, term, window_ms, ids) / (window_ms / 1000)
 
 
+def mean_and_deviation(values: np.ndarray) -> tuple[float, float]:
+    """The mean and the population standard deviation of a non-empty window's values, two-pass over correctly rounded
+    sums (``math.fsum``): no cancellation of a sum of squares less a squared sum, so a price of 10,000,000 moving by
+    cents keeps its digits."""
+    series = values.tolist()
+    # The exact mean lies within [min, max]; the rounded one may not (three equal values: sum rounded, then /3), and
+    # would give equal values a spread. Clamped, equal values give exactly 0.
+    mean = min(max(math.fsum(series) / len(series), min(series)), max(series))
+    return mean, math.sqrt(math.fsum((x - mean) * (x - mean) for x in series) / len(series))
+
+
+class StdDev(EventAggregate):
+    """The population standard deviation, as PromQL's ``stddev_over_time`` and Grafana's StdDev reducer: from the
+    retained events, since a pane's sum and sum of squares would give it only by a cancelling difference."""
+
+    name = "STDDEV"
+    summary = "the population standard deviation of the values (one event: 0)"
+    words = "standard deviation of {attribute}"
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        value = mean_and_deviation(values)[1]
+        return value if math.isfinite(value) else math.nan
+
+
+class ZScore(EventAggregate):
+    """How unusual the newest value is against its own window: ``ZSCORE(price) OVER 1h > 2`` is "the price is more
+    than two standard deviations above its 1-hour mean"."""
+
+    name = "ZSCORE"
+    summary = ("the newest value minus the mean, in standard deviations (no value when every value is the same)")
+    words = "standard score of the latest {attribute}"
+
+    @override
+    def of_events(self, values: np.ndarray, param: float | None) -> float:
+        deviation = mean_and_deviation(values)[1]
+        if deviation == 0 or not math.isfinite(deviation):
+            return math.nan
+        # newest - mean as (n * newest - sum) / n, the sum correctly rounded: newest - (rounded mean) would carry the
+        # mean's rounding (an ulp of 10,000,000 is 2e-9) into a difference that may be a cent
+        series = values.tolist()
+        newest = series[-1]
+        value = math.fsum([newest] * len(series) + [-x for x in series]) / len(series) / deviation
+        return value if math.isfinite(value) else math.nan
+
+
 AGGREGATES: dict[str, Aggregation] = {a.name: a for a in (Count(), Sum(), Avg(), Min(), Max(), Quantile(), Last(),
-                                                          Change(), PctChange(), Rate())}
+                                                          Change(), PctChange(), Rate(), StdDev(), ZScore())}
 
 #: Every name the parser accepts, with the aggregate it means and the param an alias fixes.
 SPELLINGS: dict[str, tuple[Aggregation, float | None]] = {

@@ -54,6 +54,30 @@ def _pct_change(window: list[Event], series: list[float], q: float | None) -> fl
     return value if math.isfinite(value) else None
 
 
+def _stddev(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """sqrt(mean of squared deviations from the mean), the sums correctly rounded."""
+    if not series:
+        return None
+    mean = _mean(series)
+    value = math.sqrt(math.fsum([(x - mean) * (x - mean) for x in series]) / len(series))
+    return value if math.isfinite(value) else None
+
+
+def _mean(series: list[float]) -> float:
+    """The correctly rounded sum over the count, kept within the values (equal values: exactly that value)."""
+    return min(max(math.fsum(series) / len(series), min(series)), max(series))
+
+
+def _zscore(window: list[Event], series: list[float], q: float | None) -> float | None:
+    """(newest - mean) / standard deviation; none when the deviation is 0."""
+    deviation, newest = _stddev(window, series, q), _last(window, series, q)
+    if not deviation or newest is None:
+        return None
+    # newest minus the mean as (n * newest - sum) / n, with the sum correctly rounded (test_spread checks it exact)
+    value = math.fsum([*([newest] * len(series)), *(-x for x in series)]) / len(series) / deviation
+    return value if math.isfinite(value) else None
+
+
 #: Each aggregate by its definition, independently of evaluator/aggregates.py (a test checks both name the same
 #: aggregates): ``(window events in arrival order, the attribute's values, param) -> value``; None: no value.
 DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float | None]] = {
@@ -67,6 +91,8 @@ DEFINITIONS: dict[str, Callable[[list[Event], list[float], float | None], float 
     "CHANGE": _change,
     "PCT_CHANGE": _pct_change,
     "RATE": lambda window, series, q: None,  # per second of the window's length: see WINDOWED
+    "STDDEV": _stddev,
+    "ZSCORE": _zscore,
 }
 
 #: Aggregates whose value also depends on the window's length (ms): ``(window, series, param, window_ms)``.

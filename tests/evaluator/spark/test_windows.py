@@ -1,4 +1,4 @@
-"""CHANGE %, tuple windows and NO DATA through the real streaming job: alerts equal the brute-force oracle's,
+"""CHANGE %, tuple windows, NO DATA, STDDEV and ZSCORE through the real streaming job: alerts equal the brute-force oracle's,
 with and without a SIGKILL and a restart from the checkpoint."""
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ SPECS = [
     SubscriptionSpec(5, parse_condition("NO DATA FOR 3s")),
     SubscriptionSpec(6, parse_condition("NO DATA FOR 2s"), frozenset({KEYS[0], KEYS[19], "NEVER"})),
     SubscriptionSpec(7, parse_condition("RATE(volume) OVER 5s > 5")),
+    SubscriptionSpec(8, parse_condition("STDDEV(price) OVER 5s > 1")),
+    SubscriptionSpec(9, parse_condition("ZSCORE(price) OVER 5s > 1.5")),
+    SubscriptionSpec(10, parse_condition("ZSCORE(volume) OVER LAST 10 EVENTS > 2")),
 ]
 
 
