@@ -52,7 +52,7 @@ from core.settings import Settings
 from devstack.spark_cluster import SparkCluster
 from evaluator.catalog import Catalog
 from evaluator.shard import group_subscriptions
-from evaluator.spark.session import spark_session
+from evaluator.spark.session import spark_session, stop_session
 
 WORKER_TIMEOUT_S = 60
 
@@ -78,7 +78,7 @@ def run_row(base: Settings, work: Path, workers: int, memory: str, row: Row, tot
         try:
             result = throughput_run(spark, settings, row, total_rows, budget_s)
         finally:
-            spark.stop()
+            stop_session(spark)
         result["alive"] = cluster.alive_workers()
     return result
 

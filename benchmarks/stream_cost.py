@@ -53,7 +53,7 @@ from core.redis_schema import RedisKeys
 from core.streams import Attribute, StreamSchema, topic_name
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
-from evaluator.spark.session import spark_session
+from evaluator.spark.session import spark_session, stop_session
 from evaluator.spark.supervisor import StreamSupervisor
 from ingest.kafka import ensure_topics
 from subscriptions.streams import publish_registry
@@ -218,7 +218,7 @@ def main() -> None:
         if supervisor is not None:
             supervisor.stop_all()
         if spark is not None:
-            spark.stop()
+            stop_session(spark)
         stop_stack()
     load_after = psutil.getloadavg()
     report(args, phases, begun, load_before, load_after)

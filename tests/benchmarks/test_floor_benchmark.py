@@ -20,6 +20,6 @@ def test_quick_run_measures_every_pipeline_live_and_draining() -> None:
     for name in PIPELINES:
         batches, rows, p50, *_ = live[name]
         assert number(batches) > 0 and number(rows) > 0 and number(p50) > 0, (name, live[name])
-        batches, rows, _, per_wall_s, cpu_per_row, *_ = drain[name]
-        assert number(rows) == 10_000, (name, drain[name])  # --quick: rows per batch exactly as asked
+        size, batches, rows, _, per_wall_s, cpu_per_row, *_ = drain[name]
+        assert number(size) == number(rows) == 10_000, (name, drain[name])  # --quick: rows per batch exactly as asked
         assert number(per_wall_s) > 0 and number(cpu_per_row) > 0, (name, drain[name])
