@@ -45,6 +45,7 @@ def test_quick_run_prints_every_table() -> None:
     assert number(vs_naive["issue-16 mix 300"]) > 0 and number(vs_naive["collective 300"]) > 0  # each against its mix
     assert all(number(cells[3]) > 0 for cells in throughput), throughput  # events/s from rows processed
     assert all(number(cells[13]) > 0 for cells in throughput), throughput  # peak RSS of the process tree
+    assert all(number(cells[14]) > 0 for cells in throughput), throughput  # the first evaluation's batch, timed
 
     stages = {cells[0]: cells[1:] for cells in table_rows(stdout, "Where the time goes")}
     assert set(stages) == {cells[0] for cells in throughput}
