@@ -352,6 +352,15 @@ class _ConsumerPool:
         with self._lock:
             self._idle.setdefault(options, []).append((time.monotonic(), consumer))
 
+    def close(self) -> None:
+        """Close every idle consumer: before its broker goes away (a benchmark's, a test's), so librdkafka does not
+        log failed reconnects until the process exits."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for consumers in idle.values():
+            for _, consumer in consumers:
+                consumer.close()
+
 
 _CONSUMERS = _ConsumerPool()
 

@@ -236,6 +236,12 @@ def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reus
     [(_, fresh)] = source._CONSUMERS._idle[src._consumer_options()]
     assert fresh is not pooled
 
+    source._CONSUMERS.close()  # before a broker goes away: no consumer left to reconnect to it
+    assert source._CONSUMERS._idle == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        fresh.consume(num_messages=1, timeout=0)
+    assert offsets(0, 2) == [0, 1]  # the next read makes a new one
+
 
 def test_a_slice_never_asks_librdkafka_for_more_records_than_it_holds(settings: Settings,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
