@@ -42,8 +42,8 @@ def _combine(op: str, left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 def _column(columns: Columns, expr: Expr, window_ms: int, ids: np.ndarray) -> np.ndarray:
-    if isinstance(expr, Term):
-        return AGGREGATES[expr.aggregate].column(columns, expr, window_ms, ids)
+    if isinstance(expr, Term):  # over its own window, if it has one (a key against its own baseline)
+        return AGGREGATES[expr.aggregate].column(columns, expr, expr.over(window_ms), ids)
     if isinstance(expr, Num):
         return np.full(ids.size, expr.value)
     assert isinstance(expr, BinOp)
@@ -206,7 +206,8 @@ class GroupState:
     def __init__(self, template: Condition, order: str) -> None:
         self.template = template
         self.order = order
-        self.window_ms = template.window_ms
+        self.window_ms = template.window_ms  # what its transitions report: the longest window it reads
+        self.windows = sorted(template.windows)  # every window it reads: a key changed in any may flip
         self.empty = empty_value(template)
         self.everyone: dict[int, SubscriptionSpec] = {}
         self.restricted: dict[int, SubscriptionSpec] = {}

@@ -229,7 +229,7 @@ class Window:
 
 
 TUPLE = 0  # the "window length" of tuple windows (OVER LAST n EVENTS): changed by events entering or leaving
-#: the horizon, which take_dirty(TUPLE) gives
+#: the horizon, which take_dirty([TUPLE]) gives
 
 
 class RunningWindows:
@@ -388,9 +388,10 @@ class RunningWindows:
             self._enter(window, rows.take(np.flatnonzero(covered)))
         self._dirty_all.append(rows.ids)
 
-    def take_dirty(self, ms: int) -> np.ndarray:
-        """The keys whose window ``ms`` (or whose being known) may have changed since the last call for it."""
-        parts = self._dirty.get(ms, []) + self._dirty_all
+    def take_dirty(self, lengths: Iterable[int]) -> np.ndarray:
+        """The keys whose window of any of ``lengths`` (or whose being known) may have changed since the last
+        evaluation: a condition over several windows (a key against its own baseline) changes with any of them."""
+        parts = [part for ms in lengths for part in self._dirty.get(ms, [])] + self._dirty_all
         return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def clear_dirty(self) -> np.ndarray:

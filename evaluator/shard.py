@@ -249,20 +249,23 @@ class _Columns:
     """The running windows and retained events at one boundary, as :class:`~evaluator.aggregates.Columns`."""
 
     def __init__(self, running: RunningWindows, values: KeyValues, attributes: tuple[str, ...], boundary: int,
-                 window: tuple[Window, list[int]] | None = None) -> None:
-        """``window``: the only time window read, with its sums' units (``RunningWindows.window_at``); else the
-        running windows."""
+                 windows: Mapping[int, tuple[Window, list[int]]] | None = None) -> None:
+        """``windows``: the only time windows read, each with its sums' units (``RunningWindows.window_at``); else
+        the running windows."""
         self.running, self.values, self.boundary = running, values, boundary
         self.index = {a: i for i, a in enumerate(attributes)}
-        self.windows: Mapping[int, Window] = running.windows if window is None else {window[0].ms: window[0]}
-        self.shifts = running.shifts if window is None else window[1]
+        self.windows: Mapping[int, Window] = (running.windows if windows is None
+                                              else {ms: window for ms, (window, _) in windows.items()})
+        self.shifts: Mapping[int, list[int]] | None = (None if windows is None
+                                                       else {ms: shifts for ms, (_, shifts) in windows.items()})
 
     def count(self, window_ms: int, ids: np.ndarray) -> np.ndarray:
         return self.windows[window_ms].count[ids].astype(np.float64)
 
     def sum(self, window_ms: int, attribute: str, ids: np.ndarray) -> np.ndarray:
         a = self.index[attribute]
-        return to_floats(self.windows[window_ms].sums[a][ids], self.shifts[a])
+        shifts = self.running.shifts if self.shifts is None else self.shifts[window_ms]
+        return to_floats(self.windows[window_ms].sums[a][ids], shifts[a])
 
     def extreme(self, window_ms: int, side: str, attribute: str, ids: np.ndarray) -> np.ndarray:
         window = self.windows[window_ms]
@@ -586,7 +589,8 @@ class ShardEvaluator:
         for sid in gone:  # deleted or paused: forget silently
             self._forget(sid)
             delta.dropped_subscriptions.append(sid)
-        self.running.use(key[2] for key in self._states if key[2])  # a tuple window (0) has no running window
+        # every window a group reads (a key against its own baseline: several); a tuple window (0) has none
+        self.running.use(ms for state in self._states.values() for ms in state.windows if ms)
 
     def _upsert(self, spec: SubscriptionSpec) -> None:
         self._remove(spec.id)
@@ -657,8 +661,8 @@ class ShardEvaluator:
         return {names[k] for k in np.flatnonzero(self.running.known).tolist()}  # type: ignore[misc]  # live ids
 
     def _expr(self, expr: Expr, window_ms: int, key: str, now: int) -> float | None:
-        if isinstance(expr, Term):  # an aggregate, computed as its declaration says
-            return AGGREGATES[expr.aggregate].value_of(self, expr, window_ms, key, now)
+        if isinstance(expr, Term):  # an aggregate, computed as its declaration says, over its own window if any
+            return AGGREGATES[expr.aggregate].value_of(self, expr, expr.over(window_ms), key, now)
         if isinstance(expr, Num):
             return expr.value
         left = self._expr(expr.left, window_ms, key, now)
@@ -732,8 +736,8 @@ class ShardEvaluator:
             owned = sorted(k for k in keys if self.owns(k))
             ids = np.array([kid for k in owned if (kid := running.keys.get(k)) is not None], dtype=np.int64)
             others = [k for k in owned if running.keys.get(k) is None]
-        window = running.window_at(condition.window_ms) if condition.events is None else None
-        columns = _Columns(running, self.values, self.config.attributes, running.at, window)
+        windows = {ms: running.window_at(ms) for ms in condition.windows} if condition.events is None else None
+        columns = _Columns(running, self.values, self.config.attributes, running.at, windows)
         values = np.concatenate([values_of(columns, condition, ids), np.full(len(others), empty_value(condition))])
         watched = [*(names[k] for k in ids.tolist()), *others]
         holds = Members([SubscriptionSpec(0, condition, keys)]).holds(np.zeros(values.size, dtype=np.int64), values)
@@ -826,7 +830,7 @@ class ShardEvaluator:
                       self._firing_by_key, self._restricted_mask(), self.costs, self.owns)
         flips: list[Flip] = []
         for state in self._states.values():
-            flips += state.evaluate(ctx, running.take_dirty(state.window_ms))
+            flips += state.evaluate(ctx, running.take_dirty(state.windows))
         stats.changed_keys += ctx.work["changed"]
         stats.candidates += ctx.work["candidates"]
         stats.explicit_keys += ctx.work["explicit"]
@@ -994,7 +998,7 @@ class ShardEvaluator:
                 continue
             if state.values.size < capacity:
                 state.values = np.concatenate([state.values, np.full(capacity - state.values.size, state.empty)])
-            ids = running.take_dirty(state.window_ms)
+            ids = running.take_dirty(state.windows)
             state.values[ids] = values_of(columns, state.template, ids)
         self._known_before = running.known.copy()
         self._maybe_free += running.clear_dirty().tolist()

@@ -19,7 +19,18 @@ from typing import TYPE_CHECKING, Any
 from core.stream_names import TRADES
 from evaluator.aggregates import AGGREGATES, check_term
 from evaluator.comparators import Range
-from evaluator.expr import EXPR_TYPES, OPERATORS, BinOp, Expr, Num, Term, combine, expr_from_json, expr_terms
+from evaluator.expr import (
+    EXPR_TYPES,
+    OPERATORS,
+    BinOp,
+    Expr,
+    Num,
+    Term,
+    combine,
+    expr_from_json,
+    expr_terms,
+    term_windows,
+)
 from evaluator.lifecycle import Lifecycle, contains
 
 __all__ = ["OPERATORS", "Aggregate", "BinOp", "Condition", "Expr", "Num", "Range", "SubscriptionSpec", "Term",
@@ -99,6 +110,7 @@ class Condition:
         for term in terms:
             check_term(term)
         object.__setattr__(self, "computes", self.expression if self.aggregate is Aggregate.EXPR else terms[0])
+        self._check_term_windows(terms)
         self._check_lifecycle()
         self.check_tuple_window()
 
@@ -144,6 +156,28 @@ class Condition:
                 raise ValueError("window must be positive")
         elif self.window_ms != 0 or self.events < 1:
             raise ValueError("a tuple window has window_ms 0 and at least one event")
+
+    def _check_term_windows(self, terms: list[Term]) -> None:
+        """A key against its own baseline: either no term has its own window (every one is over ``window_ms``), or
+        every one has, over two lengths or more, and ``window_ms`` is the longest (what the condition looks at: its
+        transitions' window). One canonical form, so equal conditions compare equal and share a group."""
+        own = [t.window_ms for t in terms if t.window_ms is not None]
+        if not own:
+            return
+        if self.events is not None:
+            raise ValueError("a condition over a tuple window has no term with a time window of its own")
+        if len(own) != len(terms) or len(set(own)) < 2:
+            raise ValueError("give every term its own window, over two lengths or more (one length: the condition's "
+                             "window)")
+        if any(ms <= 0 for ms in own):
+            raise ValueError("window must be positive")
+        if self.window_ms != max(own):
+            raise ValueError("a condition's window is the longest of its terms'")
+
+    @property
+    def windows(self) -> frozenset[int]:
+        """Every window length it reads (a tuple window: 0): its terms', or its one window."""
+        return frozenset(term_windows(self.computes) or {self.window_ms})
 
     def check_tuple_window(self) -> None:
         """Raise ValueError if a tuple window uses an aggregate that has none, or NO DATA is not COUNT(*) <= 0 over

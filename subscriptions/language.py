@@ -12,14 +12,15 @@
     AVG(price) OVER LAST 100 EVENTS > 10
     NO DATA FOR 5m
     SUM(volume) OVER 5m > 2e6 WHERE exchange IN ('XNAS', 'XNYS') AND key STARTS WITH 'AA'
+    (SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) * 12 > 3
 
 Grammar (case-insensitive words)::
 
-    condition  := (expr OVER window (comparison | crossing) clause* | NO DATA FOR duration) [WHERE filters]
+    condition  := (expr [OVER window] (comparison | crossing) clause* | NO DATA FOR duration) [WHERE filters]
     window     := duration | LAST integer EVENTS
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
-    factor     := number | '-' factor | aggregate | '(' expr ')'
+    factor     := number | '-' factor | aggregate | '(' expr [OVER duration] ')'
     aggregate  := NAME '(' ['*'] ')' | NAME '(' attribute [',' number] ')'
     comparison := a comparator's syntax, each {} a threshold: '>' threshold | BETWEEN threshold AND threshold | ...
     threshold  := ['-' | '+'] number ['%']
@@ -29,6 +30,11 @@ Grammar (case-insensitive words)::
     filter     := dimension ('=' string | IN '(' string (',' string)* ')')
                 | key ('=' string | IN '(' string (',' string)* ')' | STARTS WITH string)
     string     := "'" characters "'"        (a quote inside is doubled: 'O''Hare')
+
+A parenthesised part of the expression may name its own window, ``(SUM(volume) OVER 1h)``: a key compared
+with its own baseline. The trailing ``OVER window`` is then the window of the terms that name none, and may be
+left out when every term names one. Terms all over one window are that condition written plainly; over several,
+every term keeps its own window and the condition's is the longest (``Condition._check_term_windows``).
 
 The clauses (each at most once, in any order) are the alert's lifecycle, see
 evaluator/lifecycle.py: a pending period, keep-firing, a separate resolve threshold
@@ -68,6 +74,7 @@ from core.stream_names import TRADES
 from core.streams import KEY_CHARS, KEY_MAX, WIRE_KEY, StreamSchema
 from evaluator.aggregates import AGGREGATES, SPELLINGS, EventAggregate, format_term, number_text
 from evaluator.comparators import COMPARATORS, CROSSINGS, Comparator, Crossing, Range, comparator_of, crossing_of
+from evaluator.expr import term_windows, with_window
 from evaluator.lifecycle import Lifecycle, contains
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
@@ -264,7 +271,18 @@ class _Parser:
         if self.at("("):
             self.i += 1
             node = self.expr()
-            self.take("op", ")")
+            if self.at("OVER"):  # a window of its own for this part: a key against its own baseline
+                over = self.take("word")
+                token = self.take("duration", expected="a duration such as 5m or 1h: a part's own window is a time "
+                                                       "window")
+                if not expr_terms(node):
+                    raise ConditionError("a window needs an aggregate to be over, as in (SUM(volume) OVER 1h)",
+                                         over.column)
+                node = with_window(node, _duration_ms(token))
+                self.take("op", ")", expected="')': a window inside parentheses ends them, as in (SUM(volume) OVER "
+                                              "1h)")
+            else:
+                self.take("op", ")")
             return node
         return self.aggregate()
 
@@ -332,10 +350,22 @@ class _Parser:
     def value_condition(self) -> Condition:
         start = self.column()
         expression = self.expr()
-        if not expr_terms(expression):
+        terms = expr_terms(expression)
+        if not terms:
             raise ConditionError("the condition needs an aggregate such as SUM(volume)", start)
-        self.take("word", "OVER", expected="OVER and a window, as in OVER 5m or OVER LAST 100 EVENTS")
-        window_ms, events = self.window()
+        own = [t.window_ms for t in terms if t.window_ms is not None]
+        if len(own) == len(terms) and not self.at("OVER"):  # every part names its window: no trailing OVER
+            window_ms, events = max(own), None
+        else:
+            over = self.column()
+            self.take("word", "OVER", expected="OVER and a window for the parts with none of their own, as in "
+                                               "(SUM(volume) OVER 5m) / SUM(volume) OVER 1h" if term_windows(expression)
+                      else "OVER and a window, as in OVER 5m or OVER LAST 100 EVENTS")
+            window_ms, events = self.window()
+            if events is not None and term_windows(expression):
+                raise ConditionError("a tuple window (LAST n EVENTS) is the whole condition's: no part may have a "
+                                     "time window of its own", over)
+        expression, window_ms = _one_form(expression, window_ms)
         column = self.column()
         crossing = self.crossing()
         if crossing is None:
@@ -649,6 +679,18 @@ def combine_keys(listed: Collection[str] | None, filtered: Collection[str] | Non
     return common
 
 
+def _one_form(expression: Expr, window_ms: int) -> tuple[Expr, int]:
+    """The expression and the condition's window in the one form a condition has: terms over one window are written
+    plainly over it; over several, each keeps its own and the condition's is the longest."""
+    expression = with_window(expression, window_ms) if term_windows(expression) else expression
+    windows = term_windows(expression)
+    if not windows:
+        return expression, window_ms
+    if len(windows) == 1:
+        return with_window(expression, None), windows.pop()
+    return expression, max(windows)
+
+
 def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantile_max_window_ms: int,
                  max_events: int | None = None) -> None:
     """Windows are whole numbers of panes and no longer than the evaluator keeps history (raw values for quantiles);
@@ -663,14 +705,15 @@ def check_window(condition: Condition, pane_ms: int, max_window_ms: int, quantil
     if condition.no_data and condition.window_ms >= max_window_ms:
         raise ConditionError(f"NO DATA FOR must be shorter than {format_duration(max_window_ms)}: a key silent "
                              "that long is forgotten")
-    if condition.window_ms % pane_ms:
-        raise ConditionError(f"the window must be a multiple of {format_duration(pane_ms)}")
-    if condition.window_ms > max_window_ms:
-        raise ConditionError(f"the window may be at most {format_duration(max_window_ms)}")
+    for window_ms in sorted(condition.windows):
+        if window_ms % pane_ms:
+            raise ConditionError(f"the window must be a multiple of {format_duration(pane_ms)}")
+        if window_ms > max_window_ms:
+            raise ConditionError(f"the window may be at most {format_duration(max_window_ms)}")
     for term in condition.terms:
         aggregate = AGGREGATES[term.aggregate]
         if (isinstance(aggregate, EventAggregate) and aggregate.needs_every_event
-                and condition.window_ms > quantile_max_window_ms):
+                and term.over(condition.window_ms) > quantile_max_window_ms):
             noun = aggregate.name.lower()
             if not quantile_max_window_ms:
                 raise ConditionError(f"{noun}s are switched off on this deployment")
@@ -692,7 +735,8 @@ def format_expr(expr: Expr, context: int = 0, right: bool = False) -> str:
     if isinstance(expr, Num):
         return number_text(expr.value)
     if isinstance(expr, Term):
-        return format_term(expr)
+        text = format_term(expr)
+        return text if expr.window_ms is None else f"({text} OVER {format_duration(expr.window_ms)})"
     level = _PRECEDENCE[expr.op]
     text = f"{format_expr(expr.left, level)} {expr.op} {format_expr(expr.right, level, right=True)}"
     return f"({text})" if level < context or (right and level == context) else text
@@ -729,7 +773,9 @@ def _format_value(condition: Condition) -> str:
     pct = "%" if condition.percent_of else ""
     if isinstance(computes, Term) and computes.aggregate == "PCT_CHANGE":  # written CHANGE(x) ... x%
         computes, pct = Term("CHANGE", computes.attribute), "%"
-    head = f"{format_expr(computes)} OVER {_window_text(condition)}"
+    head = format_expr(computes)
+    if not term_windows(computes):  # else every term names its own
+        head += f" OVER {_window_text(condition)}"
     life = condition.lifecycle
     if life is not None and life.crossing is not None:
         [side] = condition.accepted
@@ -788,7 +834,7 @@ def _explain_value(condition: Condition) -> str:
         test = crossing_of(life.crossing).words.format(f"{number_text(threshold)}{pct}")  # type: ignore[arg-type]
         if condition.percent_of:
             test += f" of its latest {condition.percent_of}"
-        text = f"notifies each time a key's {what} over the {_window_words(condition)} {test} (an event: nothing resolves)"
+        text = f"notifies each time a key's {what}{_window_words(condition)} {test} (an event: nothing resolves)"
         if life.dampen_ms:
             text += f", at most once per key every {format_duration(life.dampen_ms)}"
         return text
@@ -800,13 +846,15 @@ def _explain_value(condition: Condition) -> str:
         text = (f"fires for each key that has sent no event for {format_duration(condition.window_ms)} (a listed "
                 "key always; any other until it has been silent for the evaluator's horizon, then it is forgotten)")
     else:
-        text = f"fires for each key whose {what} over the {_window_words(condition)} {test}"
+        text = f"fires for each key whose {what}{_window_words(condition)} {test}"
     return text + explain_lifecycle(life, pct) if life is not None else text
 
 
 def _window_words(condition: Condition) -> str:
-    return (f"last {condition.events} events" if condition.events is not None
-            else f"last {format_duration(condition.window_ms)}")
+    """" over the last 5m" (leading space); "" when each term names its own window (the expression shows them)."""
+    if condition.events is not None:
+        return f" over the last {condition.events} events"
+    return "" if term_windows(condition.computes) else f" over the last {format_duration(condition.window_ms)}"
 
 
 def explain_lifecycle(life: Lifecycle, pct: str = "") -> str:
@@ -871,6 +919,8 @@ WINDOWS: tuple[tuple[str, str], ...] = (
                                    "(PCT_CHANGE); elsewhere a percentage is a share of the last value"),
     ("NO DATA FOR 5m", "fires for a key that sent nothing for 5 minutes: a listed key always, any other until "
                        "silent for the horizon"),
+    ("(SUM(volume) OVER 5m) / (SUM(volume) OVER 3h) * 36 > 3",
+     "a key against its own baseline: a part in parentheses may name its own window"),
 )
 
 

@@ -116,23 +116,34 @@ def term_of(term: Term | Any, window: list[Event], window_ms: int = 0) -> float 
     return DEFINITIONS[term.aggregate](window, series, term.param)
 
 
-def expr_of(expr: Expr, window: list[Event], window_ms: int = 0) -> float | None:
+def expr_of(expr: Expr, window: list[Event], window_ms: int = 0,
+            at: tuple[int, int] | None = None) -> float | None:
+    """``at``: (boundary, pane) of ``window``, for terms over windows of their own (the subset of ``window`` in
+    theirs: ``window`` is the condition's, the longest)."""
     if isinstance(expr, Num):
         return expr.value
     if isinstance(expr, Term):
-        return term_of(expr, window, window_ms)
+        if expr.window_ms is None:
+            return term_of(expr, window, window_ms)
+        if at is None:
+            raise ValueError("a term over its own window needs the window's boundary and pane")
+        b, pane_ms = at
+        return term_of(expr, [e for e in window if b - expr.window_ms <= e[1] // pane_ms * pane_ms < b],
+                       expr.window_ms)
     assert isinstance(expr, BinOp)
-    left, right = expr_of(expr.left, window, window_ms), expr_of(expr.right, window, window_ms)
+    left, right = expr_of(expr.left, window, window_ms, at), expr_of(expr.right, window, window_ms, at)
     if left is None or right is None or (expr.op == "/" and right == 0):
         return None
     value = {"+": left + right, "-": left - right, "*": left * right}.get(expr.op) if expr.op != "/" else left / right
     return value if math.isfinite(value) else None  # type: ignore[arg-type]  # every op gives a value
 
 
-def value_of(c: Condition, window: list[Event]) -> float | None:
+def value_of(c: Condition, window: list[Event], at: tuple[int, int] | None = None) -> float | None:
+    """``c``'s value over a key's ``window`` (its events in the condition's window); ``at``: (boundary, pane) of
+    the window, needed when terms have windows of their own."""
     if c.aggregate is not Aggregate.EXPR:
         return term_of(c.terms[0], window, c.window_ms)
-    value = expr_of(c.expression, window, c.window_ms)  # type: ignore[arg-type]  # EXPR conditions have one
+    value = expr_of(c.expression, window, c.window_ms, at)  # type: ignore[arg-type]  # EXPR conditions have one
     if value is None or c.percent_of is None:
         return value
     last = term_of(Term("LAST", c.percent_of), window)
@@ -167,7 +178,7 @@ def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: in
             matched = set()
             for key in known & all_keys if spec.keys is None else spec.keys:
                 window = window_of(c, by_key[key], b, pane_ms, horizon_ms)
-                if c.holds(value_of(c, window)):
+                if c.holds(value_of(c, window, (b, pane_ms))):
                     matched.add(key)
             out |= {(spec.id, k, "firing", b) for k in matched - firing[spec.id]}
             out |= {(spec.id, k, "resolved", b) for k in firing[spec.id] - matched}
@@ -241,7 +252,7 @@ def lifecycle_oracle(events: list[Event], specs: list[SubscriptionSpec] | list[t
                 c = m.condition
                 watched = known & all_keys if m.keys is None else m.keys  # as in oracle()
                 held[m.id] = {key for key in watched
-                              if c.holds(value_of(c, window_of(c, by_key[key], b, pane_ms, horizon_ms)))}
+                              if c.holds(value_of(c, window_of(c, by_key[key], b, pane_ms, horizon_ms), (b, pane_ms)))}
             for spec in catalog:
                 out |= _lifecycle_step(spec, b, held, before, state, applied, pane_ms)  # type: ignore[arg-type]
             b += pane_ms

@@ -54,7 +54,12 @@ def test_parses(text: str, expected: Condition) -> None:
         ("SUM(volume) - AVG(price) OVER 1m > 3%", "exactly one attribute", 1),
         ("MAX(price) OVER 1m BETWEEN 1% AND 3", "both ends of the range", 20),
         ("2 * 3 OVER 1m > 1", "needs an aggregate", 1),
-        ("(MAX(price) - MIN(price) OVER 1m > 1", "expected ), found 'OVER'", 26),
+        ("(MAX(price) - MIN(price) > 1", "expected ), found '>'", 26),
+        ("(MAX(price) - MIN(price) OVER 1m > 1", "a window inside parentheses ends them", 34),
+        ("(SUM(volume) OVER 5m) / SUM(volume) > 3", "OVER and a window for the parts with none", 37),
+        ("(SUM(volume) OVER LAST 5 EVENTS) > 3", "a part's own window is a time window", 19),
+        ("(SUM(volume) OVER 5m) / SUM(volume) OVER LAST 10 EVENTS > 3", "no part may have a time window", 37),
+        ("(2 OVER 5m) + SUM(volume) OVER 1m > 1", "a window needs an aggregate", 4),
     ],
 )
 def test_errors_say_what_and_where(text: str, message: str, column: int | None) -> None:

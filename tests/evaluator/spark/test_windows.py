@@ -1,5 +1,5 @@
-"""CHANGE %, tuple windows, NO DATA, STDDEV and ZSCORE through the real streaming job: alerts equal the brute-force oracle's,
-with and without a SIGKILL and a restart from the checkpoint."""
+"""CHANGE %, tuple windows, NO DATA, STDDEV, ZSCORE and baselines (a window per part) through the real streaming
+job: alerts equal the brute-force oracle's, with and without a SIGKILL and a restart from the checkpoint."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ SPECS = [
     SubscriptionSpec(8, parse_condition("STDDEV(price) OVER 5s > 1")),
     SubscriptionSpec(9, parse_condition("ZSCORE(price) OVER 5s > 1.5")),
     SubscriptionSpec(10, parse_condition("ZSCORE(volume) OVER LAST 10 EVENTS > 2")),
+    SubscriptionSpec(11, parse_condition("(SUM(volume) OVER 2s) / (SUM(volume) OVER 5s) > 0.6")),
+    SubscriptionSpec(12, parse_condition("(AVG(price) OVER 1s) - (AVG(price) OVER 5s) > 0.5")),
 ]
 
 
