@@ -13,7 +13,8 @@ default), the index plan (every group by collective index lookups, each boundary
 and naive (every subscription on every key), the last two started from a snapshot of the
 warmed shard. Catching up: a copy that replays missed deltas (a Spark worker whose cached
 shard is behind) against one that evaluated them. Key churn: keys live a few seconds, ~1M distinct keys over the run with
-~5k in the horizon at a time; memory and ms per boundary early vs late.
+~5k in the horizon at a time; memory and ms per boundary early vs late. Baselines: conditions comparing a key's
+1-minute aggregates with its own 5-minute ones, incremental against naive.
 
 Nothing here asserts a time; numbers are read.
 """
@@ -41,6 +42,7 @@ from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from subscriptions.language import parse_condition
 
 ATTRS = ("price", "volume")
 PANE = 1_000
@@ -363,25 +365,89 @@ def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
            "RSS MB"], rows)
 
 
+#: Baseline conditions (a key against its own longer window), each with the share of keys it should match.
+BASELINES = ("(SUM(volume) OVER 1m) / (SUM(volume) OVER 5m) * 5", "(AVG(price) OVER 1m) / (AVG(price) OVER 5m)",
+             "(COUNT(*) OVER 1m) / (COUNT(*) OVER 5m) * 5", "(MAX(price) OVER 1m) - (AVG(price) OVER 5m)")
+
+
+def baseline_catalog(n: int, shard: ShardEvaluator, seed: int) -> Catalog:
+    """``n`` baseline subscriptions over the four shapes of :data:`BASELINES`, thresholds around the 92nd percentile
+    of each shape's current values (~8 % of the pairs match), a tenth of them listing 3 keys."""
+    rng = np.random.default_rng(seed)
+    now = shard.evaluated_at - 1  # type: ignore[operator]  # warmed up
+    keys = sorted(shard._known())
+    picked = rng.choice(keys, min(len(keys), 400), replace=False)
+    samples = {}
+    for text in BASELINES:
+        probe = parse_condition(f"{text} > 0")
+        values = [shard.value(probe, k, now) for k in picked]
+        samples[text] = np.array([v for v in values if v is not None])
+    specs = []
+    for i in range(n):
+        text = BASELINES[i % len(BASELINES)]
+        level = float(np.quantile(samples[text], rng.uniform(0.87, 0.97)))
+        restricted = frozenset(rng.choice(keys, 3, replace=False).tolist()) if rng.random() < 0.1 else None
+        specs.append(SubscriptionSpec(i + 1, parse_condition(f"{text} > {level!r}"), restricted))
+    return Catalog(1, tuple(specs))
+
+
+def baselines(n: int, warm_s: int, measured: int, per_second: int) -> None:
+    """Baseline conditions evaluated collectively (one running aggregate per window length and key, shared by every
+    subscription that reads it; a key re-evaluated when any of its windows changed) against naive (each
+    subscription on each key, alone)."""
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
+    feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+    shard, t = ShardEvaluator(config), 1_000_000
+    _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm baselines {n:,}")
+    catalog = baseline_catalog(n, shard, seed=17)
+    _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")
+    warm = shard.snapshot()
+    gc.collect()
+    rows, per_plan = [], {}
+    for plan, plan_config, count in (("incremental", config, measured),
+                                     ("naive", replace(config, collective=False), 1)):
+        copy = shard if plan == "incremental" else ShardEvaluator.from_snapshot(plan_config, warm)
+        gc.collect()
+        ms, stats, _ = run_boundaries(copy, feed, t, count, catalog, f"baselines {plan} {n:,}")
+        b = max(stats.boundaries, 1)
+        per_plan[plan] = ms
+        windows = ", ".join(f"{ms // 1000} s" for ms in sorted(copy.running.windows))
+        rows.append([f"{n:,}", plan, ms, stats.changed_keys / b if plan == "incremental" else "",
+                     stats.candidates / b, stats.transitions / b, sum(len(v) for v in copy.firing.values()),
+                     windows, rss_mb()])
+    rows.append([f"{n:,}", "naive / incremental", per_plan["naive"] / per_plan["incremental"], "", "", "", "", "", ""])
+    table(f"Baselines, a key against its own longer window: {n:,} subscriptions over four shapes ({'; '.join(BASELINES)}"
+          "), thresholds around the 92nd percentile (ms per boundary; running windows: the lengths kept, each one "
+          "aggregate per key for every subscription reading it)",
+          ["subscriptions", "plan", "ms/boundary", "changed keys/b", "candidates/b", "transitions/b", "firing",
+           "running windows", "RSS MB"], rows)
+
+
 def main() -> None:
     parser = cli.parser(__doc__, "python -m benchmarks.shard")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
+    parser.add_argument("--baselines-only", action="store_true", help="only the baselines at 10,000 subscriptions")
     add_markdown_option(parser)
     args = parser.parse_args()
     if args.mix_only:
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
+        return
+    if args.baselines_only:
+        baselines(10_000, warm_s=300, measured=10, per_second=5_000)
         return
     if args.quick:
         high_selectivity([100, 1_000], warm_s=30, measured=5, naive_upto=100, per_second=1_000)
         catch_up(100, warm_s=30, batches=5, per_second=1_000)
         key_churn(seconds=50, band=500, slide=100, per_second=1_000, subscriptions=100)
         issue16_mix(200, warm_s=30, measured=3, per_second=1_000)
+        baselines(200, warm_s=30, measured=3, per_second=1_000)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
         catch_up(10_000, warm_s=300, batches=10, per_second=10_000)
         key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
+        baselines(10_000, warm_s=300, measured=10, per_second=5_000)
 
 
 if __name__ == "__main__":
