@@ -337,6 +337,33 @@ def mix_catalog(n: int, shard: ShardEvaluator, seed: int) -> Catalog:
     return Catalog(1, tuple(specs))
 
 
+def incremental_against_naive(shard: ShardEvaluator, config: ShardConfig, feed: Feed, t: int, catalog: Catalog,
+                              measured: int, label: str, extra: Callable[[ShardEvaluator], str] | None = None
+                              ) -> list[list[object]]:
+    """The table rows of a warmed ``shard`` given ``catalog``: its first boundary, then ``measured`` boundaries of the
+    incremental plan against one of naive started from the same snapshot, and their ratio. ``extra``: one more cell
+    per plan, before RSS."""
+    _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")
+    warm = shard.snapshot()
+    gc.collect()
+    rows: list[list[object]] = []
+    per_plan = {}
+    n = f"{len(catalog.subscriptions):,}"
+    for plan, plan_config, count in (("incremental", config, measured),
+                                     ("naive", replace(config, collective=False), 1)):
+        copy = shard if plan == "incremental" else ShardEvaluator.from_snapshot(plan_config, warm)
+        gc.collect()
+        ms, stats, _ = run_boundaries(copy, feed, t, count, catalog, f"{label} {plan}")
+        b = max(stats.boundaries, 1)
+        per_plan[plan] = ms
+        rows.append([n, plan, ms, stats.changed_keys / b if plan == "incremental" else "", stats.candidates / b,
+                     stats.transitions / b, sum(len(v) for v in copy.firing.values()),
+                     *([extra(copy)] if extra else []), rss_mb()])
+    rows.append([n, "naive / incremental", per_plan["naive"] / per_plan["incremental"],
+                 *[""] * (len(rows[0]) - 3)])
+    return rows
+
+
 def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
     """The realistic mix with CHANGE %, tuple windows and NO DATA: incremental against naive at ``n``."""
     config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1, value_retention_ms=MINUTE, tuple_max_events=100)
@@ -344,21 +371,7 @@ def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
     shard, t = ShardEvaluator(config), 1_000_000
     _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm mix {n:,}")
     catalog = mix_catalog(n, shard, seed=11)
-    _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")
-    warm = shard.snapshot()
-    gc.collect()
-    rows, per_plan = [], {}
-    for plan, plan_config, count in (("incremental", config, measured),
-                                     ("naive", replace(config, collective=False), 1)):
-        copy = shard if plan == "incremental" else ShardEvaluator.from_snapshot(plan_config, warm)
-        gc.collect()
-        ms, stats, _ = run_boundaries(copy, feed, t, count, catalog, f"mix {plan} {n:,}")
-        b = max(stats.boundaries, 1)
-        per_plan[plan] = ms
-        rows.append([f"{n:,}", plan, ms, stats.changed_keys / b if plan == "incremental" else "",
-                     stats.candidates / b, stats.transitions / b, sum(len(v) for v in copy.firing.values()),
-                     rss_mb()])
-    rows.append([f"{n:,}", "naive / incremental", per_plan["naive"] / per_plan["incremental"], "", "", "", "", ""])
+    rows = incremental_against_naive(shard, config, feed, t, catalog, measured, f"mix {n:,}")
     table(f"Realistic mix with issue-16 constructs: {n:,} subscriptions, 2/10 CHANGE % over 1 min, 1/10 AVG or MAX "
           "OVER LAST 50 EVENTS, 1/10 NO DATA FOR 30s, the rest as above (ms per boundary)",
           ["subscriptions", "plan", "ms/boundary", "changed keys/b", "candidates/b", "transitions/b", "firing",
@@ -400,22 +413,8 @@ def baselines(n: int, warm_s: int, measured: int, per_second: int) -> None:
     shard, t = ShardEvaluator(config), 1_000_000
     _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm baselines {n:,}")
     catalog = baseline_catalog(n, shard, seed=17)
-    _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")
-    warm = shard.snapshot()
-    gc.collect()
-    rows, per_plan = [], {}
-    for plan, plan_config, count in (("incremental", config, measured),
-                                     ("naive", replace(config, collective=False), 1)):
-        copy = shard if plan == "incremental" else ShardEvaluator.from_snapshot(plan_config, warm)
-        gc.collect()
-        ms, stats, _ = run_boundaries(copy, feed, t, count, catalog, f"baselines {plan} {n:,}")
-        b = max(stats.boundaries, 1)
-        per_plan[plan] = ms
-        windows = ", ".join(f"{ms // 1000} s" for ms in sorted(copy.running.windows))
-        rows.append([f"{n:,}", plan, ms, stats.changed_keys / b if plan == "incremental" else "",
-                     stats.candidates / b, stats.transitions / b, sum(len(v) for v in copy.firing.values()),
-                     windows, rss_mb()])
-    rows.append([f"{n:,}", "naive / incremental", per_plan["naive"] / per_plan["incremental"], "", "", "", "", "", ""])
+    rows = incremental_against_naive(shard, config, feed, t, catalog, measured, f"baselines {n:,}",
+                                     lambda copy: ", ".join(f"{ms // 1000} s" for ms in sorted(copy.running.windows)))
     table(f"Baselines, a key against its own longer window: {n:,} subscriptions over four shapes ({'; '.join(BASELINES)}"
           "), thresholds around the 92nd percentile (ms per boundary; running windows: the lengths kept, each one "
           "aggregate per key for every subscription reading it)",

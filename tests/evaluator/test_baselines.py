@@ -4,9 +4,7 @@ oracle, through snapshots, and in the language."""
 from __future__ import annotations
 
 import json
-import math
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,12 +14,18 @@ from hypothesis import strategies as st
 from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.expr import BinOp, Expr, Num, Term, expr_from_json, expr_terms
-from evaluator.panerows import PaneRows
 from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from subscriptions.language import ConditionError, check_window, explain, format_condition, parse_condition
-from tests.evaluator.oracle import oracle, value_of
-from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, run, streams
+from tests.evaluator.test_shard import (
+    CONFIG,
+    HORIZON,
+    KEYS,
+    assert_a_restored_copy_continues,
+    assert_equals_the_oracle,
+    run,
+    streams,
+)
 from tests.examples import examples
 
 WINDOWS = [1_000, 2_000, 5_000]
@@ -60,37 +64,15 @@ subscriptions = st.lists(
 def test_baselines_equal_the_brute_force_oracle(stream, specs: list[SubscriptionSpec], collective: bool) -> None:
     """Each term over its own window, a key flipping when any of them changes: the transitions, and their values,
     are those of the definition, in the incremental plan and the naive one."""
-    events, batches = stream
-    end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
-    shard = ShardEvaluator(replace(CONFIG, collective=collective))
-    catalog = Catalog(1, tuple(specs))
-    got, values, _ = run(shard, batches, catalog)
-    shard.ingest(PaneRows.empty(len(ATTRS)), dict.fromkeys(range(PARTITIONS), end))
-    more, _ = shard.advance(catalog)
-    got |= {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in more}
-    assert got == oracle(events, specs, (end - DELAY) // PANE * PANE, PANE, HORIZON)
-    for (sid, key, _, b), value in values.items():
-        c = specs[sid - 1].condition
-        window = [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b]
-        expected = value_of(c, window, (b, PANE))
-        assert (value is None and expected is None) or math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9)
+    assert_equals_the_oracle(stream, specs, collective)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), specs=subscriptions, split=st.integers(0, 6))
 def test_a_restored_shard_continues_exactly(stream, specs: list[SubscriptionSpec], split: int) -> None:
-    """A shard rebuilt from a snapshot keeps running every window its groups read, not only their longest."""
-    events, batches = stream
-    catalog = Catalog(1, tuple(specs))
-    end = max(ts for _, ts, *_ in events) + HORIZON
-    batches = [*batches, [("A", end, 1.0, 1.0)], [("B", end + 3_000, 2.0, 2.0)]]
-    split = min(split, len(batches) - 1)
-    original = ShardEvaluator(CONFIG)
-    run(original, batches[:split], catalog)
-    restored = ShardEvaluator.from_snapshot(CONFIG, original.snapshot())
-    expected, expected_values, _ = run(original, batches[split:], catalog)
-    got, got_values, _ = run(restored, batches[split:], catalog)
-    assert (got, got_values) == (expected, expected_values)
+    """A copy rebuilt from a snapshot and brought up to date by deltas keeps running every window its groups read,
+    not only their longest."""
+    assert_a_restored_copy_continues(stream, specs, split)
 
 
 def test_the_long_window_is_kept_once_for_every_subscription_that_reads_it() -> None:

@@ -8,8 +8,6 @@ definition in tests/evaluator/oracle.py: the first test says so).
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -19,12 +17,10 @@ from evaluator.aggregates import AGGREGATES, SPELLINGS
 from evaluator.catalog import Catalog
 from evaluator.comparators import COMPARATORS, Range, comparator_of
 from evaluator.expr import OPERATORS, BinOp, Expr, Num, Term, expr_from_json, expr_terms
-from evaluator.panerows import PaneRows
-from evaluator.shard import ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from subscriptions.language import explain, format_condition, language_help, parse_condition
-from tests.evaluator.oracle import DEFINITIONS, oracle, value_of
-from tests.evaluator.test_shard import ATTRS, CONFIG, DELAY, HORIZON, KEYS, PANE, PARTITIONS, run, streams
+from tests.evaluator.oracle import DEFINITIONS
+from tests.evaluator.test_shard import ATTRS, KEYS, assert_equals_the_oracle, streams
 from tests.examples import examples
 
 
@@ -70,22 +66,7 @@ subscriptions = st.lists(
 @given(stream=streams(), specs=subscriptions, collective=st.booleans())
 def test_every_aggregate_and_comparator_equals_the_oracle(stream: tuple[list, list], specs: list[SubscriptionSpec],
                                                           collective: bool) -> None:
-    events, batches = stream
-    end = max(ts for _, ts, *_ in events) + HORIZON + 3 * PANE
-    shard = ShardEvaluator(replace(CONFIG, collective=collective))
-    catalog = Catalog(1, tuple(specs))
-    got, values, _ = run(shard, batches, catalog)
-    shard.ingest(PaneRows.empty(len(ATTRS)), dict.fromkeys(range(PARTITIONS), end))
-    more, _ = shard.advance(catalog)
-    got |= {(t.subscription_id, t.key, t.state, t.evaluated_at) for t in more}
-    assert got == oracle(events, specs, (end - DELAY) // PANE * PANE, PANE, HORIZON)
-    for (sid, key, _, b), value in values.items():
-        c = specs[sid - 1].condition
-        expected = value_of(c, [e for e in events if e[0] == key and b - c.window_ms <= e[1] // PANE * PANE < b])
-        if value is None or expected is None:
-            assert value is None and expected is None
-        else:
-            assert math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-9)
+    assert_equals_the_oracle(stream, specs, collective)
 
 
 @given(expressions)

@@ -3,12 +3,8 @@ evaluator answers over several windows at once."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import redis
 
-from core.redis_schema import RedisKeys, shard_clock_field
 from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.shard import ShardConfig, ShardEvaluator
@@ -16,7 +12,7 @@ from ingest.kafka import ensure_topics
 from ingest.model import ATTRIBUTES
 from tests.evaluator.test_shard import pane_rows
 from tests.users import api_client, new_user, sign_in
-from tests.web.test_windows_form import _shard_answers
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by
 
 CONSTRUCTS = {  # as typed -> canonical
     "(sum(volume) over 5m) / (sum(volume) over 1h) * 12 > 3": "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) * 12 > 3",
@@ -27,16 +23,11 @@ CONSTRUCTS = {  # as typed -> canonical
 
 
 def test_the_api_accepts_baselines_and_refuses_windows_the_evaluator_cannot_keep(api, settings: Settings) -> None:
-    for typed, canonical in CONSTRUCTS.items():
-        created = api.post("/api/subscriptions", json={"name": "b", "condition": typed, "keys": ["AAPL"]})
-        assert created.status_code == 201, created.text
-        assert created.json()["condition"] == canonical
-    for text, message in (("(SUM(volume) OVER 5m) / (SUM(volume) OVER 4h) > 1", "at most 3h"),
-                          ("(STDDEV(price) OVER 2h) / (AVG(price) OVER 1m) > 1", "stddev's window may be at most 1h"),
-                          ("(SUM(volume) OVER 5m) / SUM(volume) > 3", "OVER and a window for the parts")):
-        response = api.post("/api/subscriptions", json={"name": "b", "condition": text})
-        assert response.status_code == 422, text
-        assert any("condition" in map(str, e["loc"]) and message in e["msg"] for e in response.json()["detail"])
+    assert_accepted_and_refused(api, CONSTRUCTS, (
+        ("(SUM(volume) OVER 5m) / (SUM(volume) OVER 4h) > 1", "at most 3h"),
+        ("(STDDEV(price) OVER 2h) / (AVG(price) OVER 1m) > 1", "stddev's window may be at most 1h"),
+        ("(SUM(volume) OVER 5m) / SUM(volume) > 3", "OVER and a window for the parts"),
+    ))
 
 
 def test_the_form_checks_a_baseline_as_typed(settings: Settings) -> None:
@@ -54,34 +45,16 @@ def test_the_form_checks_a_baseline_as_typed(settings: Settings) -> None:
 def test_the_preview_answers_over_several_windows(settings: Settings, redis_client: redis.Redis) -> None:
     ensure_topics(settings)
     settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
-    keys = RedisKeys(settings)
     shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000))
     # AAPL: 1 a second for 30 s, then 10 in the last second; MSFT: 1 a second throughout
     events = [(key, 10_000 + 1_000 * s + (100 if key == "AAPL" else 200), 10.0, 1.0)
               for s in range(30) for key in ("AAPL", "MSFT")]
     events += [("AAPL", 40_500, 10.0, 10.0), ("MSFT", 40_600, 10.0, 1.0)]
     shard.step(pane_rows(events), {0: 41_000}, Catalog.empty())
-    boundary = 41_000  # the windows end with the second of AAPL's 10
-    assert shard.evaluated_at == boundary
-    now = time.time()
-    redis_client.hset(keys.evaluator_stats, mapping={"driver_started_at": now, "driver_heartbeat_at": now,
-                                                     "last_batch_at": now, shard_clock_field(0): boundary})
-    _, token = new_user(settings)
-    stop = threading.Event()
-    answering = threading.Thread(target=_shard_answers, args=(redis_client, keys, shard, stop), daemon=True)
-    answering.start()
-    try:
-        with api_client(settings, token) as api:
-            def preview(condition: str) -> dict:
-                response = api.post("/api/conditions/preview", json={"condition": condition, "keys": None})
-                assert response.status_code == 200, response.text
-                return {m["key"]: m["value"] for m in response.json()["matches"]}
-
-            # the last second's volume against the mean second of the last 30: AAPL 10 / (39 / 30), MSFT 1 / 1
-            ratio = preview("(SUM(volume) OVER 1s) / (SUM(volume) OVER 30s) * 30 > 2")
-            assert list(ratio) == ["AAPL"] and abs(ratio["AAPL"] - 10 / (39 / 30)) < 1e-9
-            assert set(preview("(SUM(volume) OVER 1s) / (SUM(volume) OVER 30s) * 30 > 0.5")) == {"AAPL", "MSFT"}
-            assert list(preview("ZSCORE(volume) OVER 30s > 3")) == ["AAPL"]
-    finally:
-        stop.set()
-        answering.join()
+    assert shard.evaluated_at == 41_000  # the windows end with the second of AAPL's 10
+    with previews_answered_by(shard, settings, redis_client) as preview:
+        # the last second's volume against the mean second of the last 30: AAPL 10 / (39 / 30), MSFT 1 / 1
+        ratio = preview("(SUM(volume) OVER 1s) / (SUM(volume) OVER 30s) * 30 > 2")
+        assert list(ratio) == ["AAPL"] and abs(ratio["AAPL"] - 10 / (39 / 30)) < 1e-9
+        assert set(preview("(SUM(volume) OVER 1s) / (SUM(volume) OVER 30s) * 30 > 0.5")) == {"AAPL", "MSFT"}
+        assert list(preview("ZSCORE(volume) OVER 30s > 3")) == ["AAPL"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -28,18 +30,24 @@ CONSTRUCTS = {  # as typed -> canonical
 }
 
 
-def test_the_api_accepts_the_new_windows_and_refuses_what_the_evaluator_cannot_keep(api, settings: Settings) -> None:
-    for typed, canonical in CONSTRUCTS.items():
+def assert_accepted_and_refused(api, accepted: dict[str, str], refused: tuple[tuple[str, str], ...]) -> None:
+    """Each condition of ``accepted`` (as typed) is saved as its canonical text; each of ``refused`` is a 422 whose
+    field-level message on ``condition`` says what is wrong."""
+    for typed, canonical in accepted.items():
         created = api.post("/api/subscriptions", json={"name": "w", "condition": typed, "keys": ["AAPL"]})
         assert created.status_code == 201, created.text
         assert created.json()["condition"] == canonical
-    for text, message in (("AVG(price) OVER LAST 101 EVENTS > 1", "at most 100 events"),
-                          ("AVG(price) OVER LAST 0 EVENTS > 1", "at least 1"),
-                          ("NO DATA FOR 3h", "shorter than 3h"),
-                          ("RATE(price) OVER LAST 5 EVENTS > 1", "time window only")):
+    for text, message in refused:
         response = api.post("/api/subscriptions", json={"name": "w", "condition": text})
-        assert response.status_code == 422
+        assert response.status_code == 422, text
         assert any("condition" in map(str, e["loc"]) and message in e["msg"] for e in response.json()["detail"])
+
+
+def test_the_api_accepts_the_new_windows_and_refuses_what_the_evaluator_cannot_keep(api, settings: Settings) -> None:
+    assert_accepted_and_refused(api, CONSTRUCTS, (("AVG(price) OVER LAST 101 EVENTS > 1", "at most 100 events"),
+                                                  ("AVG(price) OVER LAST 0 EVENTS > 1", "at least 1"),
+                                                  ("NO DATA FOR 3h", "shorter than 3h"),
+                                                  ("RATE(price) OVER LAST 5 EVENTS > 1", "time window only")))
 
 
 def test_the_form_lists_the_windows_and_checks_them_as_typed(settings: Settings) -> None:
@@ -57,7 +65,9 @@ def test_the_form_lists_the_windows_and_checks_them_as_typed(settings: Settings)
         assert "at least 1, not 0 (at column 22)" in bad
 
 
-def _shard_answers(client: redis.Redis, keys: RedisKeys, shard: ShardEvaluator, stop: threading.Event) -> None:
+def shard_answers(client: redis.Redis, keys: RedisKeys, shard: ShardEvaluator, stop: threading.Event) -> None:
+    """Answer every preview request in Redis with ``shard``'s answer, as the evaluator's operator does, until
+    ``stop``."""
     answered: set[str] = set()
     while not stop.is_set():
         for request_id, payload in client.hgetall(keys.previews).items():
@@ -69,23 +79,18 @@ def _shard_answers(client: redis.Redis, keys: RedisKeys, shard: ShardEvaluator, 
         time.sleep(0.01)
 
 
-def test_the_preview_answers_the_new_windows(settings: Settings, redis_client: redis.Redis) -> None:
-    ensure_topics(settings)
-    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
+@contextmanager
+def previews_answered_by(shard: ShardEvaluator, settings: Settings, redis_client: redis.Redis
+                         ) -> Iterator[Callable[..., dict]]:
+    """A signed-in user's preview, ``preview(condition, keys=None) -> {key: value}``, answered by ``shard`` (its
+    clock published as a live evaluator's) through the API and Redis, as in production."""
     keys = RedisKeys(settings)
-    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000,
-                                       tuple_max_events=100))
-    # AAPL rises 10 -> 12 (20 %), MSFT falls 10 -> 9 (-10 %), IBM reported once, long ago
-    events = [("IBM", 1_000, 5.0, 1.0), ("AAPL", 40_100, 10.0, 1.0), ("AAPL", 41_100, 12.0, 1.0),
-              ("MSFT", 40_200, 10.0, 1.0), ("MSFT", 41_200, 9.0, 1.0)]
-    shard.step(pane_rows(events), {0: 42_000}, Catalog.empty())
-    assert shard.evaluated_at == 42_000
     now = time.time()
     redis_client.hset(keys.evaluator_stats, mapping={"driver_started_at": now, "driver_heartbeat_at": now,
-                                                     "last_batch_at": now, shard_clock_field(0): 42_000})
+                                                     "last_batch_at": now, shard_clock_field(0): shard.evaluated_at})
     _, token = new_user(settings)
     stop = threading.Event()
-    answering = threading.Thread(target=_shard_answers, args=(redis_client, keys, shard, stop), daemon=True)
+    answering = threading.Thread(target=shard_answers, args=(redis_client, keys, shard, stop), daemon=True)
     answering.start()
     try:
         with api_client(settings, token) as api:
@@ -94,11 +99,25 @@ def test_the_preview_answers_the_new_windows(settings: Settings, redis_client: r
                 assert response.status_code == 200, response.text
                 return {m["key"]: m["value"] for m in response.json()["matches"]}
 
-            assert preview("CHANGE(price) OVER 5s > 3%") == {"AAPL": 20.0}
-            assert preview("CHANGE(price) OVER 5s < -3%") == {"MSFT": -10.0}
-            assert preview("AVG(price) OVER LAST 1 EVENTS >= 9") == {"AAPL": 12.0, "MSFT": 9.0}
-            assert preview("NO DATA FOR 10s") == {"IBM": 0.0}
-            assert preview("NO DATA FOR 10s", ["AAPL", "NEVER"]) == {"NEVER": 0.0}  # a listed key is watched
+            yield preview
     finally:
         stop.set()
         answering.join()
+
+
+def test_the_preview_answers_the_new_windows(settings: Settings, redis_client: redis.Redis) -> None:
+    ensure_topics(settings)
+    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
+    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000,
+                                       tuple_max_events=100))
+    # AAPL rises 10 -> 12 (20 %), MSFT falls 10 -> 9 (-10 %), IBM reported once, long ago
+    events = [("IBM", 1_000, 5.0, 1.0), ("AAPL", 40_100, 10.0, 1.0), ("AAPL", 41_100, 12.0, 1.0),
+              ("MSFT", 40_200, 10.0, 1.0), ("MSFT", 41_200, 9.0, 1.0)]
+    shard.step(pane_rows(events), {0: 42_000}, Catalog.empty())
+    assert shard.evaluated_at == 42_000
+    with previews_answered_by(shard, settings, redis_client) as preview:
+        assert preview("CHANGE(price) OVER 5s > 3%") == {"AAPL": 20.0}
+        assert preview("CHANGE(price) OVER 5s < -3%") == {"MSFT": -10.0}
+        assert preview("AVG(price) OVER LAST 1 EVENTS >= 9") == {"AAPL": 12.0, "MSFT": 9.0}
+        assert preview("NO DATA FOR 10s") == {"IBM": 0.0}
+        assert preview("NO DATA FOR 10s", ["AAPL", "NEVER"]) == {"NEVER": 0.0}  # a listed key is watched
