@@ -916,6 +916,7 @@ def start_stack(name: str, shards: int = 2, partitions: int = 4) -> tuple[Path, 
         kafka_bootstrap=f"127.0.0.1:{kafka_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
         events_topic=f"{name}-events", dead_letter_topic=f"{name}-dead", event_partitions=partitions,
         data_dir=work, spark_shuffle_partitions=shards, metrics_port_evaluator=0, max_window_ms=max(WINDOWS),
+        database_url=f"sqlite:///{work / 'tocsin.db'}",  # the deployment id's database: not ./var of the caller
     )
 
     def stop() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,15 +13,18 @@ ROOT = Path(__file__).resolve().parents[2]
 INTERRUPT_GRACE_S = 60
 
 
-def run_quick(script: str, timeout_s: float = 600, folder: Path = ROOT / "benchmarks") -> str:
-    """stdout of ``benchmarks/<script> --quick``, which must exit 0.
+def run_quick(script: str, timeout_s: float = 600, folder: Path = ROOT / "benchmarks", cwd: Path | None = None,
+              unset: tuple[str, ...] = ()) -> str:
+    """stdout of ``benchmarks/<script> --quick`` (run from ``cwd``, default this process's; without the environment
+    variables ``unset``, as a user's shell would lack them), which must exit 0.
 
     Past ``timeout_s`` (or when the test's own timeout fires) the benchmark gets SIGINT, as from Ctrl-C, so it
     stops what it started: a standalone cluster's JVMs run in sessions of their own and would outlive a SIGKILL
     of the benchmark, loading the machine for every test after."""
     process = subprocess.Popen(
         [sys.executable, str(folder / script), "--quick"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+        env={name: value for name, value in os.environ.items() if name not in unset},
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)

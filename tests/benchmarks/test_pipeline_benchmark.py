@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
@@ -31,8 +32,11 @@ def number(cell: str) -> float:
 @pytest.mark.spark
 @pytest.mark.slow  # ~3 minutes idle (every row, the peers, the live rows): CI runs it, a developer's default run not
 @pytest.mark.timeout(900)  # the subprocess's own deadline below, not the suite's 300 s
-def test_quick_run_prints_every_table() -> None:
-    stdout = run_quick("pipeline.py", timeout_s=900)
+def test_quick_run_prints_every_table(tmp_path: Path) -> None:
+    # run as a user would, from a directory of their own and without the suite's database and data settings
+    stdout = run_quick("pipeline.py", timeout_s=900, cwd=tmp_path, unset=("TOCSIN_DATABASE_URL", "TOCSIN_DATA_DIR"))
+    # its state stays in its own work directory: the deployment id's database was ./var/tocsin.db of the caller
+    assert not (tmp_path / "var").exists()
     for title in ("Sustained throughput", "Where the time goes", "Peers at equal batch sizes", "Alert latency",
                   "records/s"):
         assert title in stdout
