@@ -85,7 +85,8 @@ class Settings(BaseSettings):
 
     # --- Local state -----------------------------------------------------------
     data_dir: Path = Field(
-        Path("var"), description="local state: the SQLite database, checkpoints, the generated secret key, logs"
+        Path("var"), description="local state: checkpoints, the generated secret key, logs (the SQLite database is "
+                                 "TOCSIN_DATABASE_URL's: var/tocsin.db by default, which does not follow this setting)"
     )
     secret_key: SecretStr | None = Field(
         None, description="Fernet key encrypting endpoint secrets at rest; default: generated in data_dir/secret.key"
