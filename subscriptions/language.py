@@ -851,7 +851,8 @@ def _explain_value(condition: Condition) -> str:
 
 
 def _window_words(condition: Condition) -> str:
-    """" over the last 5m" (leading space); "" when each term names its own window (the expression shows them)."""
+    """The window in words with a leading space (' over the last 5m'); empty when each term names its own window
+    (the expression shows them)."""
     if condition.events is not None:
         return f" over the last {condition.events} events"
     return "" if term_windows(condition.computes) else f" over the last {format_duration(condition.window_ms)}"
