@@ -378,7 +378,7 @@ def issue16_mix(n: int, warm_s: int, measured: int, per_second: int) -> None:
            "RSS MB"], rows)
 
 
-#: Baseline conditions (a key against its own longer window), each with the share of keys it should match.
+#: Baseline conditions (a key against its own longer window), without their thresholds (set per subscription).
 BASELINES = ("(SUM(volume) OVER 1m) / (SUM(volume) OVER 5m) * 5", "(AVG(price) OVER 1m) / (AVG(price) OVER 5m)",
              "(COUNT(*) OVER 1m) / (COUNT(*) OVER 5m) * 5", "(MAX(price) OVER 1m) - (AVG(price) OVER 5m)")
 

@@ -359,11 +359,10 @@ class Rate(EventAggregate):
         return super().column(columns, term, window_ms, ids) / (window_ms / 1000)
 
 
-def mean_and_deviation(values: np.ndarray) -> tuple[float, float]:
+def mean_and_deviation(series: list[float]) -> tuple[float, float]:
     """The mean and the population standard deviation of a non-empty window's values, two-pass over correctly rounded
     sums (``math.fsum``): no cancellation of a sum of squares less a squared sum, so a price of 10,000,000 moving by
     cents keeps its digits."""
-    series = values.tolist()
     # The exact mean lies within [min, max]; the rounded one may not (three equal values: sum rounded, then /3), and
     # would give equal values a spread. Clamped, equal values give exactly 0.
     mean = min(max(math.fsum(series) / len(series), min(series)), max(series))
@@ -380,7 +379,7 @@ class StdDev(EventAggregate):
 
     @override
     def of_events(self, values: np.ndarray, param: float | None) -> float:
-        value = mean_and_deviation(values)[1]
+        value = mean_and_deviation(values.tolist())[1]
         return value if math.isfinite(value) else math.nan
 
 
@@ -389,17 +388,17 @@ class ZScore(EventAggregate):
     than two standard deviations above its 1-hour mean"."""
 
     name = "ZSCORE"
-    summary = ("the newest value minus the mean, in standard deviations (no value when every value is the same)")
+    summary = "the newest value minus the mean, in standard deviations (no value when every value is the same)"
     words = "standard score of the latest {attribute}"
 
     @override
     def of_events(self, values: np.ndarray, param: float | None) -> float:
-        deviation = mean_and_deviation(values)[1]
+        series = values.tolist()
+        deviation = mean_and_deviation(series)[1]
         if deviation == 0 or not math.isfinite(deviation):
             return math.nan
         # newest - mean as (n * newest - sum) / n, the sum correctly rounded: newest - (rounded mean) would carry the
         # mean's rounding (an ulp of 10,000,000 is 2e-9) into a difference that may be a cent
-        series = values.tolist()
         newest = series[-1]
         value = math.fsum([newest] * len(series) + [-x for x in series]) / len(series) / deviation
         return value if math.isfinite(value) else math.nan
