@@ -20,9 +20,9 @@ from subscriptions.language import ConditionError, check_window, explain, format
 from tests.evaluator.test_shard import (
     CONFIG,
     HORIZON,
-    KEYS,
     assert_a_restored_copy_continues,
     assert_equals_the_oracle,
+    catalogs,
     run,
     streams,
 )
@@ -53,10 +53,7 @@ def _condition(expression: Expr, low: float, high: float | None, percent: bool) 
 
 conditions = st.builds(_condition, baselines(), st.integers(-20, 40).map(float),
                        st.one_of(st.none(), st.just(60.0)), st.booleans())
-subscriptions = st.lists(
-    st.tuples(conditions, st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS), min_size=1))),
-    min_size=1, max_size=6,
-).map(lambda items: [SubscriptionSpec(i + 1, c, keys) for i, (c, keys) in enumerate(items)])
+subscriptions = catalogs(conditions, max_size=6)
 
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,7 @@ from evaluator.expr import OPERATORS, BinOp, Expr, Num, Term, expr_from_json, ex
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from subscriptions.language import explain, format_condition, language_help, parse_condition
 from tests.evaluator.oracle import DEFINITIONS
-from tests.evaluator.test_shard import ATTRS, KEYS, assert_equals_the_oracle, streams
+from tests.evaluator.test_shard import ATTRS, assert_equals_the_oracle, catalogs, streams
 from tests.examples import examples
 
 
@@ -56,10 +56,7 @@ def _condition(term: Term, window: int, ranges: tuple[Range, ...]) -> Condition:
 
 conditions = st.builds(_condition, terms, st.sampled_from([1_000, 2_000, 5_000]),
                        comparisons(st.integers(0, 40).map(float)))
-subscriptions = st.lists(
-    st.tuples(conditions, st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS), min_size=1))),
-    min_size=1, max_size=8,
-).map(lambda items: [SubscriptionSpec(i + 1, c, keys) for i, (c, keys) in enumerate(items)])
+subscriptions = catalogs(conditions)
 
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -83,10 +83,15 @@ conditions = st.builds(
     st.integers(0, 40).map(float), st.integers(0, 40).map(float), st.sampled_from(["above", "below", "between"]),
     st.booleans(),
 )
-subscriptions = st.lists(
-    st.tuples(conditions, st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS), min_size=1))),
-    min_size=1, max_size=8,
-).map(lambda items: [SubscriptionSpec(i + 1, c, keys) for i, (c, keys) in enumerate(items)])
+def catalogs(conditions: st.SearchStrategy[Condition], max_size: int = 8) -> st.SearchStrategy[list[SubscriptionSpec]]:
+    """Subscriptions numbered from 1, each of ``conditions`` over every key or a few of :data:`KEYS`."""
+    return st.lists(
+        st.tuples(conditions, st.one_of(st.none(), st.frozensets(st.sampled_from(KEYS), min_size=1))),
+        min_size=1, max_size=max_size,
+    ).map(lambda items: [SubscriptionSpec(i + 1, c, keys) for i, (c, keys) in enumerate(items)])
+
+
+subscriptions = catalogs(conditions)
 
 
 @st.composite
