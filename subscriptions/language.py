@@ -136,6 +136,9 @@ def _tokenize(text: str) -> list[_Token]:
 
 
 MAX_NESTING = 32  # parentheses and unary signs within each other
+#: Different windows one condition's parts may name. Each length is a running aggregate per key that every pane
+#: entering the shard updates: a baseline needs two, and the bound keeps one subscription from adding a dozen.
+MAX_PART_WINDOWS = 4
 _KEY = re.compile(f"{KEY_CHARS}+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -366,6 +369,9 @@ class _Parser:
                 raise ConditionError("a tuple window (LAST n EVENTS) is the whole condition's: no part may have a "
                                      "time window of its own", over)
         expression, window_ms = _one_form(expression, window_ms)
+        if len(term_windows(expression)) > MAX_PART_WINDOWS:
+            raise ConditionError(f"a condition's parts may be over at most {MAX_PART_WINDOWS} different windows: the "
+                                 "evaluator keeps each window length per key", start)
         column = self.column()
         crossing = self.crossing()
         if crossing is None:

@@ -110,6 +110,16 @@ def test_baselines_parse_to_one_canonical_form(text: str, canonical: str) -> Non
     assert parse_condition(canonical) == condition
 
 
+def test_a_condition_names_at_most_four_windows() -> None:
+    """Each window length is a running aggregate per key that every pane entering the shard updates: one
+    subscription may not add a dozen of them."""
+    four = " + ".join(f"(SUM(volume) OVER {m}m)" for m in (1, 2, 3, 4))
+    assert len(parse_condition(f"{four} > 1").windows) == 4
+    with pytest.raises(ConditionError, match="at most 4 different windows"):
+        parse_condition(f"{four} + (SUM(volume) OVER 5m) > 1")
+    assert len(parse_condition(f"{four} + (COUNT(*) OVER 4m) > 1").windows) == 4  # parts may share a window
+
+
 def test_one_window_is_the_plain_condition_and_shares_its_group() -> None:
     assert parse_condition("(SUM(volume) OVER 5m) > 3") == parse_condition("SUM(volume) OVER 5m > 3")
 
