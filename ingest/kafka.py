@@ -98,10 +98,10 @@ def log_end_offsets(
 def topic_end_offsets(
     settings: Settings, topic: str, timeout_s: float = 10.0, wait_for_topic: bool = True
 ) -> dict[int, int]:
-    """``{partition: log end offset}`` for every partition of ``topic``, or an error within about ``timeout_s``
-    (``wait_for_topic``: see :func:`partitions_of`)."""
+    """``{partition: log end offset}`` for every partition of ``topic``, or an error within about ``timeout_s``,
+    the first connection included (``wait_for_topic``: see :func:`partitions_of`)."""
     bounded = min(settings.kafka_request_timeout_ms, int(timeout_s * 1000))
-    consumer = new_consumer(settings.model_copy(update={"kafka_request_timeout_ms": bounded}))
+    consumer = new_consumer(settings.model_copy(update={"kafka_request_timeout_ms": bounded}), bounded=True)
     try:
         tps = [TopicPartition(topic, p) for p in partitions_of(consumer, topic, timeout_s, wait_for_topic)]
         return {tp.partition: end for tp, end in log_end_offsets(consumer, tps, timeout_s).items()}

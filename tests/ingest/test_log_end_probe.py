@@ -68,6 +68,25 @@ def test_a_probe_of_a_broker_that_is_down_gives_up_within_its_own_timeout(settin
     assert time.monotonic() - started < patient(15)  # 30 s unbounded; about 1 s bounded
 
 
+def test_readiness_with_the_broker_down_answers_within_the_probe_timeout(settings: Settings) -> None:
+    """/readyz asked the broker over a fresh client whose first connection was not bounded: with the broker down
+    (or too busy to answer, as on a loaded CI machine) readiness hung for kafka-python's 30 s and its callers'
+    own timeouts fired first. It answers 503 naming the stream within about its probe's timeout."""
+    from tests.users import api_client
+
+    down = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    started = time.monotonic()
+    with pytest.raises(Exception, match="bootstrap"):
+        topic_end_offsets(down, down.events_topic, timeout_s=1)
+    assert time.monotonic() - started < patient(15)  # 30 s unbounded
+    with api_client(down) as api:
+        started = time.monotonic()
+        ready = api.get("/readyz")
+        took = time.monotonic() - started
+    assert ready.status_code == 503 and ready.json()["checks"]["stream"].startswith("error"), ready.text
+    assert took < patient(15), f"/readyz took {took:.1f} s with the broker down"
+
+
 
 def test_a_probe_of_a_topic_that_does_not_exist_fails_at_once_and_one_being_created_is_waited_for(
     settings: Settings,
