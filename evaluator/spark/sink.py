@@ -88,10 +88,10 @@ for i = 8, #ARGV, 5 do
 end
 -- Per subscription, once: its history in order, its firing hash at each key's last state, its counters.
 for _, sid in ipairs(order) do
-  local last, keys, tally = {}, {}, {}
+  local last, keys, tally, own_history = {}, {}, {}, history .. sid
   for _, i in ipairs(entries[sid]) do
     local key, state = ARGV[i + 2], ARGV[i + 3]
-    call('XADD', history .. sid, 'MAXLEN', '~', history_length, '*', 'alert', ARGV[i + 4])
+    call('XADD', own_history, 'MAXLEN', '~', history_length, '*', 'alert', ARGV[i + 4])
     if last[key] == nil then keys[#keys + 1] = key end
     last[key] = i
     tally[state] = (tally[state] or 0) + 1
