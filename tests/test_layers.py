@@ -1,4 +1,4 @@
-"""Layers only point down: the import contracts in pyproject.toml hold, and the README states the same order.
+"""Layers only point down: the import contracts in pyproject.toml hold, and docs/architecture.md states the same order.
 
 The contracts (``[tool.importlinter]``) are checked by import-linter's own command over
 the source tree, so a failure lists every import that breaks them, with its line.
@@ -29,6 +29,6 @@ def test_no_package_imports_a_package_above_it() -> None:
     assert f"{len(_contracts())} kept, 0 broken" in report, report
 
 
-def test_the_readme_states_the_enforced_layer_order() -> None:
+def test_the_package_map_states_the_enforced_layer_order() -> None:
     bottom_up = " → ".join(reversed(_contracts()["layers"]["layers"]))
-    assert bottom_up in (ROOT / "README.md").read_text(), f"the README's package map should state: {bottom_up}"
+    assert bottom_up in (ROOT / "docs" / "architecture.md").read_text(), f"the package map should state: {bottom_up}"
