@@ -40,6 +40,9 @@ TRANSIENT: tuple[type[Exception], ...] = (
     redis_errors.SlotNotCoveredError,
     redis_errors.ReadOnlyError,  # a primary demoted under a client that still writes to it
     redis_errors.AskError,  # ASK / MOVED that redis-py's redirect budget did not settle
+    # OOM: a node at maxmemory under noeviction (core.redis_eviction) refuses writes; expiring marks, trimmed
+    # streams or an operator adding memory cure it, and the work waits for that instead of failing
+    redis_errors.OutOfMemoryError,
 )
 """Errors of Redis being away or moving, not of the command: the same command may succeed later."""
 

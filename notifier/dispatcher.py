@@ -64,6 +64,7 @@ from core import cli
 from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import is_cluster, make_redis
+from core.redis_eviction import check_eviction
 from core.redis_outage import TRANSIENT, Outage, is_transient
 from core.redis_replies import text_hash
 from core.redis_schema import HISTORY_LENGTH, NOTIFIER_GROUP, RedisKeys, claim_layout
@@ -133,6 +134,7 @@ class Dispatcher:
         self.running = True
         self.outage = Outage("dispatcher", settings, self.redis)
         claim_layout(self.redis, self.keys)  # a sink writing partitions this dispatcher does not read: refuse
+        check_eviction(self.redis, "dispatcher")  # a node that may drop undispatched alerts: refuse
         self.create_groups()
 
     def create_groups(self) -> None:

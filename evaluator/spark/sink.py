@@ -22,6 +22,7 @@ from redis.typing import EncodableT, FieldT
 
 from core.gc_policy import apply_gc_policy
 from core.redis_client import make_redis, run_script
+from core.redis_eviction import check_eviction
 from core.redis_outage import Outage
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
 from core.settings import Settings
@@ -179,6 +180,7 @@ class RedisAlertSink:
         # query: every write below is safe to repeat (the script's dedupe marks make a replayed call add nothing).
         self.outage = Outage("sink", settings, self.redis)
         self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions nobody reads: refuse
+        self.outage.ride_out(lambda: check_eviction(self.redis, "sink"))  # a node that may drop alerts: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:

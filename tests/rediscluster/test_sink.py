@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from core.redis_eviction import EvictionRefused, check_eviction
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
 from evaluator.spark.sink import RedisAlertSink, clock_record
@@ -64,3 +67,21 @@ def test_the_sink_writes_every_partition_and_a_replay_adds_nothing(cluster_setti
     assert _stream(cluster_client, keys.alerts_stream_of(p))[-1] == late
     assert sum(cluster_client.xlen(stream) for stream in keys.alerts_streams) == len(batch) + 1
     assert cluster_client.hgetall(keys.counters(5)) == {"firing": "3", "resolved": "1"}
+
+
+def test_every_primary_is_checked_for_a_policy_that_could_evict_alerts(cluster_settings: Settings,
+                                                                       cluster_client: redis.Redis) -> None:
+    """One primary that may evict any key loses the alerts of the partitions it holds: the sink refuses the cluster,
+    naming that node."""
+    cluster: Any = cluster_client
+    primaries = cluster.get_primaries()
+    assert len(check_eviction(cluster_client, "test")) == len(primaries) >= 3
+    one = primaries[1]
+    cluster.config_set("maxmemory", "1gb", target_nodes=one)
+    cluster.config_set("maxmemory-policy", "allkeys-lfu", target_nodes=one)
+    try:
+        with pytest.raises(EvictionRefused, match=f"{one.name} \\(allkeys-lfu"):
+            RedisAlertSink(cluster_settings)
+    finally:
+        cluster.config_set("maxmemory", "0", target_nodes=one)
+        cluster.config_set("maxmemory-policy", "noeviction", target_nodes=one)
