@@ -6,9 +6,12 @@ key), so callers name the lane, not the queue; other options go to Celery.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import click
+from celery.bin.base import CLIContext
+from celery.bin.worker import worker as worker_command
 
 from core import cli
 from core.redis_schema import LANES, lane_queue
@@ -20,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.parser(__doc__, "python -m notifier.worker")
     parser.add_argument("--lane", choices=[*LANES, "all"], default="all")
     args, celery_args = parser.parse_known_args(argv)
+    _check_celery_options(parser, celery_args)  # before the queue names, which read (or create) the database
     lanes = LANES if args.lane == "all" else (args.lane,)
     queues = ",".join(lane_queue(get_settings(), lane) for lane in lanes)
     if args.lane == "tests":
@@ -27,6 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app.worker_main(["worker", "-Q", queues, *celery_args])
     except click.UsageError as exc:  # an option neither we nor Celery know: refused like ours (exit 2)
+        parser.error(exc.format_message())
+
+
+def _check_celery_options(parser: argparse.ArgumentParser, celery_args: list[str]) -> None:
+    """Refuse an option Celery's worker does not take (exit 2, like ours) without starting anything."""
+    try:
+        worker_command.make_context("worker", ["-Q", "-", *celery_args],
+                                    obj=CLIContext(app=app, no_color=True, workdir=None, quiet=True))
+    except click.UsageError as exc:
         parser.error(exc.format_message())
 
 

@@ -71,6 +71,7 @@ def test_help_and_unknown_arguments(module: str, tmp_path: Path) -> None:
     # the usage, then why: "unrecognized arguments: --bogus" (or, first, the command a parser requires)
     assert refused.stderr.startswith(f"usage: python -m {module}") and "error: " in refused.stderr, refused.stderr
     assert not (tmp_path / "help" / "none.db").exists(), f"{module} --help opened the database"
+    assert not (tmp_path / "bogus" / "none.db").exists(), f"{module} --bogus opened the database"
 
 
 def test_the_dispatchers_help_opens_no_database(tmp_path: Path) -> None:
