@@ -41,23 +41,34 @@ def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(
     flooded_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (flooded, normal))
     celery = make_celery(settings)
     enqueued: dict[str, float] = {}
+
+    def other_tenant(phase: str) -> list[float]:
+        """The other tenant's 20 deliveries at RATE per second: each one's latency, enqueue to receipt, sorted."""
+        for i in range(20):
+            notification = _notification(phase, i)
+            enqueued[notification["notification_id"]] = time.time()
+            enqueue(celery, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
+            time.sleep(1 / RATE)
+        arrivals = normal.wait_for(lambda r: r.json["subscription_name"] == phase, count=20, timeout_s=120)
+        return sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
+
     try:
         with running(settings, tmp_path / "logs", ("worker", worker_args("alerts", concurrency=4))):
             time.sleep(3)  # the worker is up
+            alone = other_tenant("alone")  # what this machine, as busy as it is now, takes without the flood
             enqueue(celery, _notification("seed", 0), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
             flooded.wait_for(lambda r: True, count=1, timeout_s=30)
             time.sleep(0.5)  # its 240 ms is on record: quick enough to be waited for
             for i in range(120):
                 enqueue(celery, _notification("flood", i), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
-            for i in range(20):
-                notification = _notification("normal", i)
-                enqueued[notification["notification_id"]] = time.time()
-                enqueue(celery, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
-                time.sleep(1 / RATE)
-            arrivals = normal.wait_for(lambda r: True, count=20, timeout_s=120)
+            flood = other_tenant("normal")
     finally:
         flooded.close()
         normal.close()
-    latencies = sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
-    print(f"other tenant: p50 {latencies[len(latencies) // 2]:.3f} s, max {latencies[-1]:.3f} s")
-    assert latencies[-1] < bound_s, f"the other tenant waited {latencies[-1]:.2f} s; {latencies}"
+    print(f"other tenant alone: p50 {alone[10]:.3f} s, max {alone[-1]:.3f} s; "
+          f"beside the flood: p50 {flood[10]:.3f} s, max {flood[-1]:.3f} s")
+    # What the flood adds to the other tenant's latency, over what the machine takes without it: on an idle
+    # machine the max stays within the bound; a busy one (CI at load 7 saw 1.5 s for a lone delivery) stretches the
+    # tail, so the tail is given twice the bound. Failing the cap waited p50 12.9 s, max 16.6 s (docstring).
+    assert flood[10] - alone[10] < bound_s, f"the flood added {flood[10] - alone[10]:.2f} s at p50; {flood} / {alone}"
+    assert flood[-1] - alone[-1] < 2 * bound_s, f"the flood added {flood[-1] - alone[-1]:.2f} s at most; {flood}"
