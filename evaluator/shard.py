@@ -77,6 +77,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from core.settings import Settings
 from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
@@ -107,6 +108,21 @@ class ShardConfig:
     # Collective evaluation: "incremental" updates each group's values for the keys that changed and finds the
     # members that flip; "index" evaluates every group in full by collective index lookups (the former plan).
     plan: str = "incremental"
+
+    @classmethod
+    def live(cls, settings: Settings, attributes: tuple[str, ...], partitions: int) -> ShardConfig:
+        """The configuration the live query's shards run with (a backtest runs with the same, to be exact)."""
+        return cls(
+            attributes=attributes,
+            pane_ms=settings.pane_ms,
+            horizon_ms=settings.max_window_ms,
+            delay_ms=settings.watermark_delay_ms,
+            partitions=partitions,
+            p=settings.evaluator_p,
+            collective=settings.evaluator_mode == "collective",
+            value_retention_ms=settings.quantile_max_window_ms,
+            tuple_max_events=settings.tuple_max_events,
+        )
 
 
 @dataclass(frozen=True)
@@ -726,9 +742,25 @@ class ShardEvaluator:
         running windows' exact aggregates; a window no subscription uses is summed from the store's panes) and
         tested against its ranges as a member's are. Reads only: it builds no index and leaves nothing the next
         batch sees."""
+        at, watched, values = self._values(condition, keys)
+        if at is None:
+            return None, {}, 0
+        holds = Members([SubscriptionSpec(0, condition, keys)]).holds(np.zeros(values.size, dtype=np.int64), values)
+        matched = {watched[i]: float(values[i]) for i in np.flatnonzero(holds).tolist()}
+        return at, matched, len(watched)
+
+    def current_values(self, condition: Condition, keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float]]:
+        """Every watched key's value of ``condition`` at the last evaluated boundary, as :meth:`preview` computes it
+        (keys without a value left out): what a backtest charts against the threshold. Reads only."""
+        at, watched, values = self._values(condition, keys)
+        return at, {watched[i]: float(values[i]) for i in np.flatnonzero(~np.isnan(values)).tolist()}
+
+    def _values(self, condition: Condition, keys: frozenset[str] | None) -> tuple[int | None, list[str], np.ndarray]:
+        """The last evaluated boundary, the keys watched (every key with data in the horizon, or the listed keys this
+        shard owns, with data or not: NO DATA would fire) and their values of ``condition`` (NaN: none)."""
         running, at = self.running, self.evaluated_at
         if at is None or running.at is None:
-            return None, {}, 0
+            return None, [], np.empty(0)
         names = running.keys.names
         if keys is None:  # every key with data in the horizon
             ids, others = np.flatnonzero(running.known), []
@@ -740,9 +772,7 @@ class ShardEvaluator:
         columns = _Columns(running, self.values, self.config.attributes, running.at, windows)
         values = np.concatenate([values_of(columns, condition, ids), np.full(len(others), empty_value(condition))])
         watched = [*(names[k] for k in ids.tolist()), *others]
-        holds = Members([SubscriptionSpec(0, condition, keys)]).holds(np.zeros(values.size, dtype=np.int64), values)
-        matched = {watched[i]: float(values[i]) for i in np.flatnonzero(holds).tolist()}
-        return at, matched, len(watched)  # type: ignore[return-value]  # watched keys have names
+        return at, watched, values.astype(np.float64)  # type: ignore[return-value]  # watched keys have names
 
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         plan = self.config.plan if self.config.collective else "naive"

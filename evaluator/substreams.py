@@ -220,6 +220,14 @@ class SubstreamShard:
         evaluator = self.views.get(view) or self._warmed(view)
         return evaluator.preview(condition, keys)
 
+    def current_values(self, condition: Condition, keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float]]:
+        """``ShardEvaluator.current_values`` on the condition's view (warmed up for the call when none is in use)."""
+        view = View.of(condition, self.optional)
+        if self._in_base(view):
+            return self.base.current_values(condition, keys)
+        evaluator = self.views.get(view) or self._warmed(view)
+        return evaluator.current_values(condition, keys)
+
     def snapshot(self) -> bytes:
         if not self.cells and not self.views:
             return self.base.snapshot()

@@ -159,3 +159,30 @@ class LogEndProbe:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def new_reader(bootstrap: str, request_timeout_ms: int) -> Any:  # confluent_kafka's Consumer
+    """A librdkafka consumer for reading slices (the live source's) and history (backtests): assigned explicitly,
+    never committing (progress is Spark's checkpoint, or none; the group id is never joined), its own logging quiet
+    but for errors."""
+    from confluent_kafka import Consumer
+
+    return Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": "tocsin-evaluator-source",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "socket.timeout.ms": request_timeout_ms,
+        # A slice's first fetch after assign(): the broker may hold a fetch this long waiting for data, and
+        # librdkafka's 500 ms default made every live slice take ~510 ms (one task per partition per batch).
+        "fetch.wait.max.ms": 5,
+        # A consumer back from the pool after a slice inside a backlog had queued ahead past its slice (up to
+        # queued.min.messages); librdkafka then postponed the partition's next fetch by this much (1 s by
+        # default), so the next slice it read waited a second for its first record: half the slices of a
+        # 1M-event drain, which ran at ~65 % of its speed (docs/evaluator.md: *Reading Kafka and parsing*).
+        "fetch.queue.backoff.ms": 5,
+        # What it queues ahead of the reader (100,000 by default): more than a consume() takes (5,000), and
+        # what lies past the slice's end is fetched and decoded for nothing (dropped at unassign).
+        "queued.min.messages": 10_000,
+        "log_level": 3,
+    })

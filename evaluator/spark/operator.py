@@ -82,17 +82,8 @@ class ShardProcessor(StatefulProcessor):
         self.settings = settings
         # What the query evaluates: trades' attributes are fixed (a condition naming another is left out, logged)
         shape = stream if stream is not None else StreamShape(TRADES, ATTRIBUTES)
-        config = ShardConfig(
-            attributes=columns or (stream.attributes if stream is not None else ATTRIBUTES),
-            pane_ms=settings.pane_ms,
-            horizon_ms=settings.max_window_ms,
-            delay_ms=settings.watermark_delay_ms,
-            partitions=partitions,
-            p=settings.evaluator_p,
-            collective=settings.evaluator_mode == "collective",
-            value_retention_ms=settings.quantile_max_window_ms,
-            tuple_max_events=settings.tuple_max_events,
-        )
+        config = ShardConfig.live(settings, columns or (stream.attributes if stream is not None else ATTRIBUTES),
+                                  partitions)
         self.job = ShardJob(
             settings, config, checkpoint or checkpoint_of(settings, shape.name), shape.name, shape,
             optional=stream.optional if stream is not None else frozenset(),

@@ -24,7 +24,6 @@ source is written against ``pyspark.sql.datasource``:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import threading
 import time
@@ -39,6 +38,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 from typing_extensions import override  # typing.override is Python 3.12+
+
+from ingest.kafka import new_reader
+from ingest.raw_records import RawColumns
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -194,7 +196,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         consumer = _CONSUMERS.take(self._consumer_options())
         try:
             consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
-            rows = _RawColumns()
+            rows = RawColumns(RAW_ARROW_SCHEMA)
             expected = partition.start  # the next offset due
             deadline = time.monotonic() + self.read_timeout_s
             busy, resumed = 0.0, time.perf_counter()  # reading time, not the time Spark holds us at a yield
@@ -256,53 +258,6 @@ ARROW_BATCH_ROWS = 50_000
 ARROW_BATCH_BYTES = 64 << 20
 
 RAW_ARROW_SCHEMA = to_arrow_schema(RAW_SCHEMA, timezone="UTC")  # what Spark checks yielded batches against
-
-
-class _RawColumns:
-    """``RAW_SCHEMA``'s columns of one partition's records, gathered record by record and handed out as one Arrow
-    batch."""
-
-    def __init__(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int | None] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.sizes: list[int | None] = []
-        self.digests: list[str | None] = []
-        self.held_bytes = 0  # keys and values held (an oversized record's value only its start)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(self, offset: int, timestamp: tuple[int, int], key: bytes | None, value: bytes | None,
-            max_record_bytes: int | None, keep_bytes: int) -> None:
-        """One record; ``timestamp`` as librdkafka gives it: (type, epoch ms), type 0 for none."""
-        size, digest = None, None
-        if value is not None:
-            size = len(value)
-            if max_record_bytes is not None and size > max_record_bytes:
-                value, digest = value[:keep_bytes], hashlib.sha256(value).hexdigest()
-        self.offsets.append(offset)
-        self.timestamps.append(timestamp[1] if timestamp[0] else None)
-        self.keys.append(key)
-        self.values.append(value)
-        self.held_bytes += len(value or b"") + len(key or b"")
-        self.sizes.append(size)
-        self.digests.append(digest)
-
-    def take(self, topic: str, partition: int) -> pa.RecordBatch:
-        n = len(self)
-        columns = ([topic] * n, [partition] * n, self.offsets, self.timestamps, self.keys, self.values, self.sizes,
-                   self.digests)
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(column, type=field.type) for column, field in zip(columns, RAW_ARROW_SCHEMA, strict=True)],
-            schema=RAW_ARROW_SCHEMA,
-        )
-        self._clear()
-        return batch
 
 
 def _add_read_stats(url: str, key: str, cluster: bool, seconds: float, records: int) -> None:
@@ -374,32 +329,6 @@ def new_consumer(bootstrap: str, request_timeout_ms: int) -> Any:  # kafka-pytho
         group_id=None,
         request_timeout_ms=request_timeout_ms,
     )
-
-
-def new_reader(bootstrap: str, request_timeout_ms: int) -> Any:  # confluent_kafka's Consumer
-    """A librdkafka consumer for reading slices: assigned explicitly, never committing (progress is Spark's
-    checkpoint; the group id is never joined), its own logging quiet but for errors."""
-    from confluent_kafka import Consumer
-
-    return Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": "tocsin-evaluator-source",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "socket.timeout.ms": request_timeout_ms,
-        # A slice's first fetch after assign(): the broker may hold a fetch this long waiting for data, and
-        # librdkafka's 500 ms default made every live slice take ~510 ms (one task per partition per batch).
-        "fetch.wait.max.ms": 5,
-        # A consumer back from the pool after a slice inside a backlog had queued ahead past its slice (up to
-        # queued.min.messages); librdkafka then postponed the partition's next fetch by this much (1 s by
-        # default), so the next slice it read waited a second for its first record: half the slices of a
-        # 1M-event drain, which ran at ~65 % of its speed (docs/evaluator.md: *Reading Kafka and parsing*).
-        "fetch.queue.backoff.ms": 5,
-        # What it queues ahead of the reader (100,000 by default): more than a consume() takes (5,000), and
-        # what lies past the slice's end is fetched and decoded for nothing (dropped at unassign).
-        "queued.min.messages": 10_000,
-        "log_level": 3,
-    })
 
 
 class KafkaDataSource(DataSource):

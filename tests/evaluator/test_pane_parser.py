@@ -13,7 +13,7 @@ import redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.streams import Attribute, Dimension, StreamSchema
-from evaluator.spark import parse
+from evaluator import records as parse  # the judge the Spark parser runs (evaluator.spark.parse)
 from evaluator.spark.parse import NO_PARTITION, PaneParser
 from evaluator.spark.stream_parse import StreamPaneParser
 from ingest.kafka import ensure_topics
