@@ -51,13 +51,15 @@ NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
 
 
-LANES = ("alerts", "tests")  # the delivery lanes, each a Celery queue of its own (see ``notifier.app``)
+#: The worker lanes, each a Celery queue of its own (see ``notifier.app``): alert deliveries, test deliveries, and
+#: backtests (``notifier.backtests``: long CPU work, kept off the delivery lanes).
+LANES = ("alerts", "tests", "backtests")
 
 
 def lane_queue(settings: Settings, lane: str) -> str:
-    """The broker queue of a delivery lane."""
+    """The broker queue of a worker lane."""
     if lane not in LANES:
-        raise ValueError(f"unknown delivery lane {lane!r}; lanes: {', '.join(LANES)}")
+        raise ValueError(f"unknown worker lane {lane!r}; lanes: {', '.join(LANES)}")
     base = settings.redis_key("deliveries")
     return base if lane == "alerts" else f"{base}:{lane}"
 
@@ -288,6 +290,14 @@ class RedisKeys:
         """The last turn handed to a delivery that found the endpoint full; in the owner's slot, like the above."""
         return self._k("inflight", "turn", self._o(owner_id), endpoint_id) if self.tagged else \
             self._k("inflight", "turn", endpoint_id)
+
+    def backtest(self, owner_id: int, job_id: str) -> str:
+        """A backtest job's hash, in its owner's slot with :meth:`backtests_active` (one transaction admits a job)."""
+        return self._k("backtest", self._o(owner_id), job_id)
+
+    def backtests_active(self, owner_id: int) -> str:
+        """The owner's queued and running backtests (job ids)."""
+        return self._k("backtests", "active", self._o(owner_id))
 
     def preview_answers(self, request_id: str) -> str:
         return self._k("preview", request_id)

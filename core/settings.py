@@ -280,6 +280,24 @@ class Settings(BaseSettings):
     dashboard_history: int = Field(900, ge=10, description="samples kept for the dashboard charts")
     preview_timeout_s: float = Field(5.0, gt=0, description="how long a condition preview waits for the evaluator")
 
+    # --- backtests (notifier.backtests: a condition over a stream's history, on the worker lane "backtests") ------
+    backtest_max_active: int = Field(1, ge=1, le=100, description="backtests one account may have queued or running")
+    backtest_max_range_ms: int = Field(7 * 86_400_000, ge=60_000, description="the longest time range one backtest "
+                                                                               "may cover (and never beyond retention)")
+    backtest_chart_points: int = Field(600, ge=10, le=10_000, description="points per key a backtest's chart has "
+                                                                          "at most: the history is read in as many chunks")
+    backtest_chart_keys: int = Field(5, ge=1, le=50, description="keys a backtest charts (those with most transitions)")
+    backtest_transitions_listed: int = Field(1_000, ge=0, le=100_000, description="transitions a backtest's result "
+                                                                                  "lists (the counts cover all)")
+    backtest_keep_s: int = Field(86_400, ge=60, description="how long a backtest's result is kept")
+    backtest_queue_timeout_s: float = Field(900.0, gt=0, description="a backtest queued longer than this is not run "
+                                                                     "(the lane was busy or down): it expires")
+    backtest_stale_s: float = Field(120.0, gt=0, description="a running backtest that reported no progress this long "
+                                                             "is taken as lost with its worker")
+    backtest_worker_nice: int = Field(10, ge=0, le=19, description="the backtest lane's CPU priority (nice): live "
+                                                                   "evaluation keeps the cores it needs")
+    rate_backtest_account: str = Field("30/hour", description="backtests per account")
+
     # --- dead man's switch (web.watchdog) ---------------------------------------
     evaluator_stale_s: float = Field(
         30.0, gt=0, description="no heartbeat from the evaluator driver this long: not ready, and 'evaluator down'"
@@ -445,7 +463,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
-                     "rate_test_alert_account", "rate_test_alert_client")
+                     "rate_test_alert_account", "rate_test_alert_client", "rate_backtest_account")
     @classmethod
     def _rate(cls, rate: str) -> str:
         from limits import parse  # a bad rate is a configuration error at start-up, not a 500 later

@@ -2,7 +2,7 @@
 
 Starts, in order: the Tansu broker (unless something already listens at the
 configured bootstrap address) with its topics, Redis (unless one answers), the
-web app, the Celery worker, the dispatcher, the Spark evaluator and the two
+web app, the Celery workers (alerts, test alerts, backtests), the dispatcher, the Spark evaluator and the two
 demo publishers: the synthetic market feed (stream ``trades``) and host metrics
 (stream ``hosts``, declared here at start-up). Every child runs in its own process group and is stopped
 with it.
@@ -75,6 +75,9 @@ def platform_commands(settings: Settings) -> list[tuple[str, list[str]]]:
                                  "--loglevel", third_party_level(), "--without-gossip", "--without-mingle")),
         ("worker-tests", python_module("notifier.worker", "--lane", "tests", "--pool", "threads", "--concurrency", "2",
                                        "--loglevel", third_party_level(), "--without-gossip", "--without-mingle")),
+        ("worker-backtests", python_module("notifier.worker", "--lane", "backtests", "--pool", "prefork",
+                                           "--concurrency", "1", "--loglevel", third_party_level(), "--without-gossip",
+                                           "--without-mingle")),
         ("dispatcher", python_module("notifier.dispatcher")),
         ("evaluator", python_module("evaluator.spark")),
         ("feed", python_module("ingest", "feed")),

@@ -8,8 +8,10 @@ slow retry would run twice.
 Deliveries travel in two lanes, each a queue of its own: ``alerts`` (what the
 dispatcher sends) and ``tests`` (the "send test alert" button), so test alerts,
 however many are clicked, are served by their own workers and never take an
-alert's worker thread. A worker started without ``-Q`` (or with
-``python -m notifier.worker --lane all``) serves both. The lanes' queue names
+alert's worker thread. Backtests (``notifier.backtests``) have a third lane,
+``backtests``: minutes of CPU each, served by a worker of their own at a lower
+CPU priority. A worker started with ``python -m notifier.worker --lane all``
+serves every lane. The lanes' queue names
 live in ``core.redis_schema``, which the operators' dashboard reads too.
 """
 
@@ -24,6 +26,7 @@ from core.redis_schema import LANES, celery_key_prefix, lane_queue
 from core.settings import Settings, get_settings
 
 DELIVER_TASK = "tocsin.deliver"
+BACKTEST_TASK = "tocsin.backtest"  # notifier.backtests, on the lane of its name
 
 
 @setup_logging.connect
@@ -42,7 +45,7 @@ def queue_for(celery: Celery, notification: dict) -> str:
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
-    app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks"])
+    app = Celery("tocsin", broker=settings.broker_url, include=["notifier.tasks", "notifier.backtests"])
 
     def defaults() -> dict[str, object]:
         # Lazily, on first use of the configuration: the queues' names carry the deployment id, read from (and,

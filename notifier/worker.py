@@ -7,6 +7,7 @@ key), so callers name the lane, not the queue; other options go to Celery.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import click
@@ -26,8 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     _check_celery_options(parser, celery_args)  # before the queue names, which read (or create) the database
     lanes = LANES if args.lane == "all" else (args.lane,)
     queues = ",".join(lane_queue(get_settings(), lane) for lane in lanes)
-    if args.lane == "tests":
+    if args.lane in ("tests", "backtests"):  # the port is the alert lane's
         app.conf.tocsin_metrics_port = 0
+    if args.lane == "backtests":  # live evaluation keeps the cores it needs (the pool's processes inherit it)
+        os.nice(get_settings().backtest_worker_nice)
     try:
         app.worker_main(["worker", "-Q", queues, *celery_args])
     except click.UsageError as exc:  # an option neither we nor Celery know: refused like ours (exit 2)

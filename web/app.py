@@ -28,7 +28,7 @@ from subscriptions.errors import Conflict, FieldError, Forbidden, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.service import CatalogPublisher
 from web import pages
-from web.api import auth, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
+from web.api import auth, backtests, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
 from web.deps import SESSION_COOKIE, web_sessions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
 from web.ops import close_probes, run_sampler
@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AccountConcurrency, bound=app.state.account_bound, refuse=page_or_json_error,
                        exempt=("/static/",))  # outside the body limit: a refused request's body is never read
     app.state.celery = make_celery(settings)  # to enqueue test alerts and replays on this deployment's queue
-    for router in (auth.router, subscriptions.router, preview.router, endpoints.router, dead_letters.router,
+    for router in (auth.router, subscriptions.router, preview.router, backtests.router, endpoints.router, dead_letters.router,
                    ops.router, health.router, pages.router, silences.router, streams.router, streams.tokens_router,
                    streams.publish_router):
         app.include_router(router)

@@ -99,6 +99,10 @@ def limit_test_alerts(limiter: RateLimiter, request: Request, user_id: int) -> N
     limiter.hit(settings.rate_test_alert_client, "test-alert", "client", client_address(request), what="test alerts")
 
 
+def limit_backtests(limiter: RateLimiter, user_id: int) -> None:
+    limiter.hit(limiter.settings.rate_backtest_account, "backtest", "account", str(user_id), what="backtests")
+
+
 def get_limiter(request: Request) -> RateLimiter:
     return request.app.state.limiter
 

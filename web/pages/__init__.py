@@ -6,8 +6,8 @@ One module per area, as ``web.api`` has one per resource; ``common`` holds what 
 
 from fastapi import APIRouter
 
-from web.pages import account, auth, conditions, endpoints, ops, silences, streams, subscriptions
+from web.pages import account, auth, backtests, conditions, endpoints, ops, silences, streams, subscriptions
 
 router = APIRouter(include_in_schema=False)
-for _area in (auth, subscriptions, conditions, endpoints, silences, account, ops, streams):
+for _area in (auth, subscriptions, conditions, backtests, endpoints, silences, account, ops, streams):
     router.include_router(_area.router)

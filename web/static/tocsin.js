@@ -138,3 +138,40 @@ document.addEventListener("htmx:beforeSwap", (event) => {
   });
   show();
 })();
+
+// A finished backtest's chart (web/templates/_backtest.html): per key, its value at each chunk's last boundary, the
+// condition's thresholds as flat lines, and the firings (red) and resolutions (green) at the values they carried.
+function drawBacktest(root) {
+  if (typeof uPlot === "undefined") return;
+  root.querySelectorAll(".backtest-chart:not([data-drawn])").forEach((box) => {
+    box.dataset.drawn = "1";
+    const chart = JSON.parse(box.dataset.chart);
+    window.tocsinBacktestPlots = [];
+    for (const series of chart.keys) {
+      const times = series.points.map((p) => p[0] / 1000);
+      const marks = new Map(series.marks.map((m) => [m[0] / 1000, m]));
+      for (const t of marks.keys()) if (!times.includes(t)) times.push(t);
+      times.sort((a, b) => a - b);
+      const value = new Map(series.points.map((p) => [p[0] / 1000, p[1]]));
+      const columns = [times, times.map((t) => (value.has(t) ? value.get(t) : null))];
+      const lines = [{}, {label: series.key, stroke: "#1f6feb", spanGaps: true}];
+      chart.thresholds.forEach((x, i) => {
+        columns.push(times.map(() => x));
+        lines.push({label: `threshold ${i + 1}`, stroke: "#888", dash: [4, 4], points: {show: false}});
+      });
+      for (const [state, colour] of [["firing", "#d1242f"], ["resolved", "#1a7f37"]]) {
+        columns.push(times.map((t) => {
+          const m = marks.get(t);
+          return m && m[1] === state ? (m[2] ?? value.get(t) ?? null) : null;
+        }));
+        lines.push({label: state, stroke: colour, width: 0, points: {show: true, size: 8, fill: colour}});
+      }
+      const title = document.createElement("h4");
+      title.textContent = series.key;
+      box.appendChild(title);
+      window.tocsinBacktestPlots.push(new uPlot({width: Math.min(box.clientWidth || 720, 900), height: 220, series: lines},
+                                                columns, box));
+    }
+  });
+}
+document.addEventListener("htmx:afterSwap", (event) => drawBacktest(event.target.parentNode || document));
