@@ -79,6 +79,23 @@ class PaneRows:
             np.concatenate([p.event_values for p in parts], axis=1),
         )
 
+    def slice(self, start: int, stop: int) -> PaneRows:
+        """Rows ``start:stop`` with their events: views of these arrays (only the offsets are new), so taking a
+        prefix or a suffix costs its length, not a gather."""
+        offsets = self.event_offsets[start:stop + 1]
+        first, last = int(offsets[0]), int(offsets[-1])
+        return PaneRows(self.keys[start:stop], self.starts[start:stop], self.counts[start:stop],
+                        self.sums[:, start:stop], self.mins[:, start:stop], self.maxs[:, start:stop], offsets - first,
+                        self.event_ts[first:last], self.event_values[:, first:last])
+
+    def by_start(self) -> PaneRows:
+        """The rows in pane-start order, rows of one start in their order (a stable sort): what :meth:`combined`
+        makes of any prefix is then what it makes of the same rows in any order."""
+        starts = self.starts
+        if len(self) <= 1 or bool((starts[1:] >= starts[:-1]).all()):
+            return self
+        return self.take(np.argsort(starts, kind="stable"))
+
     def select(self, mask: np.ndarray) -> PaneRows:
         return self.take(np.flatnonzero(mask))
 

@@ -384,7 +384,7 @@ class ShardEvaluator:
             self.progress[partition] = max(self.progress.get(partition, ts), ts)
         rows = self._finite(rows, stats)
         if not len(rows) or self.applied_until is None:
-            self.pending = PaneRows.concat([self.pending, rows], len(self.config.attributes))
+            self._hold(rows)
             return rows
         assert self.evaluated_at is not None
         # The windows still to come end at b >= evaluated_at + pane and start at b - T >= b - horizon.
@@ -397,8 +397,12 @@ class ShardEvaluator:
             stats.late_events += int(rows.counts[late].sum())
             self._apply(rows.select(late).combined(), late=True)
             self.stale = True
-        self.pending = PaneRows.concat([self.pending, rows.select(~late)], len(self.config.attributes))
+        self._hold(rows.select(~late))
         return rows
+
+    def _hold(self, rows: PaneRows) -> None:
+        """Add ``rows`` to the panes not complete yet, kept in pane-start order (see :meth:`_apply_until`)."""
+        self.pending = PaneRows.concat([self.pending, rows], len(self.config.attributes)).by_start()
 
     @staticmethod
     def _finite(rows: PaneRows, stats: BatchStats) -> PaneRows:
@@ -440,11 +444,12 @@ class ShardEvaluator:
     def _apply_until(self, boundary: int) -> None:
         """Move the panes that start before ``boundary`` from pending into the store, in pane order."""
         complete = PaneRows.empty(len(self.config.attributes))
-        if len(self.pending):
-            mask = self.pending.starts < boundary
-            if mask.any():
-                complete = self.pending.select(mask).combined()
-                self.pending = self.pending.select(~mask)
+        # pending is in pane-start order: the complete panes are a prefix, sliced off (views), so a batch holding
+        # many boundaries' panes (a backlog, a backtest's chunk) costs each boundary its own panes, not all held
+        done = int(np.searchsorted(self.pending.starts, boundary, side="left")) if len(self.pending) else 0
+        if done:
+            complete = self.pending.slice(0, done).combined()
+            self.pending = self.pending.slice(done, len(self.pending))
         self._apply(complete, boundary=boundary)
         self.applied_until = boundary
         self.starts = self.starts[np.searchsorted(self.starts, boundary - self.config.horizon_ms):]
@@ -1048,7 +1053,7 @@ class ShardEvaluator:
         shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3])
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms,
                                             config.tuple_max_events)
-        shard.pending = PaneRows.from_bytes(parts[-2])
+        shard.pending = PaneRows.from_bytes(parts[-2]).by_start()  # written unsorted before pending was kept so
         meta = json.loads(parts[-1])
         shard.progress = {int(p): ts for p, ts in meta["progress"].items()}
         shard.evaluated_at, shard.applied_until = meta["evaluated_at"], meta["applied_until"]
