@@ -207,7 +207,9 @@ class RecordPanes:
         progress: dict[int, int] = {}
         dead: list[DeadLetter] = []
         refused = {"future_events_refused": 0, "future_heartbeats_refused": 0}
-        picked = (raw[c].iloc[rows] for c in ("topic", "partition", "offset", "value", "value_bytes", "value_sha256"))
+        columns = ("topic", "partition", "offset", "value", "value_bytes", "value_sha256")
+        # every record plain (the common case): no pandas take of six columns (~2 ms a batch for nothing)
+        picked = (raw[c].iloc[rows] for c in columns) if len(rows) else ((),) * len(columns)
         for row, topic, partition, offset, value, size, digest in zip(rows, *picked, strict=True):
             source = self._source(topic, partition, offset)
             try:
