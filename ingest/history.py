@@ -18,7 +18,7 @@ the range's end), so one partition read ahead of another waits in memory, paused
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,10 +120,9 @@ class _Partition:
     paused: bool = False
 
 
-def read_history(settings: Settings, span: HistorySpan, chunk_ms: int,
-                 stop: Callable[[], bool] = lambda: False) -> Iterator[pd.DataFrame]:
-    """The span's records in chunks of ``chunk_ms`` of record time (see the module doc), until ``stop()`` says so
-    (asked between fetches)."""
+def read_history(settings: Settings, span: HistorySpan, chunk_ms: int) -> Generator[pd.DataFrame, None, None]:
+    """The span's records in chunks of ``chunk_ms`` of record time (see the module doc); closing the generator
+    closes its consumer."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     parts = {p: _Partition(end, []) for p, (first, end) in span.offsets.items()}
@@ -136,8 +135,6 @@ def read_history(settings: Settings, span: HistorySpan, chunk_ms: int,
         cut: int | None = None
         deadline = time.monotonic() + timeout_s
         while True:
-            if stop():
-                return
             pending = [part for part in parts.values() if not part.done]
             if cut is None:
                 starts = [part.held[0].timestamp()[1] for part in parts.values() if part.held]
@@ -178,7 +175,7 @@ def read_history(settings: Settings, span: HistorySpan, chunk_ms: int,
                 raise HistoryUnavailable(f"{span.topic}: partitions {stuck} stopped short of the range's end")
         if cut is None and any(part.held for part in parts.values()):  # read whole in one fetch
             cut = (min(part.held[0].timestamp()[1] for part in parts.values() if part.held) // chunk_ms + 1) * chunk_ms
-        while cut is not None and any(part.held for part in parts.values()) and not stop():  # the rest, cut alike
+        while cut is not None and any(part.held for part in parts.values()):  # read whole: the rest, cut alike
             newest = max(part.newest_ms or 0 for part in parts.values())
             chunk = _take(parts, span.topic, cut if cut <= newest else None, settings)
             cut += chunk_ms

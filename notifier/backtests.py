@@ -80,19 +80,14 @@ def _run(settings: Settings, jobs: BacktestJobs, owner_id: int, job_id: str,
     first = max(request.start_ms - warm_up_ms(condition, settings), 0)
     span = history_span(settings, topic_name(request.stream, settings), first, request.end_ms)
     backtest = Backtest.of(spec, settings, request.stream_schema, len(span.offsets), request.start_ms)
-    total, going = span.records, True
+    total = span.records
     jobs.progress(owner_id, job_id, 0, total, None)
-
-    def stop() -> bool:
-        return not going
-
-    for chunk in read_history(settings, span, chunk_ms(settings, request.start_ms, request.end_ms), stop):
+    chunks = read_history(settings, span, chunk_ms(settings, request.start_ms, request.end_ms))
+    for chunk in chunks:
         backtest.feed(chunk)
-        going = jobs.progress(owner_id, job_id, backtest.tally.records, total, backtest.evaluated_at)
-        if not going:
-            break
-    if not going:
-        return None
+        if not jobs.progress(owner_id, job_id, backtest.tally.records, total, backtest.evaluated_at):
+            chunks.close()  # cancelled: the reader's consumer is closed now, not when collected
+            return None
     return summary(settings, request, backtest)
 
 
@@ -113,11 +108,16 @@ def summary(settings: Settings, request: BacktestRequest, backtest: Backtest) ->
                else charted)[:settings.backtest_chart_keys]
     tally = backtest.tally
     listed = settings.backtest_transitions_listed
+    behind = backtest.evaluated_at is None or backtest.evaluated_at < request.end_ms - settings.watermark_delay_ms - \
+        chunk_ms(settings, request.start_ms, request.end_ms) - settings.pane_ms
     return {
         "stream": request.stream, "condition": request.condition, "start_ms": request.start_ms,
         "end_ms": request.end_ms, "evaluated_to": backtest.evaluated_at,
         "records": tally.records, "events": tally.events, "dead_lettered": tally.dead,
         "dead_reasons": dict(tally.dead_reasons), "late_dropped": tally.late_dropped,
+        # event time stopped short of the range's end: some partition's records (or heartbeats) stopped, as they
+        # would have held the live query back
+        "stopped_short": behind,
         "transitions_total": len(decided), "firings": sum(firing.values()), "resolutions": sum(resolved.values()),
         "notifications": sum(notified.values()), "keys_firing": len(firing),
         "per_key": [{"key": k, "firing": firing[k], "resolved": resolved[k], "notified": notified[k]}

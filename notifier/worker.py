@@ -1,4 +1,4 @@
-"""A Celery worker serving one delivery lane: ``python -m notifier.worker --lane tests --concurrency 2``.
+"""A Celery worker serving one lane (alerts, tests or backtests): ``python -m notifier.worker --lane tests --concurrency 2``.
 
 The lane's queue name comes from the settings (it is namespaced like every Redis
 key), so callers name the lane, not the queue; other options go to Celery.

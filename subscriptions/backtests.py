@@ -196,7 +196,7 @@ class BacktestJobs:
             mapping["error"] = error
         if result is not None:
             mapping["result"] = json.dumps(result, separators=(",", ":"))
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.redis.pipeline(transaction=False)  # the state first: a place not yet given back is freed when read
         pipe.hset(key, mapping=mapping)
         pipe.expire(key, self.settings.backtest_keep_s)
         pipe.srem(self.keys.backtests_active(owner_id), job_id)

@@ -1,7 +1,9 @@
-"""The streaming job end to end: alerts equal the brute-force oracle's, and survive a SIGKILL exactly."""
+"""The streaming job end to end: alerts equal the brute-force oracle's and a backtest's of the same topic, and survive
+a SIGKILL exactly."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,9 +11,12 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.streams import trades_schema
+from evaluator.backtest import Backtest
 from evaluator.catalog import Catalog
 from evaluator.spark.checkpoint_fs import CheckpointFiles
 from evaluator.spark.job import build_query
+from ingest.history import history_span, read_history
 from ingest.kafka import ensure_topics
 from tests.evaluator.spark.test_job import publish_catalog
 from tests.evaluator.streams import (
@@ -24,6 +29,7 @@ from tests.evaluator.streams import (
     for_run,
     generated_stream,
     publish,
+    transitions,
     wait_until,
 )
 
@@ -42,6 +48,19 @@ def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path
     finally:
         query.stop()
     assert_matches_oracle(run, events, last)
+    # A backtest of each subscription over the same topic yields the live run's transitions: ids, values and all
+    live = {(t["alert_id"], t["subscription_id"], t["key"], t["state"], t["evaluated_at"], t["value"])
+            for t in transitions(run)}
+    span = history_span(run, run.events_topic, 0, int(time.time() * 1000) + 1)
+    backtested = set()
+    for spec in SPECS:
+        backtest = Backtest.of(spec, run, trades_schema(run), len(span.offsets), 0)
+        backtest.run(read_history(run, span, chunk_ms=500))  # half a second of record time per chunk
+        assert backtest.tally.records == span.records and backtest.evaluated_at == last
+        backtested |= {(t.alert_id, t.subscription_id, t.key, t.state, t.evaluated_at, t.value)
+                       for t in backtest.transitions}
+    assert backtested == live
+
 
 
 @pytest.mark.slow  # fault injection: run in CI
