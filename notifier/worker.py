@@ -7,7 +7,6 @@ key), so callers name the lane, not the queue; other options go to Celery.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import click
@@ -15,6 +14,7 @@ from celery.bin.base import CLIContext
 from celery.bin.worker import worker as worker_command
 
 from core import cli
+from core.cpu_priority import lower_cpu_priority
 from core.redis_schema import LANES, lane_queue
 from core.settings import get_settings
 from notifier.app import app
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.lane in ("tests", "backtests"):  # the port is the alert lane's
         app.conf.tocsin_metrics_port = 0
     if args.lane == "backtests":  # live evaluation keeps the cores it needs (the pool's processes inherit it)
-        os.nice(get_settings().backtest_worker_nice)
+        lower_cpu_priority(get_settings().backtest_worker_nice)
     try:
         app.worker_main(["worker", "-Q", queues, *celery_args])
     except click.UsageError as exc:  # an option neither we nor Celery know: refused like ours (exit 2)

@@ -15,7 +15,7 @@ def row_of(lines: list[str], title: str) -> list[str]:
 def test_quick_run_prints_the_tables() -> None:
     lines = run_quick("backtest.py").splitlines()
     evaluated = row_of(lines, "Backtest, evaluate")
-    assert evaluated[:2] == ["0.25", "h"] and int(evaluated[3]) > 100_000 and int(evaluated[7]) > 0
+    assert evaluated[:2] == ["0.25", "h"] and int(evaluated[4]) > 100_000 and int(evaluated[8]) > 0  # "2 s" is two cells
     records, *_, rate = row_of(lines, "Backtest, read")
     assert int(records) >= 20_000 and float(rate) > 0
     day, evaluate_s, read_s, total_s, _ = row_of(lines, "Backtest, a day")
