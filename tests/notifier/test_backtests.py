@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from confluent_kafka import Producer
@@ -164,3 +166,17 @@ def test_a_job_queued_too_long_expires_and_one_whose_worker_died_fails(settings:
     status = jobs.get(4, lost.id)
     assert status.state == "failed" and "worker was lost" in (status.error or "")
     assert jobs.submit(4, _request(settings, now - 60_000, now)).state == "queued"
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
+def test_the_backtest_worker_yields_the_cpu_to_other_sessions_too(settings: Settings, tmp_path) -> None:
+    """Plain nice spares other sessions nothing under autogroup scheduling (measured: the live evaluator's batches
+    as slow beside a niced backtest as beside one at nice 0): the worker, leading its session as infra/up starts it,
+    nices its session's group as well."""
+    with running(settings, tmp_path / "logs", worker(settings)) as (process,):
+        pid = process.process.pid
+        until = deadline(30)
+        while time.monotonic() < until and "nice 0" in Path(f"/proc/{pid}/autogroup").read_text():
+            time.sleep(0.2)
+        assert Path(f"/proc/{pid}/autogroup").read_text().split()[-1] == str(settings.backtest_worker_nice)
+        assert psutil.Process(pid).nice() == settings.backtest_worker_nice
