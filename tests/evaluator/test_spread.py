@@ -76,6 +76,14 @@ def test_zscore_keeps_a_cent_on_a_large_price() -> None:
     assert math.isclose(ZSCORE.of_events(np.array([1e7, 1e7 + 0.01]), None), 1.0, rel_tol=1e-12)
 
 
+def test_the_mean_s_rounding_does_not_widen_the_spread() -> None:
+    """Found by the property above: the rounded mean of two values near 1e12 is off by ~6e-5, which the sum of squared
+    deviations took in squared (1.3e-12 of the spread): a z-score of 0.99999999999871 for two values, which is 1."""
+    values = [-999999996206.0, -999999996129.9999]
+    assert math.isclose(STDDEV.of_events(np.array(values), None), exact_deviation(values), rel_tol=1e-15)
+    assert ZSCORE.of_events(np.array(values), None) == 1.0
+
+
 def test_equal_values_have_no_spread_and_no_score() -> None:
     """Their rounded mean (a sum rounded, then divided) was an ulp off the value: a spread, and a score of ±1."""
     values = np.array([366503875925.4525] * 3)

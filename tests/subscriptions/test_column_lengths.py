@@ -23,7 +23,7 @@ STORED_AS: dict[str, type[Base]] = {
 }
 NOT_STORED = {  # kept whole in a JSON or Text column, or not kept at all (AlertPolicy-Input: its request form)
     "AlertPolicy", "AlertPolicy-Input", "Attribute", "Dimension", "MatcherIn", "SilenceIn", "ConditionIn", "TemplatePreviewIn",
-    "InvitationIn", "MuteIn", "PasswordChangeIn",
+    "InvitationIn", "MuteIn", "PasswordChangeIn", "BacktestIn",  # BacktestIn: kept in Redis, whole (subscriptions.backtests)
 }
 
 

@@ -7,6 +7,7 @@ The panel polls the job's fragment every second while it runs (htmx); the chart 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Form, HTTPException, Request
@@ -14,14 +15,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from core.stream_names import TRADES
-from subscriptions.backtests import BacktestIn, BacktestJobs
+from subscriptions.backtests import BacktestIn, BacktestJobs, BacktestStatus
 from subscriptions.errors import Conflict, FieldError, NotFound
 from subscriptions.language import ConditionError
 from subscriptions.policy import AlertPolicy
 from web.backtests import start_backtest
 from web.deps import CeleryDep, DbDep, RedisDep, SettingsDep
 from web.limits import LimiterDep, limit_backtests
-from web.pages.common import TEMPLATES, Page, render
+from web.pages.common import TEMPLATES, Page, PagePrincipal, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -54,18 +55,20 @@ def backtest_fragment(request: Request, principal: Page, db: DbDep, settings: Se
 @router.get("/backtests/{job_id}", response_class=HTMLResponse)
 async def backtest_progress(job_id: str, request: Request, principal: Page, settings: SettingsDep,
                             redis_client: RedisDep) -> HTMLResponse:
-    try:
-        job = await run_in_threadpool(BacktestJobs(redis_client, settings).get, principal.user.id, job_id)
-    except NotFound as exc:
-        return render(request, "_backtest.html", principal, job=None, error=str(exc), status_code=404)
-    return render(request, "_backtest.html", principal, job=job, error=None)
+    return await _job_fragment(request, principal, BacktestJobs(redis_client, settings).get, job_id)
 
 
 @router.post("/backtests/{job_id}/cancel", response_class=HTMLResponse)
 async def backtest_cancel(job_id: str, request: Request, principal: Page, settings: SettingsDep,
                           redis_client: RedisDep) -> HTMLResponse:
+    return await _job_fragment(request, principal, BacktestJobs(redis_client, settings).cancel, job_id)
+
+
+async def _job_fragment(request: Request, principal: PagePrincipal, call: Callable[[int, str], BacktestStatus],
+                        job_id: str) -> HTMLResponse:
+    """The job's fragment after ``call`` (a read or a cancel) on it, off the event loop (Redis)."""
     try:
-        job = await run_in_threadpool(BacktestJobs(redis_client, settings).cancel, principal.user.id, job_id)
+        job = await run_in_threadpool(call, principal.user.id, job_id)
     except NotFound as exc:
         return render(request, "_backtest.html", principal, job=None, error=str(exc), status_code=404)
     return render(request, "_backtest.html", principal, job=job, error=None)
