@@ -290,10 +290,13 @@ class Settings(BaseSettings):
     backtest_transitions_listed: int = Field(1_000, ge=0, le=100_000, description="transitions a backtest's result "
                                                                                   "lists (the counts cover all)")
     backtest_keep_s: int = Field(86_400, ge=60, description="how long a backtest's result is kept")
-    backtest_queue_timeout_s: float = Field(900.0, gt=0, description="a backtest queued longer than this is not run "
+    backtest_queue_timeout_s: float = Field(3_600.0, gt=0, description="a backtest queued longer than this is not run "
                                                                      "(the lane was busy or down): it expires")
     backtest_stale_s: float = Field(120.0, gt=0, description="a running backtest that reported no progress this long "
                                                              "is taken as lost with its worker")
+    backtest_max_run_s: float = Field(1_800.0, gt=0, description="a backtest running longer is stopped and fails "
+                                                               "with the reason: one account's job holds a lane "
+                                                               "worker at most this long (docs/backtests.md)")
     backtest_worker_nice: int = Field(10, ge=0, le=19, description="the backtest lane's CPU priority (nice): live "
                                                                    "evaluation keeps the cores it needs")
     rate_backtest_account: str = Field("30/hour", description="backtests per account")

@@ -16,6 +16,7 @@ the firings and resolutions marked. Cool-down and send-resolved apply as the dis
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -82,12 +83,15 @@ def _run(settings: Settings, jobs: BacktestJobs, owner_id: int, job_id: str,
     backtest = Backtest.of(spec, settings, request.stream_schema, len(span.offsets), request.start_ms)
     total = span.records
     jobs.progress(owner_id, job_id, 0, total, None)
-    chunks = read_history(settings, span, chunk_ms(settings, request.start_ms, request.end_ms))
-    for chunk in chunks:
-        backtest.feed(chunk)
-        if not jobs.progress(owner_id, job_id, backtest.tally.records, total, backtest.evaluated_at):
-            chunks.close()  # cancelled: the reader's consumer is closed now, not when collected
-            return None
+    until = time.monotonic() + settings.backtest_max_run_s
+    with contextlib.closing(read_history(settings, span, chunk_ms(settings, request.start_ms, request.end_ms))) as chunks:
+        for chunk in chunks:  # closed on leaving: the reader's consumer with it, not when collected
+            backtest.feed(chunk)
+            if not jobs.progress(owner_id, job_id, backtest.tally.records, total, backtest.evaluated_at):
+                return None  # cancelled
+            if time.monotonic() > until:
+                raise TimeoutError(f"stopped after {settings.backtest_max_run_s:g} s with {backtest.tally.records:,} "
+                                   f"of {total:,} records read: narrow the range or the keys")
     return summary(settings, request, backtest)
 
 

@@ -138,6 +138,21 @@ def test_a_cancelled_backtest_stops_at_its_next_chunk(settings: Settings, redis_
     assert jobs.submit(7, _request(settings, start, start + 60_000)).state == "queued"  # its place is free again
 
 
+def test_a_backtest_holds_its_lane_worker_at_most_backtest_max_run_s(settings: Settings,
+                                                                      redis_client: redis.Redis) -> None:
+    """One account's long backtest must not keep everyone else's queued until they expire: it is stopped, with why."""
+    settings = settings.model_copy(update={"backtest_chart_points": 20, "backtest_max_run_s": 0.001})
+    start = (int(time.time() * 1000) - 3_600_000) // 1000 * 1000
+    publish_history(settings, start, 60)
+    jobs = BacktestJobs(redis_client, settings)
+    job = jobs.submit(8, _request(settings, start, start + 60_000))
+    run_backtest(settings, redis.Redis.from_url(settings.redis_url, decode_responses=True), 8, job.id)
+    status = jobs.get(8, job.id)
+    assert status.state == "failed" and "narrow the range or the keys" in (status.error or "")
+    assert 0 < status.records_read < status.records_total
+    assert jobs.submit(8, _request(settings, start, start + 60_000)).state == "queued"  # its place is free again
+
+
 def test_an_account_has_at_most_its_active_backtests_and_another_account_sees_none_of_them(
         settings: Settings, redis_client: redis.Redis) -> None:
     jobs = BacktestJobs(redis_client, settings)
