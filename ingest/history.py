@@ -136,10 +136,8 @@ def read_history(settings: Settings, span: HistorySpan, chunk_ms: int) -> Genera
         deadline = time.monotonic() + timeout_s
         while True:
             pending = [part for part in parts.values() if not part.done]
-            if cut is None:
-                starts = [part.held[0].timestamp()[1] for part in parts.values() if part.held]
-                if starts and all(part.held for part in pending):
-                    cut = (min(starts) // chunk_ms + 1) * chunk_ms
+            if cut is None and all(part.held for part in pending):
+                cut = _first_cut(parts, chunk_ms)
             while cut is not None and pending and all(part.newest_ms is not None and part.newest_ms >= cut
                                                       for part in pending):
                 chunk = _take(parts, span.topic, cut, settings)
@@ -173,8 +171,8 @@ def read_history(settings: Settings, span: HistorySpan, chunk_ms: int) -> Genera
             elif time.monotonic() > deadline:
                 stuck = sorted(p for p, part in parts.items() if not part.done)
                 raise HistoryUnavailable(f"{span.topic}: partitions {stuck} stopped short of the range's end")
-        if cut is None and any(part.held for part in parts.values()):  # read whole in one fetch
-            cut = (min(part.held[0].timestamp()[1] for part in parts.values() if part.held) // chunk_ms + 1) * chunk_ms
+        if cut is None:  # read whole in one fetch
+            cut = _first_cut(parts, chunk_ms)
         while cut is not None and any(part.held for part in parts.values()):  # read whole: the rest, cut alike
             newest = max(part.newest_ms or 0 for part in parts.values())
             chunk = _take(parts, span.topic, cut if cut <= newest else None, settings)
@@ -183,6 +181,12 @@ def read_history(settings: Settings, span: HistorySpan, chunk_ms: int) -> Genera
                 yield chunk
     finally:
         consumer.close()
+
+
+def _first_cut(parts: dict[int, _Partition], chunk_ms: int) -> int | None:
+    """The end of the first chunk: the first whole ``chunk_ms`` after the oldest record held (None: none held)."""
+    starts = [part.held[0].timestamp()[1] for part in parts.values() if part.held]
+    return (min(starts) // chunk_ms + 1) * chunk_ms if starts else None
 
 
 def _resume(consumer: Any, topic: str, parts: dict[int, _Partition]) -> None:
