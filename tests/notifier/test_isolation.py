@@ -1,12 +1,15 @@
 """One slow or hostile receiver cannot stall other tenants' deliveries (real worker, real receivers).
 
 Two hostile tenants - one receiver answering a byte a second, forever, one
-answering 503 with an endless body - get deliveries and a burst of test alerts,
-while a third tenant's alerts are enqueued at a steady rate. The third tenant's
-p99 from enqueue to arrival must stay under the bound docs/notifications.md states: one attempt
-deadline, set long (5 s): deliveries queued behind hostile attempts wait for those attempts' deadlines, far
-above what an isolated delivery needs even on a loaded machine; the worker's memory
-must not balloon, and every hostile attempt ends as a recorded retry or dead letter.
+answering 503 with an endless body - get more deliveries than the worker has
+threads, and a burst of test alerts, while a third tenant's alerts are enqueued
+at a steady rate. The third tenant's deliveries must not wait for threads the
+hostile attempts hold: p99 of each one's time once its line was free (see
+``_latencies_and_waits``) under half an attempt deadline, set long (5 s). Without
+the caps the hostile attempts take every thread and that p99 was 4.6 s (caps
+lifted to 8: the test fails); with them 0.02 s idle, 0.04 s beside three busy
+loops. The worker's memory must not balloon, and every hostile attempt ends as a
+recorded retry or dead letter.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from tests.users import new_user
 # slower machine, 0.48 s alone there)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.jvm]
 
-HOSTILE_DELIVERIES = 2
+HOSTILE_DELIVERIES = 4  # per hostile tenant: without the caps, every one of the worker's 4 threads
 TEST_ALERTS = 2
 OTHER_DELIVERIES = 40
 OTHER_RATE = 5.0  # per second
@@ -54,13 +57,34 @@ def _notification(tag: str, i: int) -> dict:
     return build_notification(info, [alert], notification_id([f"{tag}-{i}-{time.time()}"]))
 
 
+def _p99(seconds: list[float]) -> float:
+    return sorted(seconds)[int(0.99 * (len(seconds) - 1))]
+
+
+def _latencies_and_waits(arrivals, enqueued: dict[str, float]) -> tuple[list[float], list[float]]:
+    """Each delivery's enqueue-to-arrival time, and how long it took once its line was free: from its enqueue or
+    the arrival before it, whichever was later.
+
+    At caps of 1 the tenant's deliveries go one at a time, so on a busy machine they queue behind each other (p99
+    enqueue-to-arrival 6.2 s in a CI run beside a Spark suite, rising steadily with each delivery: the tenant's
+    own pace, not the hostile ones'). A thread held by a hostile attempt shows as a wait with the line free.
+    """
+    latencies, waits, free_at = [], [], 0.0
+    for arrival in sorted(arrivals, key=lambda r: r.at):
+        enqueued_at = enqueued[arrival.json["notification_id"]]
+        latencies.append(arrival.at - enqueued_at)
+        waits.append(arrival.at - max(enqueued_at, free_at))
+        free_at = arrival.at
+    return sorted(latencies), waits
+
+
 @pytest.mark.timeout(240)
 def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_client, tmp_path) -> None:
     settings = settings.model_copy(update={
         "webhook_total_timeout_s": 5.0, "webhook_read_timeout_s": 8.0, "delivery_max_retries": 1,
         "delivery_endpoint_concurrency": 1, "delivery_owner_concurrency": 1, "delivery_busy_delay_s": 0.5,
         "delivery_visibility_margin_s": 60})  # attempts here take the whole deadline: no redelivery meanwhile
-    bound_s = settings.webhook_total_timeout_s  # isolated: well under it; queued behind a hostile attempt: over
+    bound_s = settings.webhook_total_timeout_s / 2  # isolated: far under it; behind a hostile attempt: up to twice
     slow, endless, normal = WebhookReceiver(trickle_bytes_per_s=1), WebhookReceiver(endless_status=503), \
         WebhookReceiver()
     slow_ep, endless_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (slow, endless, normal))
@@ -94,11 +118,12 @@ def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_
         for receiver in (slow, endless, normal):
             receiver.close()
 
-    latencies = sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
-    p99 = latencies[int(0.99 * (len(latencies) - 1))]
-    print(f"other tenant: p50 {latencies[len(latencies) // 2]:.3f} s, p99 {p99:.3f} s, "
-          f"worker RSS +{(rss_after - rss_before) / 2**20:.1f} MB")
-    assert p99 < bound_s, f"other tenant's p99 {p99:.2f} s over the {bound_s} s bound; latencies {latencies}"
+    latencies, waits = _latencies_and_waits(arrivals, enqueued)
+    p99 = _p99(waits)
+    print(f"other tenant: enqueue to arrival p50 {latencies[len(latencies) // 2]:.3f} s, p99 {_p99(latencies):.3f} s; "
+          f"arrival after its line was free p99 {p99:.3f} s; worker RSS +{(rss_after - rss_before) / 2**20:.1f} MB")
+    assert p99 < bound_s, f"other tenant waited {p99:.2f} s (p99) with its line free, over the {bound_s} s bound; " \
+                          f"waits {sorted(waits)}"
     assert rss_after - rss_before < 200 * 2**20
     assert len(letters) == 2 * HOSTILE_DELIVERIES + TEST_ALERTS
     slow_errors = {e["error"] for e in records.endpoint_log(slow_ep.id) if e["outcome"] in ("retry", "dead")}
