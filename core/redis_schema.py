@@ -177,6 +177,15 @@ class RedisKeys:
     def _s(self, subscription_id: int, *parts: str | int) -> str:
         return self._p(self.partition(subscription_id), *parts)
 
+    def rank_state(self, subscription_id: int) -> str:
+        """A rank subscription's merge state (``evaluator.rank.RankState`` as JSON): each shard's last list, its first
+        ``k``, lists waiting for a shard to evaluate their boundary."""
+        return self._s(subscription_id, "rank", subscription_id)
+
+    def rank_waiting(self, stream: str) -> str:
+        """The rank subscriptions of ``stream``'s query whose state holds lists waiting for a shard (a set of ids)."""
+        return self._k("rank-waiting", stream)
+
     def alerts_stream_of(self, partition: int) -> str:
         """The alert stream of one partition (the dispatcher reads them all, in the ``notifier`` group)."""
         return self._p(partition, "alerts")

@@ -6,7 +6,8 @@ Each chunk is judged and pre-aggregated by the live query's own judge
 (``evaluator.records``), its progress bounded by the same clock rule (``evaluator.clock``),
 and stepped through a :class:`SubstreamShard` built with the live query's ``ShardConfig``, so
 windows, lateness, the collective plans and the lifecycle clauses (FOR, KEEP FIRING, DAMPEN,
-hysteresis, crossings) are those of live evaluation.
+hysteresis, crossings) are those of live evaluation; a rank's lists go through the live sink's merge
+(``evaluator.rank``), of one shard.
 
 Exactness. A shard's transitions depend on its events and on when its watermark passes each
 boundary, never on how the events were cut into batches, as long as no event is late (older
@@ -35,6 +36,7 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema
 from evaluator.catalog import Catalog
+from evaluator.rank import RankMerge
 from evaluator.clock import bounded_progress
 from evaluator.records import RecordPanes, batch_clock
 from evaluator.shard import BatchStats, ShardConfig
@@ -86,6 +88,7 @@ class Backtest:
         #: per key, its value at each chunk's last evaluated boundary from the start on: [(boundary, value)]
         self.samples: dict[str, list[tuple[int, float]]] = {}
         self.tally = BacktestTally()
+        self.ranks = RankMerge(spec.id)  # a rank condition's (evaluator/rank.py): its one shard's lists merged
 
     @classmethod
     def of(cls, spec: SubscriptionSpec, settings: Settings, schema: StreamSchema, partitions: int,
@@ -120,6 +123,9 @@ class Backtest:
             self.catalog = Catalog(1, [self.spec])
         stats = BatchStats()
         transitions, _ = self.shard.step(self.judge.pane_rows(parsed), progress, self.catalog, stats)
+        ranked = self.shard.take_ranked()
+        if ranked or self.spec.condition.rank is not None:  # one shard: every boundary it evaluated is merged
+            transitions += self.ranks.merge(ranked, self.shard.evaluated_at or 0)
         tally.late_dropped += stats.dropped_events
         self.transitions += transitions
         if self.catalog.version:

@@ -86,6 +86,7 @@ from evaluator.incremental import Context, Flip, GroupState, Members, PlanCosts,
 from evaluator.lifecycle import Raw, Tracker, aux_id
 from evaluator.panerows import PaneRows
 from evaluator.panestore import Panes, RunningWindows, Window, to_floats
+from evaluator.rank import EMPTY_KEY, RankBook, RankEntry
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
@@ -141,6 +142,12 @@ class Group:
 def _value_key(c: Condition) -> tuple:
     tuple_window = () if c.events is None else (c.events,)  # appended only when used: the order of others holds
     return (c.aggregate, c.attribute, c.window_ms, c.q, c.expression, c.percent_of, *tuple_window)
+
+
+def _book_key(c: Condition) -> tuple:
+    """A rank book's: the value and the direction (ranks of any ``k`` share it)."""
+    assert c.rank is not None
+    return (*_value_key(c), c.rank.top)
 
 
 def _order(key: tuple) -> str:
@@ -212,6 +219,7 @@ class Delta:
     dropped_subscriptions: list[int] = field(default_factory=list)
     stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
     lifecycle: dict | None = None  # the lifecycle records this batch changed (evaluator/lifecycle.py Tracker.export)
+    ranks: dict[int, list] = field(default_factory=dict)  # the rank lists sent this batch: sid -> [(key, value, listed)]
 
     def to_bytes(self) -> bytes:
         meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
@@ -220,6 +228,7 @@ class Delta:
             "change_keys": "\x00".join(c[1] for c in self.changes),
             "dropped": self.dropped_subscriptions, "stale": self.stale,
             **({"lifecycle": self.lifecycle} if self.lifecycle is not None else {}),
+            **({"ranks": self.ranks} if self.ranks else {}),
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -242,7 +251,13 @@ class Delta:
             meta["dropped"],
             meta.get("stale", True),
             meta.get("lifecycle"),
+            _rank_lists(meta.get("ranks", {})),
         )
+
+
+def _rank_lists(data: dict) -> dict[int, list[tuple[str, float, bool]]]:
+    """Rank lists sent, as JSON gives them back (string ids, lists): ids and tuples again, comparable with new ones."""
+    return {int(sid): [(str(k), float(v), bool(listed)) for k, v, listed in entries] for sid, entries in data.items()}
 
 
 @dataclass
@@ -361,6 +376,14 @@ class ShardEvaluator:
         self.costs = PlanCosts()  # measured cost per unit of the incremental plan's two ways, per shard copy
         self._unsynced = False  # deltas were replayed since the last evaluation (see _sync)
         self.lifecycle = Tracker(config.pane_ms)  # pending, keep-firing, damping, crossings (evaluator/lifecycle.py)
+        # Rank subscriptions (evaluator/rank.py): kept out of the groups; their books by (value, direction), built
+        # from the running windows when first needed (so never stale after a replay or a restore: dropped then); the
+        # list each sent last (in deltas and snapshots: a resolve's value needs what left it); this batch's entries.
+        self._ranks: dict[int, SubscriptionSpec] = {}
+        self._books: dict[tuple, RankBook] = {}
+        self._rank_sent: dict[int, list[tuple[str, float, bool]]] = {}
+        self._rank_due: set[int] = set()  # new or edited (or a copy rebuilt from the catalog): sent at the next boundary
+        self.ranked: list[RankEntry] = []
         # Which keys this shard evaluates: a listed key is watched without data (NO DATA), by its own shard only.
         # The Spark operator sets the hash partitioning's; a lone shard owns every key.
         self.owns: Callable[[str], bool] = _everything
@@ -589,8 +612,10 @@ class ShardEvaluator:
         changes = catalog.changes_since(self._groups_version) if self._groups_version is not None else None
         if changes is None:
             self._states, self._of_spec, self._restricted_names = {}, {}, {}
+            self._ranks = {}
             for spec in catalog.subscriptions:
                 self._upsert(spec)
+            self._rank_sent = {sid: sent for sid, sent in self._rank_sent.items() if sid in self._ranks}
             active = set(self._of_spec)  # the subscriptions and their internal lifecycle members
             gone = [sid for sid in self.firing if sid not in active]
             gone += [sid for sid in self.lifecycle.sids() if sid not in active and sid not in self.firing]
@@ -610,11 +635,21 @@ class ShardEvaluator:
         for sid in gone:  # deleted or paused: forget silently
             self._forget(sid)
             delta.dropped_subscriptions.append(sid)
-        # every window a group reads (a key against its own baseline: several); a tuple window (0) has none
-        self.running.use(ms for state in self._states.values() for ms in state.windows if ms)
+        # every window a group or a rank reads (a key against its own baseline: several); a tuple window (0) has none
+        self.running.use([*(ms for state in self._states.values() for ms in state.windows if ms),
+                          *(ms for spec in self._ranks.values() for ms in spec.condition.windows)])
+        in_use = {_book_key(spec.condition) for spec in self._ranks.values()}
+        self._books = {key: book for key, book in self._books.items() if key in in_use}
 
     def _upsert(self, spec: SubscriptionSpec) -> None:
+        sent = self._rank_sent.get(spec.id)
         self._remove(spec.id)
+        if spec.condition.rank is not None:  # evaluated at the next boundary, as a new member is
+            self._ranks[spec.id] = spec
+            self._rank_due.add(spec.id)  # sent at the next boundary even if unchanged: the merge takes its new rank
+            if sent is not None:  # edited: the keys that leave what it sent are sent as such
+                self._rank_sent[spec.id] = sent
+            return
         key = _value_key(spec.condition)
         state = self._states.get(key)
         if state is None:
@@ -631,6 +666,9 @@ class ShardEvaluator:
                 self._upsert(aux)
 
     def _remove(self, sid: int) -> None:
+        if self._ranks.pop(sid, None) is not None:
+            self._rank_sent.pop(sid, None)
+            return
         if sid > 0:
             self._remove(aux_id(sid))
         key = self._of_spec.pop(sid, None)
@@ -782,6 +820,8 @@ class ShardEvaluator:
     def _evaluate(self, boundary: int, stats: BatchStats, delta: Delta) -> list[Transition]:
         plan = self.config.plan if self.config.collective else "naive"
         stats.plans[plan] = stats.plans.get(plan, 0) + 1
+        if self._ranks:
+            self._rank_step(boundary, delta)
         flips = self._flips(boundary, stats) if self._incremental else self._full_flips(boundary, stats)
         flips.sort(key=_key_order)
         transitions = []
@@ -808,6 +848,53 @@ class ShardEvaluator:
             stats.matches += sum(map(len, firing.values()))
         self._recycle()
         return transitions
+
+    def _rank_step(self, boundary: int, delta: Delta) -> None:
+        """Move the keys whose windows changed in each book, then send each rank subscription's first ``k`` if they
+        differ from what it sent last (``ranked``): O(changed log n + k), never every key."""
+        running = self.running
+        columns = _Columns(running, self.values, self.config.attributes, boundary)
+        for key, condition in {_book_key(spec.condition): spec.condition for spec in self._ranks.values()}.items():
+            book = self._books.get(key)
+            if book is None:  # first needed (a new rank, a restart, a replay): every key with data in the horizon
+                book = self._books[key] = RankBook(key[-1])
+                ids = np.flatnonzero(running.known)
+            else:
+                ids = running.take_dirty(condition.windows)
+            book.update(self._ranked_values(columns, condition, ids))
+        for sid, spec in sorted(self._ranks.items()):
+            c, rank = spec.condition, spec.condition.rank
+            assert rank is not None  # only rank subscriptions are here
+            book = self._books[_book_key(c)]
+            first = [(key, value, spec.keys is None or key in spec.keys) for key, value in book.first(rank.k)]
+            before = self._rank_sent.get(sid)
+            if before == first and sid not in self._rank_due:
+                continue
+            self._rank_sent[sid] = delta.ranks[sid] = first
+            start = boundary - c.window_ms
+            self.ranked += [RankEntry(0, sid, boundary, start, key, value, listed, rank) for key, value, listed in first]
+            if not first:
+                self.ranked.append(RankEntry(0, sid, boundary, start, EMPTY_KEY, 0.0, False, rank))
+            now = {key for key, _, _ in first}
+            self.ranked += [RankEntry(0, sid, boundary, start, key, book.value(key), listed, rank, out=True)
+                            for key, _, listed in before or () if key not in now]
+        self._rank_due.clear()
+
+    def _ranked_values(self, columns: _Columns, condition: Condition,
+                       ids: np.ndarray) -> list[tuple[str, float | None]]:
+        """Keys ``ids`` with their values of ``condition``; None for a key with no event in the window or no value."""
+        if not ids.size:
+            return []
+        values = values_of(columns, condition, ids)
+        counts = columns.count(condition.window_ms, ids)
+        names = self.running.keys.names
+        return [(names[kid], None if count == 0 or value != value else float(value))
+                for kid, value, count in zip(ids.tolist(), values.tolist(), counts.tolist(), strict=True)]
+
+    def take_ranked(self) -> list[RankEntry]:
+        """The rank entries of the batch (the shard id 0: the adapter stamps its own)."""
+        ranked, self.ranked = self.ranked, []
+        return ranked
 
     def _lifecycle_step(self, boundary: int, flipped: set[tuple[int, str]]) -> list[Transition]:
         """The transitions of the subscriptions with a lifecycle: from their raw flips and the timers due."""
@@ -1012,6 +1099,8 @@ class ShardEvaluator:
             self._set_state(sid, key, state)
         self.lifecycle.apply(delta.lifecycle)
         self._unsynced = True
+        self._books = {}  # the windows moved without them: rebuilt when next needed
+        self._rank_sent.update(delta.ranks)
 
     def _sync(self) -> None:
         """After replays: bring each group's values to the last evaluated boundary for the keys that changed, so
@@ -1042,7 +1131,7 @@ class ShardEvaluator:
         parts = self.running.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale,
-                "lifecycle": self.lifecycle.to_json()}
+                "lifecycle": self.lifecycle.to_json(), **({"rank_sent": self._rank_sent} if self._rank_sent else {})}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
         return join_parts(parts)
 
@@ -1062,6 +1151,7 @@ class ShardEvaluator:
                 shard._set_state(int(sid), key, "firing")
         shard.stale = meta.get("stale", True)
         shard.lifecycle.apply(meta.get("lifecycle"))
+        shard._rank_sent = _rank_lists(meta.get("rank_sent", {}))
         shard.starts = np.unique(shard.running.store.live.starts)
         shard._trusted = False
         return shard

@@ -32,6 +32,7 @@ from evaluator.expr import (
     term_windows,
 )
 from evaluator.lifecycle import Lifecycle, contains
+from evaluator.rank import Rank
 
 __all__ = ["OPERATORS", "Aggregate", "BinOp", "Condition", "Expr", "Num", "Range", "SubscriptionSpec", "Term",
            "combine", "expr_terms"]
@@ -82,6 +83,8 @@ class Condition:
     stream: str = TRADES
     where: tuple[tuple[str, tuple[str, ...]], ...] = ()
     key_prefix: str | None = None
+    # IN TOP k / IN BOTTOM k (evaluator/rank.py): a key's place among the view's keys by the value, instead of ranges.
+    rank: Rank | None = None
     computes: Expr = field(init=False, compare=False, repr=False)  # the expression, or the one term: built once
 
 
@@ -99,7 +102,11 @@ class Condition:
             object.__setattr__(self, "ranges", ())
         if self.ranges and (self.low is not None or self.high is not None):
             raise ValueError("give bounds or ranges, not both")
-        if self.low is None and self.high is None and not self.ranges:
+        if isinstance(self.rank, dict):
+            object.__setattr__(self, "rank", Rank.from_dict(self.rank))
+        if self.rank is not None:
+            self._check_rank()
+        elif self.low is None and self.high is None and not self.ranges:
             raise ValueError("a condition needs at least one bound")
         if self.aggregate is Aggregate.EXPR:
             terms = expr_terms(self.expression) if self.expression is not None else []
@@ -130,6 +137,15 @@ class Condition:
             raise ValueError("a two-way crossing is above its threshold (and, internally, below)")
         if life.resolve is not None and not all(contains(life.resolve, r) for r in self.accepted):
             raise ValueError("the resolve range must contain the firing range")
+
+    def _check_rank(self) -> None:
+        """A rank takes the place of the ranges, over a time window, without lifecycle clauses."""
+        if self.low is not None or self.high is not None or self.ranges or self.no_data:
+            raise ValueError("a rank condition has no thresholds")
+        if self.events is not None:
+            raise ValueError("a rank is over a time window, not over LAST n EVENTS")
+        if self.lifecycle is not None:
+            raise ValueError("a rank condition takes no FOR, KEEP FIRING, RESOLVE, DAMPEN or crossing")
 
     def _check_substream(self) -> None:
         """Normalise ``where`` (sorted, values sorted and distinct; also from its JSON lists) and check it."""
@@ -200,6 +216,7 @@ class Condition:
         return self.ranges or (Range(self.low, self.high, self.low_inclusive, self.high_inclusive),)
 
     def holds(self, value: float | None) -> bool:
+        """Whether ``value`` satisfies the ranges (a rank condition's ranges accept every value: its rank decides)."""
         if value is None or math.isnan(value):
             return False
         if self.ranges:
@@ -222,6 +239,9 @@ class Condition:
             data["ranges"] = [[r.low, r.high, r.low_inclusive, r.high_inclusive] for r in self.ranges]
         if self.lifecycle is not None:  # absent otherwise: a plain condition reads as it always did
             data["lifecycle"] = self.lifecycle.to_dict()
+        del data["rank"]
+        if self.rank is not None:
+            data["rank"] = self.rank.to_dict()
         return data
 
     @classmethod
@@ -235,6 +255,8 @@ class Condition:
             kwargs["ranges"] = tuple(Range(*r) for r in data["ranges"])
         if data.get("lifecycle"):
             kwargs["lifecycle"] = Lifecycle.from_dict(data["lifecycle"])
+        if data.get("rank"):
+            kwargs["rank"] = Rank.from_dict(data["rank"])
         return cls(**kwargs)
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.evolution import widened_delta, widened_snapshot
 from evaluator.panerows import PaneRows
+from evaluator.rank import RankEntry
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator, join_parts, split_parts
 from evaluator.spec import Condition, SubscriptionSpec
 from evaluator.transition import Transition
@@ -193,6 +194,10 @@ class SubstreamShard:
         for view in delta.dropped:
             del self.views[view]
         return transitions, delta
+
+    def take_ranked(self) -> list[RankEntry]:
+        """The batch's rank entries (evaluator/rank.py), base first, then view by view."""
+        return [entry for evaluator in (self.base, *self.views.values()) for entry in evaluator.take_ranked()]
 
     def replay(self, delta: SubstreamDelta) -> None:
         """Apply a batch another copy processed, in the order it did (views are warmed from the same base)."""

@@ -13,10 +13,14 @@
     NO DATA FOR 5m
     SUM(volume) OVER 5m > 2e6 WHERE exchange IN ('XNAS', 'XNYS') AND key STARTS WITH 'AA'
     (SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) * 12 > 3
+    SUM(volume) OVER 5m IN TOP 10
+    CHANGE(price) OVER 1h IN BOTTOM 5 WHERE key STARTS WITH 'AA'
 
 Grammar (case-insensitive words)::
 
-    condition  := (expr [OVER window] (comparison | crossing) clause* | NO DATA FOR duration) [WHERE filters]
+    condition  := (expr [OVER window] (comparison | crossing) clause* | expr [OVER duration] rank
+                   | NO DATA FOR duration) [WHERE filters]
+    rank       := IN (TOP | BOTTOM) integer
     window     := duration | LAST integer EVENTS
     expr       := term (('+' | '-') term)*
     term       := factor (('*' | '/') factor)*
@@ -35,6 +39,9 @@ A parenthesised part of the expression may name its own window, ``(SUM(volume) O
 with its own baseline. The trailing ``OVER window`` is then the window of the terms that name none, and may be
 left out when every term names one. Terms all over one window are that condition written plainly; over several,
 every term keeps its own window and the condition's is the longest (``Condition._check_term_windows``).
+
+A rank (evaluator/rank.py) fires when a key enters the first ``k`` keys of the view by the value (the highest for
+TOP, the lowest for BOTTOM; keys with no event in the window are not ranked) and resolves when it leaves them.
 
 The clauses (each at most once, in any order) are the alert's lifecycle, see
 evaluator/lifecycle.py: a pending period, keep-firing, a separate resolve threshold
@@ -76,6 +83,7 @@ from evaluator.aggregates import AGGREGATES, SPELLINGS, EventAggregate, format_t
 from evaluator.comparators import COMPARATORS, CROSSINGS, Comparator, Crossing, Range, comparator_of, crossing_of
 from evaluator.expr import term_windows, with_window
 from evaluator.lifecycle import Lifecycle, contains
+from evaluator.rank import MAX_RANK, Rank
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, Term, expr_terms
 from ingest.model import ATTRIBUTES
 
@@ -373,6 +381,8 @@ class _Parser:
             raise ConditionError(f"a condition's parts may be over at most {MAX_PART_WINDOWS} different windows: the "
                                  "evaluator keeps each window length per key", start)
         column = self.column()
+        if self.at("IN"):
+            return self.rank(expression, window_ms, events, column)
         crossing = self.crossing()
         if crossing is None:
             comparator, thresholds, percents = self.comparison()
@@ -404,6 +414,29 @@ class _Parser:
                              ranges=ranges, events=events, lifecycle=lifecycle)
         return Condition(Aggregate.EXPR, None, window_ms, expression=expression, ranges=ranges, events=events,
                          lifecycle=lifecycle)
+
+    def rank(self, expression: Expr, window_ms: int, events: int | None, column: int) -> Condition:
+        """``IN TOP k`` or ``IN BOTTOM k`` after the value: a rank condition (no thresholds, no clauses)."""
+        self.i += 1
+        direction = self.peek()
+        if direction is None or direction.text.upper() not in ("TOP", "BOTTOM"):
+            raise ConditionError("expected TOP or BOTTOM after IN, as in IN TOP 10", self.column())
+        self.i += 1
+        token = self.take("number", expected="how many keys, as in IN TOP 10")
+        digits = token.text.replace("_", "")
+        if not digits.isdigit() or not 1 <= int(digits) <= MAX_RANK:
+            raise ConditionError(f"a rank is within the first 1 to {MAX_RANK} keys, not {token.text}", token.column)
+        if events is not None:
+            raise ConditionError("a rank is over a time window (OVER 5m), not over LAST n EVENTS", column)
+        if self.at(*_CLAUSES, "CROSSES"):
+            word = self.peek().text.upper()  # type: ignore[union-attr]  # at() saw it
+            raise ConditionError(f"a rank condition takes no {word}: it fires when the key enters the first "
+                                 f"{digits} and resolves when it leaves them", self.column())
+        rank = Rank(int(digits), direction.text.upper() == "TOP")
+        if isinstance(expression, Term):
+            return Condition(Aggregate(expression.aggregate), expression.attribute, window_ms, q=expression.param,
+                             rank=rank)
+        return Condition(Aggregate.EXPR, None, window_ms, expression=expression, rank=rank)
 
     def window(self) -> tuple[int, int | None]:
         """After OVER: a duration (``window_ms``, None), or ``LAST n EVENTS`` (0, n) with aggregates that allow it."""
@@ -782,6 +815,8 @@ def _format_value(condition: Condition) -> str:
     head = format_expr(computes)
     if not term_windows(computes):  # else every term names its own
         head += f" OVER {_window_text(condition)}"
+    if condition.rank is not None:
+        return f"{head} IN {'TOP' if condition.rank.top else 'BOTTOM'} {condition.rank.k}"
     life = condition.lifecycle
     if life is not None and life.crossing is not None:
         [side] = condition.accepted
@@ -833,6 +868,11 @@ def _explain_value(condition: Condition) -> str:
         [term] = condition.terms
         what = AGGREGATES[term.aggregate].describe(term)
     pct = "%" if condition.percent_of else ""
+    if condition.rank is not None:
+        order = "highest" if condition.rank.top else "lowest"
+        place = f"is the {order}" if condition.rank.k == 1 else f"is among the {condition.rank.k} {order}"
+        return (f"fires when a key's {what}{_window_words(condition)} {place} of all keys with events in that "
+                f"window, and resolves when it no longer is")
     life = condition.lifecycle
     if life is not None and life.crossing is not None:
         [side] = condition.accepted
@@ -928,6 +968,8 @@ WINDOWS: tuple[tuple[str, str], ...] = (
                        "silent for the horizon"),
     ("(SUM(volume) OVER 5m) / (SUM(volume) OVER 3h) * 36 > 3",
      "a key against its own baseline: a part in parentheses may name its own window"),
+    ("SUM(volume) OVER 5m IN TOP 10", "instead of a comparison: fires when a key enters the 10 highest of its "
+                                      "stream (or WHERE view), resolves when it leaves them; IN BOTTOM 10: lowest"),
 )
 
 

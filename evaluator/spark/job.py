@@ -147,7 +147,7 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
             TRANSITIONS_SCHEMA, "append", "None"
         )
     return (
-        transitions.writeStream.foreachBatch(RedisAlertSink(settings, stream))
+        transitions.writeStream.foreachBatch(RedisAlertSink(settings, stream, shard_ids))
         .option("checkpointLocation", checkpoint.location)
         .trigger(processingTime=settings.trigger_interval)
         .queryName(query_name(stream))

@@ -153,7 +153,7 @@ class ShardRunner:
             del _COPIES[next(iter(_COPIES))]
         answer_previews(source, shard, shard_copy, job.stream_name, job.shape)
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
-        output = shard_output(transitions, shard, shard_copy.evaluated_at or 0)
+        output = shard_output(transitions, shard, shard_copy.evaluated_at or 0, shard_copy.take_ranked())
         return BatchResult(output, epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
                            time.perf_counter() - restored)
 

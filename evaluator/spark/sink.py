@@ -1,7 +1,8 @@
 """The query's last stage: transitions into Redis, exactly once per alert id, and each shard's clock.
 
-Rows reach the sink in ``TRANSITIONS_SCHEMA``: the shards' transitions, each
-followed by one ``CLOCK_STATE`` row per shard carrying the last boundary it
+Rows reach the sink in ``TRANSITIONS_SCHEMA``: the shards' transitions and rank entries
+(``evaluator.rank.RankEntry``, merged into transitions by ``evaluator.spark.rank_sink``), each shard's
+followed by one ``CLOCK_STATE`` row carrying the last boundary it
 evaluated (:func:`clock_record`), which the sink reports in ``stats:evaluator``
 once the batch's alerts are stored (:func:`evaluated_through` reads them back).
 Transitions are stored as :meth:`evaluator.transition.Transition.to_json`.
@@ -13,6 +14,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -27,6 +29,8 @@ from core.redis_outage import Outage
 from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
 from core.settings import Settings
 from core.stream_names import TRADES
+from evaluator.rank import RANK_STATE, RankEntry
+from evaluator.spark.rank_sink import RankMerges
 from evaluator.transition import KINDS, STATES, Transition
 
 TRANSITIONS_SCHEMA = (
@@ -46,11 +50,14 @@ def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
             "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
 
 
-def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: int) -> pd.DataFrame:
-    """A shard's batch output in ``TRANSITIONS_SCHEMA``: its transitions (every row with its ``kind``), then its
-    clock row. Built from tuples, not a dict per transition: half the time at a few hundred thousand a batch."""
+def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: int,
+                 ranked: Sequence[RankEntry] = ()) -> pd.DataFrame:
+    """A shard's batch output in ``TRANSITIONS_SCHEMA``: its transitions (every row with its ``kind``), its rank
+    entries (evaluator/rank.py, stamped with the shard), then its clock row. Built from tuples, not a dict per
+    transition: half the time at a few hundred thousand a batch."""
     rows = [(t.alert_id, t.subscription_id, t.key, t.state, t.value, t.window_start, t.window_end, t.evaluated_at,
              t.kind) for t in transitions]
+    rows += [replace(entry, shard=shard).to_row() for entry in ranked]
     clock = clock_record(shard, evaluated_at)
     rows.append(tuple(clock[column] for column in TRANSITION_COLUMNS))
     return pd.DataFrame.from_records(rows, columns=TRANSITION_COLUMNS)
@@ -171,7 +178,7 @@ class RedisAlertSink:
     STREAM_MAXLEN = 1_000_000
     CHUNK = 2_000
 
-    def __init__(self, settings: Settings, stream: str = TRADES) -> None:
+    def __init__(self, settings: Settings, stream: str = TRADES, shard_ids: Sequence[int] = ()) -> None:
         apply_gc_policy(settings.python_gc_threshold)  # the driver: it builds every batch's transitions
         self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
@@ -182,6 +189,7 @@ class RedisAlertSink:
         self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions nobody reads: refuse
         self.outage.ride_out(lambda: check_eviction(self.redis, "sink"))  # a node that may drop alerts: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
+        self.ranks = RankMerges(self.redis, self.keys, self.outage, stream, shard_ids)
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
@@ -219,10 +227,16 @@ class RedisAlertSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         frame: pd.DataFrame = batch.toPandas()  # runs the whole micro-batch: not the sink's own time
         started = time.perf_counter()
-        is_clock = frame["state"] == CLOCK_STATE
-        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(sid)): int(at) for sid, at in
-                  zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
-        written = self._record(frame_records(frame[~is_clock]))
+        is_clock, is_rank = frame["state"] == CLOCK_STATE, frame["state"] == RANK_STATE
+        shard_clocks = {int(sid): int(at) for sid, at in
+                        zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
+        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(sid)): at
+                                            for sid, at in shard_clocks.items()}
+        ranked, save_ranks = self.ranks.merge(frame.loc[is_rank, TRANSITION_COLUMNS], shard_clocks)
+        records = frame_records(frame[~is_clock & ~is_rank])
+        records += [(t.alert_id, t.subscription_id, t.key, t.state, t.to_json()) for t in ranked]
+        written = self._record(records)
+        save_ranks()  # only once their transitions are recorded (evaluator.spark.rank_sink)
         # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
         def stats() -> None:
             pipe = self.redis.pipeline(transaction=False)

@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluator.comparators import Range
 from evaluator.expr import expr_from_json
+from evaluator.rank import first_k
 from evaluator.spec import Aggregate, BinOp, Condition, Expr, Num, SubscriptionSpec, Term
 
 Event = tuple[str, int, float, float]  # key, ts, price, volume
@@ -159,11 +160,48 @@ def window_of(c: Condition, key_events: list[Event], b: int, pane_ms: int, horiz
     return [recent[i] for i in _ordered(recent)][-c.events:]
 
 
+def rank_oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
+                horizon_ms: int) -> dict[tuple[int, str, str, int], float | None]:
+    """(subscription, key, state, boundary) -> value of every transition of rank subscriptions: at every pane
+    boundary from the first pane with data, every key with an event in the window ranked by its value (ties by
+    key), a listed key firing when it enters the first k and resolving when it leaves them."""
+    first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
+    by_key: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_key[e[0]].append(e)
+    members: dict[int, dict[str, float]] = {spec.id: {} for spec in specs}
+    out: dict[tuple[int, str, str, int], float | None] = {}
+    for b in range(first, last_boundary + 1, pane_ms):
+        for spec in specs:
+            c = spec.condition
+            assert c.rank is not None
+            values = {}
+            for key, own in by_key.items():
+                window = window_of(c, own, b, pane_ms, horizon_ms)
+                value = value_of(c, window, (b, pane_ms)) if window else None
+                if value is not None:
+                    values[key] = value
+            now = dict(first_k(values.items(), c.rank))
+            for key in now.keys() - members[spec.id].keys():
+                if spec.keys is None or key in spec.keys:
+                    out[(spec.id, key, "firing", b)] = now[key]
+            for key in members[spec.id].keys() - now.keys():
+                if spec.keys is None or key in spec.keys:
+                    out[(spec.id, key, "resolved", b)] = values.get(key)
+            members[spec.id] = now
+    return out
+
+
 def oracle(events: list[Event], specs: list[SubscriptionSpec], last_boundary: int, pane_ms: int,
            horizon_ms: int) -> set[tuple[int, str, str, int]]:
     """(subscription, key, state, boundary) of every transition, evaluating every pane boundary from the
     first pane with data: a key is watched while it has an event in the horizon; a key the subscription
-    lists, always."""
+    lists, always. Rank subscriptions: :func:`rank_oracle`'s."""
+    ranked = [spec for spec in specs if spec.condition.rank is not None]
+    if ranked:
+        others = [spec for spec in specs if spec.condition.rank is None]
+        return set(rank_oracle(events, ranked, last_boundary, pane_ms, horizon_ms)) | \
+            (oracle(events, others, last_boundary, pane_ms, horizon_ms) if others else set())
     first = min(ts for _, ts, *_ in events) // pane_ms * pane_ms + pane_ms
     all_keys = {e[0] for e in events}
     by_key: dict[str, list[Event]] = defaultdict(list)

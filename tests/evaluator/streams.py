@@ -23,7 +23,7 @@ from evaluator.spec import SubscriptionSpec
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
-from tests.evaluator.oracle import oracle, value_of
+from tests.evaluator.oracle import oracle, rank_oracle, value_of
 from tests.evaluator.spark.test_job import recent_base, transitions
 
 KEYS = [f"K{i:02d}" for i in range(20)]
@@ -42,6 +42,8 @@ SPECS = [
     SubscriptionSpec(10, parse_condition("MAX(price) - MIN(price) OVER 10s > 8%")),
     SubscriptionSpec(11, parse_condition("LAST(price) - AVG(price) OVER 5s > 2")),
     SubscriptionSpec(12, parse_condition("MEDIAN(volume) OVER 10s < 20"), frozenset(KEYS[5:])),
+    SubscriptionSpec(13, parse_condition("SUM(volume) OVER 10s IN TOP 3")),
+    SubscriptionSpec(14, parse_condition("AVG(price) OVER 5s IN BOTTOM 2"), frozenset(KEYS[::2])),
 ]
 
 
@@ -138,8 +140,14 @@ def assert_matches_oracle(run: Settings, events: list, last: int) -> None:
     assert set(alert_set(run)) == expected
     assert len(got) == len(expected)  # no duplicates
     by_id = {s.id: s for s in SPECS}
+    ranked = rank_oracle(events, [s for s in SPECS if s.condition.rank is not None], last, run.pane_ms, HORIZON)
     for t in got:  # values and window extents are exact
         c = by_id[t["subscription_id"]].condition
+        if c.rank is not None:  # a resolve's value is the key's value now (none without an event in the window)
+            expected_rank_value = ranked[(t["subscription_id"], t["key"], t["state"], t["evaluated_at"])]
+            assert t["value"] == pytest.approx(expected_rank_value) if expected_rank_value is not None \
+                else t["value"] is None
+            continue
         assert t["window_end"] == t["evaluated_at"] and t["window_start"] == t["evaluated_at"] - c.window_ms
         window = [e for e in events if e[0] == t["key"] and t["window_start"] <= e[1] // 1000 * 1000 < t["window_end"]]
         expected_value = value_of(c, window)
