@@ -36,8 +36,8 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema
 from evaluator.catalog import Catalog
-from evaluator.rank import RankMerge
 from evaluator.clock import bounded_progress
+from evaluator.rank import RankMerge
 from evaluator.records import RecordPanes, batch_clock
 from evaluator.shard import BatchStats, ShardConfig
 from evaluator.spec import Condition, SubscriptionSpec

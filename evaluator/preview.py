@@ -14,13 +14,17 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from evaluator.rank import first_k
 from evaluator.spec import Condition
 
 PREVIEW_SHOWN = 50  # keys a preview lists (per shard, then in all), most extreme values first; totals count all
 
 
-def most_extreme(matches: Iterable[tuple[str, float]]) -> list[tuple[str, float]]:
-    """The ``PREVIEW_SHOWN`` matches of largest absolute value (ties by key)."""
+def most_extreme(matches: Iterable[tuple[str, float]], condition: Condition | None = None) -> list[tuple[str, float]]:
+    """The ``PREVIEW_SHOWN`` matches of largest absolute value (ties by key); of a rank condition, its first ``k`` in
+    rank order (each shard answers with its own first ``k``: the stream's are among them)."""
+    if condition is not None and condition.rank is not None:
+        return first_k(matches, condition.rank)
     return sorted(matches, key=lambda kv: (-abs(kv[1]), kv[0]))[:PREVIEW_SHOWN]
 
 
@@ -52,9 +56,10 @@ class PreviewAnswer:
     error: str | None = None  # why the shard could not answer (then nothing matched, nothing was watched)
 
     @classmethod
-    def of(cls, shard: int, evaluated_at: int | None, matched: dict[str, float], watched: int) -> PreviewAnswer:
-        """A shard's answer from everything that matched."""
-        return cls(shard, evaluated_at, tuple(most_extreme(matched.items())), len(matched), watched)
+    def of(cls, shard: int, evaluated_at: int | None, matched: dict[str, float], watched: int,
+           condition: Condition | None = None) -> PreviewAnswer:
+        """A shard's answer from everything that matched (of ``condition``, for a rank's order)."""
+        return cls(shard, evaluated_at, tuple(most_extreme(matched.items(), condition)), len(matched), watched)
 
     @classmethod
     def failed(cls, shard: int, evaluated_at: int | None, error: str) -> PreviewAnswer:

@@ -86,7 +86,7 @@ from evaluator.incremental import Context, Flip, GroupState, Members, PlanCosts,
 from evaluator.lifecycle import Raw, Tracker, aux_id
 from evaluator.panerows import PaneRows
 from evaluator.panestore import Panes, RunningWindows, Window, to_floats
-from evaluator.rank import EMPTY_KEY, RankBook, RankEntry
+from evaluator.rank import EMPTY_KEY, RankBook, RankEntry, first_k
 from evaluator.spec import Condition, Expr, Num, SubscriptionSpec, Term, combine
 from evaluator.ssf.ci_extreme import CollectiveExtreme
 from evaluator.ssf.ci_sum import CollectiveSum
@@ -785,12 +785,29 @@ class ShardEvaluator:
         running windows' exact aggregates; a window no subscription uses is summed from the store's panes) and
         tested against its ranges as a member's are. Reads only: it builds no index and leaves nothing the next
         batch sees."""
+        if condition.rank is not None:
+            return self._rank_preview(condition, keys)
         at, watched, values = self._values(condition, keys)
         if at is None:
             return None, {}, 0
         holds = Members([SubscriptionSpec(0, condition, keys)]).holds(np.zeros(values.size, dtype=np.int64), values)
         matched = {watched[i]: float(values[i]) for i in np.flatnonzero(holds).tolist()}
         return at, matched, len(watched)
+
+    def _rank_preview(self, condition: Condition,
+                      keys: frozenset[str] | None) -> tuple[int | None, dict[str, float], int]:
+        """A rank's preview: this shard's keys in its first ``k`` now (of ``keys``, if given), with their values, and
+        how many keys it ranks. The first ``k`` of every shard's answers are the stream's (``evaluator.rank``)."""
+        running, at = self.running, self.evaluated_at
+        assert condition.rank is not None
+        if at is None or running.at is None:
+            return None, {}, 0
+        ids = np.flatnonzero(running.known)
+        windows = {ms: running.window_at(ms) for ms in condition.windows}
+        columns = _Columns(running, self.values, self.config.attributes, running.at, windows)
+        ranked = [(key, value) for key, value in self._ranked_values(columns, condition, ids) if value is not None]
+        first = first_k(ranked, condition.rank)
+        return at, {key: value for key, value in first if keys is None or key in keys}, len(ranked)
 
     def current_values(self, condition: Condition, keys: frozenset[str] | None = None) -> tuple[int | None, dict[str, float]]:
         """Every watched key's value of ``condition`` at the last evaluated boundary, as :meth:`preview` computes it

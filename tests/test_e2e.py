@@ -1,4 +1,5 @@
-"""A subscription made through the API fires a signed webhook from events flowing through Kafka and Spark."""
+"""Subscriptions made through the API (a threshold and a rank) fire signed webhooks from events flowing through Kafka
+and Spark."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> N
         )
         assert created.status_code == 201, created.text
         subscription = created.json()
+        ranked = api.post("/api/subscriptions", json={"name": "busiest symbol", "condition": "SUM(volume) OVER 1m IN TOP 1",
+                                                      "endpoint_ids": [endpoint["id"]]})
+        assert ranked.status_code == 201, ranked.text
 
     query = build_query(spark, settings)
     try:
@@ -59,7 +63,9 @@ def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> N
                     publisher.flush()
                     time.sleep(0.25)
                 publisher.heartbeat(closes)
-            got = receiver.wait_for(lambda r: r.json["state"] == "firing", timeout_s=120)
+            got = receiver.wait_for(lambda r: r.json["state"] == "firing"
+                                    and r.json["subscription_id"] == subscription["id"], timeout_s=120)
+            top = receiver.wait_for(lambda r: r.json["subscription_id"] == ranked.json()["id"], timeout_s=120)
     finally:
         query.stop()
         receiver.close()
@@ -73,5 +79,10 @@ def test_subscription_to_webhook(spark, settings: Settings, tmp_path: Path) -> N
     assert alert["window_end"] - alert["window_start"] == 60_000
     assert verify(endpoint["secret"], got[0].headers[SIGNATURE_HEADER], got[0].body)
     assert not verify("wrong-secret-wrong-secret", got[0].headers[SIGNATURE_HEADER], got[0].body)
-    assert all(a["key"] == "AAPL" for r in receiver.received for a in r.json["alerts"])
+    assert all(a["key"] == "AAPL" for r in receiver.received for a in r.json["alerts"]
+               if r.json["subscription_id"] == subscription["id"])
+    # the rank: MSFT (900 a trade) leads from the first second its trades are evaluated, at a whole number of them
+    assert top[0].json["condition"] == "SUM(volume) OVER 1m IN TOP 1" and top[0].json["state"] == "firing"
+    [(key, value)] = [(a["key"], a["value"]) for a in top[0].json["alerts"]]
+    assert key == "MSFT" and value > 0 and value % 900 == 0
     assert len({r.json["notification_id"] for r in receiver.received}) == len(receiver.received)

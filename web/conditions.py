@@ -93,7 +93,7 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
     finally:
         client.hdel(keys.previews, request_id)
         client.delete(answers_key)
-    matches = most_extreme(m for a in answers.values() for m in a.matches)
+    matches = most_extreme((m for a in answers.values() for m in a.matches), condition)
     evaluated = [a.evaluated_at for a in answers.values() if a.evaluated_at]
     errors = [{"shard": a.shard, "error": a.error} for _, a in sorted(answers.items()) if a.error is not None]
     return {
@@ -104,7 +104,7 @@ def _ask_and_gather(condition: Condition, watch: list[str] | None, settings: Set
         "complete": bool(shards) and len(answers) == shards and not errors,
         "errors": errors,
         "evaluated_at": min(evaluated) if evaluated else None,
-        "total": sum(a.total for a in answers.values()),
+        "total": len(matches) if condition.rank is not None else sum(a.total for a in answers.values()),
         "watched": sum(a.watched for a in answers.values()),
         "matches": [{"key": k, "value": v} for k, v in matches],
     }

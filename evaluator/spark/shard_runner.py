@@ -193,7 +193,7 @@ def _answer(shard: int, shard_copy: SubstreamShard, request_id: str, request: Pr
         refused = refusal(request.condition, shape)  # e.g. asked of a schema the query does not run yet
         if refused is not None:
             return PreviewAnswer.failed(shard, shard_copy.evaluated_at, refused)
-        return PreviewAnswer.of(shard, *shard_copy.preview(request.condition, request.keys))
+        return PreviewAnswer.of(shard, *shard_copy.preview(request.condition, request.keys), request.condition)
     except Exception as exc:  # the request's failure, told to whoever asked (logged with its traceback)
         reason = f"{type(exc).__name__}: {exc}"
         log.warning("preview_failed", shard=shard, request_id=request_id, reason=reason, exc_info=True)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evaluator.catalog import Catalog
+from evaluator.preview import PreviewAnswer, most_extreme
 from evaluator.rank import EMPTY_KEY, Rank, RankBook, RankEntry, RankMerge, RankState
 from evaluator.shard import Delta, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
@@ -160,3 +161,20 @@ def test_an_edited_rank_takes_effect_at_the_next_boundary_though_no_list_changed
     events = [(key, 10_000 + 100 * i, 1.0, volume) for i in range(3) for key, volume in (("A", 5.0), ("B", 3.0))]
     assert step(events, 10_200, top1) + step([], 14_000, top1) == [("A", "firing")]
     assert step([], 14_500, top2) + step([], 15_000, top2) == [("B", "firing")]
+
+
+def test_a_rank_preview_is_the_first_k_of_every_shards_answer() -> None:
+    """Each shard answers with its own first k; the web app's merge of the answers is the stream's first k."""
+    condition = Condition(Aggregate.SUM, "volume", 5_000, rank=Rank(2))
+    volumes = {"A": 5.0, "B": 9.0, "C": 7.0, "D": 1.0}
+    events = [(key, 10_000 + 100 * i, 1.0, volume) for i in range(3) for key, volume in volumes.items()]
+    answers = []
+    for s, owned in enumerate(("AB", "CD")):
+        shard = ShardEvaluator(CONFIG)
+        shard.owns = lambda key, owned=owned: key in owned
+        shard.step(pane_rows([e for e in events if e[0] in owned]), {0: 14_000, 1: 14_000}, Catalog.empty())
+        answers.append(PreviewAnswer.of(s, *shard.preview(condition), condition))
+    assert [a.matches for a in answers] == [(("B", 27.0), ("A", 15.0)), (("C", 21.0), ("D", 3.0))]
+    assert most_extreme((m for a in answers for m in a.matches), condition) == [("B", 27.0), ("C", 21.0)]
+    bottom = Condition(Aggregate.SUM, "volume", 5_000, rank=Rank(1, top=False))
+    assert most_extreme([("B", 27.0), ("D", 3.0)], bottom) == [("D", 3.0)]

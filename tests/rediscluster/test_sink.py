@@ -12,7 +12,8 @@ from redis.cluster import RedisCluster
 from core.redis_eviction import EvictionRefused, check_eviction
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
-from evaluator.spark.sink import RedisAlertSink, clock_record
+from evaluator.rank import Rank, RankEntry
+from evaluator.spark.sink import TRANSITION_COLUMNS, RedisAlertSink, clock_record
 from tests.evaluator.spark.test_sink import Batch, transition
 from tests.rediscluster.conftest import PARTITIONS
 
@@ -85,3 +86,22 @@ def test_every_primary_is_checked_for_a_policy_that_could_evict_alerts(cluster_s
     finally:
         cluster.config_set("maxmemory", "0", target_nodes=one)
         cluster.config_set("maxmemory-policy", "noeviction", target_nodes=one)
+
+
+def test_rank_merges_keep_each_state_in_its_subscriptions_slot(cluster_settings: Settings,
+                                                              cluster_client: redis.Redis) -> None:
+    """Every subscription's rank state beside its alerts (one slot), the merged transitions in its partition's
+    stream, and the batch again adding nothing."""
+    keys = RedisKeys(cluster_settings)
+    cluster: RedisCluster = cluster_client  # type: ignore[assignment]
+    sink = RedisAlertSink(cluster_settings, shard_ids=(0, 1))
+    entries = [RankEntry(shard, sid, 60_000, 0, key, value, True, Rank(1))
+               for sid in SUBSCRIPTIONS for shard, key, value in ((0, "A", 5.0), (1, "B", 9.0))]
+    rows = [dict(zip(TRANSITION_COLUMNS, e.to_row(), strict=True)) for e in entries]
+    batch = Batch([*rows, clock_record(0, 60_000), clock_record(1, 60_000)])
+    sink(batch, 0)  # type: ignore[arg-type]
+    for sid in SUBSCRIPTIONS:
+        assert cluster.keyslot(keys.rank_state(sid)) == cluster.keyslot(keys.alerts_stream_of(keys.partition(sid)))
+        assert [(t["key"], t["state"]) for t in _stream(cluster_client, keys.history(sid))] == [("B", "firing")]
+    sink(batch, 0)  # type: ignore[arg-type]
+    assert sum(cluster_client.xlen(stream) for stream in keys.alerts_streams) == len(SUBSCRIPTIONS)

@@ -1,0 +1,53 @@
+"""Rank conditions through the API, the form and the preview (a real shard evaluator answers)."""
+
+from __future__ import annotations
+
+import redis
+
+from core.settings import Settings
+from evaluator.catalog import Catalog
+from evaluator.shard import ShardConfig, ShardEvaluator
+from ingest.kafka import ensure_topics
+from ingest.model import ATTRIBUTES
+from tests.evaluator.test_shard import pane_rows
+from tests.users import api_client, new_user, sign_in
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by
+
+CONSTRUCTS = {  # as typed -> canonical
+    "sum(volume) over 5m in top 10": "SUM(volume) OVER 5m IN TOP 10",
+    "CHANGE(price) OVER 1h IN BOTTOM 5 WHERE key STARTS WITH 'AA'": "CHANGE(price) OVER 1h IN BOTTOM 5 WHERE key "
+                                                                    "STARTS WITH 'AA'",
+    "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) IN TOP 3": "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) IN TOP 3",
+}
+
+
+def test_the_api_accepts_ranks_and_refuses_what_a_rank_cannot_be(api, settings: Settings) -> None:
+    assert_accepted_and_refused(api, CONSTRUCTS, (
+        ("SUM(volume) OVER 5m IN TOP 0", "within the first 1 to 100 keys"),
+        ("SUM(volume) OVER 5m IN TOP 10 FOR 2m", "a rank condition takes no FOR"),
+        ("SUM(volume) OVER 5m IN MIDDLE 3", "expected TOP or BOTTOM after IN"),
+        ("AVG(price) OVER LAST 20 EVENTS IN TOP 3", "a rank is over a time window"),
+        ("SUM(volume) OVER 4h IN TOP 3", "at most 3h"),
+    ))
+
+
+def test_the_form_explains_a_rank(settings: Settings) -> None:
+    user, _ = new_user(settings)
+    with api_client(settings) as browser:
+        sign_in(browser, user.email)
+        form = browser.get("/subscriptions/new", headers={"accept": "text/html"}).text
+        assert "IN TOP 10" in form
+        ok = browser.post("/conditions/check", data={"condition": "SUM(volume) OVER 5m IN TOP 10"})
+        assert "is among the 10 highest of all keys with events in that window" in ok.text
+
+
+def test_the_preview_lists_the_first_k(settings: Settings, redis_client: redis.Redis) -> None:
+    ensure_topics(settings)
+    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
+    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000))
+    volumes = {"AAPL": 5.0, "MSFT": 9.0, "NVDA": 7.0, "TSLA": 1.0}
+    events = [(key, 10_000 + 1_000 * s + 100, 10.0, volume) for s in range(5) for key, volume in volumes.items()]
+    shard.step(pane_rows(events), {0: 15_000}, Catalog.empty())  # windows [10 s, 15 s): every event
+    with previews_answered_by(shard, settings, redis_client) as preview:
+        assert preview("SUM(volume) OVER 5s IN TOP 2") == {"MSFT": 45.0, "NVDA": 35.0}
+        assert list(preview("SUM(volume) OVER 5s IN BOTTOM 1")) == ["TSLA"]
