@@ -14,7 +14,8 @@ and naive (every subscription on every key), the last two started from a snapsho
 warmed shard. Catching up: a copy that replays missed deltas (a Spark worker whose cached
 shard is behind) against one that evaluated them. Key churn: keys live a few seconds, ~1M distinct keys over the run with
 ~5k in the horizon at a time; memory and ms per boundary early vs late. Baselines: conditions comparing a key's
-1-minute aggregates with its own 5-minute ones, incremental against naive.
+1-minute aggregates with its own 5-minute ones, incremental against naive. Ranks: IN TOP / BOTTOM k, the shard's
+books against ranking from scratch, and the sink's merge.
 
 Nothing here asserts a time; numbers are read.
 """
@@ -40,6 +41,7 @@ from core.gc_policy import apply_gc_policy
 from core.settings import Settings
 from evaluator.catalog import Catalog
 from evaluator.panerows import PaneRows
+from evaluator.rank import RankEntry, RankMerge
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from subscriptions.language import parse_condition
@@ -422,11 +424,78 @@ def baselines(n: int, warm_s: int, measured: int, per_second: int) -> None:
            "running windows", "RSS MB"], rows)
 
 
+#: Rank conditions (``IN TOP k`` / ``IN BOTTOM k``) without their rank, set per subscription.
+RANKED = ("SUM(volume) OVER 1m", "SUM(volume) OVER 5m", "COUNT(*) OVER 1m", "AVG(price) OVER 5m",
+          "MAX(price) - MIN(price) OVER 5m")
+
+
+def rank_catalog(n: int) -> Catalog:
+    """``n`` rank subscriptions over the shapes of :data:`RANKED`, k of 1, 5, 10, 25 or 100, TOP and BOTTOM."""
+    ks = (1, 5, 10, 25, 100)
+    specs = []
+    for i in range(n):
+        side = "TOP" if (i // len(RANKED)) % 2 == 0 else "BOTTOM"
+        specs.append(SubscriptionSpec(i + 1, parse_condition(f"{RANKED[i % len(RANKED)]} IN {side} "
+                                                             f"{ks[(i // (2 * len(RANKED))) % len(ks)]}")))
+    return Catalog(1, tuple(specs))
+
+
+def ranks(sizes: list[int], warm_s: int, measured: int, per_second: int) -> None:
+    """Rank subscriptions: the shard's books (only the keys whose windows changed move; each subscription's first k
+    read off and sent when they differ) against ranking every key from scratch at each boundary (values of every key,
+    sorted); and the sink's merge of 5 shards' lists (this shard's, as 5 shards of such keys would send them)."""
+    config = ShardConfig(ATTRS, PANE, 5 * MINUTE, 0, 1)
+    rows = []
+    for n in sizes:
+        feed = Feed(5_000, per_second, seed=7, shards=SHARDS)
+        shard, t = ShardEvaluator(config), 1_000_000
+        _, _, t = run_boundaries(shard, feed, t, warm_s, Catalog.empty(), f"warm ranks {n:,}")
+        catalog = rank_catalog(n)
+        _, _, t = run_boundaries(shard, feed, t, 1, catalog, "first")  # every list sent once
+        shard.take_ranked()
+        entries, merge_s, merges = 0, 0.0, {sid: RankMerge(sid) for sid in range(1, n + 1)}
+        stats, elapsed = BatchStats(), 0.0
+        for _ in tqdm(range(measured), desc=f"ranks {n:,} books", file=sys.stderr, leave=False):
+            rows_in = feed.second(t)
+            started = time.perf_counter()
+            shard.step(rows_in, {0: t + PANE}, catalog, stats)
+            elapsed += time.perf_counter() - started
+            sent = shard.take_ranked()
+            entries += len(sent)
+            five = [replace(e, shard=s, key=f"{e.key}/{s}") if e.key else replace(e, shard=s)
+                    for e in sent for s in range(SHARDS)]
+            by_sid: dict[int, list[RankEntry]] = {}
+            for e in five:
+                by_sid.setdefault(e.subscription_id, []).append(e)
+            started = time.perf_counter()
+            for sid, own in by_sid.items():
+                merges[sid].merge(own, t + PANE)
+            merge_s += time.perf_counter() - started
+            t += PANE
+        b = max(stats.boundaries, 1)
+        books_ms = 1000 * elapsed / b
+        started = time.perf_counter()
+        scratch = 0
+        for _ in range(min(measured, 3)):
+            for spec in catalog.subscriptions:
+                shard.preview(spec.condition)  # every key's value, sorted: the first k from scratch
+            scratch += 1
+        scratch_ms = 1000 * (time.perf_counter() - started) / scratch
+        rows.append([f"{n:,}", len(shard._known()), stats.rank_moved / b, entries / b, books_ms, scratch_ms,
+                     scratch_ms / books_ms, 1000 * merge_s / b, rss_mb()])
+    table(f"Ranks: IN TOP/BOTTOM k (k 1-100) over {'; '.join(RANKED)}; one shard of 5 (5,000 Zipf keys, "
+          f"{per_second:,} events/s), ms per boundary; from scratch: every key's value computed and sorted for each "
+          "subscription at each boundary; merge: the sink's, of 5 shards' lists per subscription",
+          ["subscriptions", "keys in shard", "book moves/b", "entries sent/b", "books ms/b", "from scratch ms/b",
+           "scratch / books", "merge ms/b (5 shards)", "RSS MB"], rows)
+
+
 def main() -> None:
     parser = cli.parser(__doc__, "python -m benchmarks.shard")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
     parser.add_argument("--baselines-only", action="store_true", help="only the baselines at 10,000 subscriptions")
+    parser.add_argument("--ranks-only", action="store_true", help="only the rank subscriptions")
     add_markdown_option(parser)
     args = parser.parse_args()
     if args.mix_only:
@@ -435,18 +504,23 @@ def main() -> None:
     if args.baselines_only:
         baselines(10_000, warm_s=300, measured=10, per_second=5_000)
         return
+    if args.ranks_only:
+        ranks([100, 1_000], warm_s=300, measured=10, per_second=5_000)
+        return
     if args.quick:
         high_selectivity([100, 1_000], warm_s=30, measured=5, naive_upto=100, per_second=1_000)
         catch_up(100, warm_s=30, batches=5, per_second=1_000)
         key_churn(seconds=50, band=500, slide=100, per_second=1_000, subscriptions=100)
         issue16_mix(200, warm_s=30, measured=3, per_second=1_000)
         baselines(200, warm_s=30, measured=3, per_second=1_000)
+        ranks([20], warm_s=30, measured=3, per_second=1_000)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
         catch_up(10_000, warm_s=300, batches=10, per_second=10_000)
         key_churn(seconds=1_000, band=1_000, slide=1_000, per_second=5_000, subscriptions=1_000)
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
         baselines(10_000, warm_s=300, measured=10, per_second=5_000)
+        ranks([100, 1_000], warm_s=300, measured=10, per_second=5_000)
 
 
 if __name__ == "__main__":

@@ -274,6 +274,8 @@ class BatchStats:
     scans: int = 0  # groups whose flips were found by scanning every member, measured cheaper (incremental)
     transitions: int = 0
     plans: dict[str, int] = field(default_factory=dict)  # boundaries evaluated per plan
+    rank_moved: int = 0  # (book, key) moves: keys whose windows changed, in each rank book
+    rank_sent: int = 0  # rank entries sent (evaluator/rank.py)
 
 
 class _Columns:
@@ -838,7 +840,7 @@ class ShardEvaluator:
         plan = self.config.plan if self.config.collective else "naive"
         stats.plans[plan] = stats.plans.get(plan, 0) + 1
         if self._ranks:
-            self._rank_step(boundary, delta)
+            self._rank_step(boundary, delta, stats)
         flips = self._flips(boundary, stats) if self._incremental else self._full_flips(boundary, stats)
         flips.sort(key=_key_order)
         transitions = []
@@ -866,11 +868,12 @@ class ShardEvaluator:
         self._recycle()
         return transitions
 
-    def _rank_step(self, boundary: int, delta: Delta) -> None:
+    def _rank_step(self, boundary: int, delta: Delta, stats: BatchStats) -> None:
         """Move the keys whose windows changed in each book, then send each rank subscription's first ``k`` if they
         differ from what it sent last (``ranked``): O(changed log n + k), never every key."""
         running = self.running
         columns = _Columns(running, self.values, self.config.attributes, boundary)
+        sent_before = len(self.ranked)
         for key, condition in {_book_key(spec.condition): spec.condition for spec in self._ranks.values()}.items():
             book = self._books.get(key)
             if book is None:  # first needed (a new rank, a restart, a replay): every key with data in the horizon
@@ -879,6 +882,7 @@ class ShardEvaluator:
             else:
                 ids = running.take_dirty(condition.windows)
             book.update(self._ranked_values(columns, condition, ids))
+            stats.rank_moved += ids.size
         for sid, spec in sorted(self._ranks.items()):
             c, rank = spec.condition, spec.condition.rank
             assert rank is not None  # only rank subscriptions are here
@@ -896,6 +900,7 @@ class ShardEvaluator:
             self.ranked += [RankEntry(0, sid, boundary, start, key, book.value(key), listed, rank, out=True)
                             for key, _, listed in before or () if key not in now]
         self._rank_due.clear()
+        stats.rank_sent += len(self.ranked) - sent_before
 
     def _ranked_values(self, columns: _Columns, condition: Condition,
                        ids: np.ndarray) -> list[tuple[str, float | None]]:
