@@ -19,7 +19,7 @@ import uuid
 from typing import Any, Literal
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.typing import EncodableT
 from sqlalchemy.orm import Session
 
@@ -46,8 +46,7 @@ class BacktestRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stream: str
-    stream_schema: StreamSchema  # as declared when asked: the worker judges records by it
+    stream_schema: StreamSchema  # as declared when asked: the worker judges records by it (and its name is the stream)
     condition: str  # canonical text, for the result's heading
     condition_spec: dict[str, Any]  # evaluator.spec.Condition.to_dict()
     keys: list[str] | None = None
@@ -55,6 +54,18 @@ class BacktestRequest(BaseModel):
     end_ms: int = Field(ge=0)
     subscription_id: int = 0  # a saved subscription's: the transitions carry the live alert ids
     policy: AlertPolicy = Field(default_factory=AlertPolicy)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _without_stream(cls, data: Any) -> Any:
+        """A job queued before the stream's name was read from its schema carried it beside (the same name)."""
+        if isinstance(data, dict) and "stream" in data:
+            data = {k: v for k, v in data.items() if k != "stream"}
+        return data
+
+    @property
+    def stream(self) -> str:
+        return self.stream_schema.name
 
 
 class BacktestIn(BaseModel):
@@ -125,7 +136,8 @@ class BacktestJobs:
         active, job = self.keys.backtests_active(owner_id), self.keys.backtest(owner_id, job_id)
         now = time.time()
         for other in self.redis.smembers(active):  # give up the places of jobs lost, expired or forgotten
-            self._still_active(owner_id, other.decode() if isinstance(other, bytes) else other)
+            other_id = other.decode() if isinstance(other, bytes) else other
+            self._settled(owner_id, other_id, self._read(owner_id, other_id))
         admitted = self._admit(keys=[active, job], args=[
             self.settings.backtest_max_active, job_id, self.settings.backtest_keep_s, request.model_dump_json(), now])
         if not admitted:
@@ -135,8 +147,7 @@ class BacktestJobs:
 
     def get(self, owner_id: int, job_id: str) -> BacktestStatus:
         """The job (NotFound if it is not this account's, or no longer kept); a lost one is marked so first."""
-        self._still_active(owner_id, job_id)
-        data = self._read(owner_id, job_id)
+        data = self._settled(owner_id, job_id, self._read(owner_id, job_id))
         if data is None:
             raise NotFound(f"no backtest {job_id}")
         return _status(job_id, data)
@@ -208,24 +219,24 @@ class BacktestJobs:
                 if v is not None}
         return data if "state" in data else None
 
-    def _still_active(self, owner_id: int, job_id: str) -> bool:
-        """Whether the job still holds one of its account's places; a lost, expired or forgotten one gives it up."""
-        data = self._read(owner_id, job_id)
+    def _settled(self, owner_id: int, job_id: str, data: dict[str, str] | None) -> dict[str, str] | None:
+        """The job as read (``data``), after a lost, expired or forgotten one gave up its account's place (then read
+        again: only a job that just ended is read twice)."""
         if data is None:
             self.redis.srem(self.keys.backtests_active(owner_id), job_id)
-            return False
+            return None
         if data["state"] not in ACTIVE:
-            return False
+            return data
         now = time.time()
         if data["state"] == "queued" and now - float(data["created_at"]) > self.settings.backtest_queue_timeout_s:
             self._end(owner_id, job_id, "expired", error="not started in time (the backtest lane was busy or down)")
-            return False
-        if data["state"] == "running" and now - float(data.get("beat", data["created_at"])) > \
+        elif data["state"] == "running" and now - float(data.get("beat", data["created_at"])) > \
                 self.settings.backtest_stale_s:
             self._end(owner_id, job_id, "failed", error=f"no progress for {self.settings.backtest_stale_s:g} s: "
                                                         "its worker was lost")
-            return False
-        return True
+        else:
+            return data
+        return self._read(owner_id, job_id)
 
 
 def _status(job_id: str, data: dict[str, str]) -> BacktestStatus:
@@ -276,6 +287,6 @@ def backtest_request(session: Session, settings: Settings, client: redis.Redis, 
     if end_ms - start_ms > settings.backtest_max_range_ms:
         raise FieldError("end", f"a backtest covers at most {settings.backtest_max_range_ms / 3_600_000:g} h "
                                 "(TOCSIN_BACKTEST_MAX_RANGE_MS)")
-    return BacktestRequest(stream=stream, stream_schema=schema, condition=format_condition(filtered.condition),
+    return BacktestRequest(stream_schema=schema, condition=format_condition(filtered.condition),
                            condition_spec=filtered.condition.to_dict(), keys=keys, start_ms=start_ms,
                            end_ms=end_ms, subscription_id=data.subscription_id or 0, policy=policy or AlertPolicy())

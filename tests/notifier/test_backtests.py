@@ -8,6 +8,7 @@ the dispatcher would.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,9 +119,16 @@ def test_a_backtest_started_over_the_api_yields_the_oracles_transitions(settings
 
 def _request(settings: Settings, start_ms: int, end_ms: int) -> BacktestRequest:
     condition = Condition(Aggregate.SUM, "volume", 5_000, low=40.0)
-    return BacktestRequest(stream="trades", stream_schema=trades_schema(settings), condition="SUM(volume) OVER 5s > 40",
+    return BacktestRequest(stream_schema=trades_schema(settings), condition="SUM(volume) OVER 5s > 40",
                            condition_spec=condition.to_dict(), start_ms=start_ms, end_ms=end_ms,
                            policy=AlertPolicy())
+
+
+def test_a_job_queued_with_the_streams_name_beside_its_schema_still_reads(settings: Settings) -> None:
+    """Requests carried the stream's name beside its schema until 2026-11-29: one queued then still runs."""
+    request = _request(settings, 0, 60_000)
+    legacy = {**json.loads(request.model_dump_json()), "stream": "trades"}
+    assert BacktestRequest.model_validate_json(json.dumps(legacy)) == request and request.stream == "trades"
 
 
 def test_a_cancelled_backtest_stops_at_its_next_chunk(settings: Settings, redis_client: redis.Redis) -> None:

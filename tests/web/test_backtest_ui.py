@@ -18,7 +18,12 @@ __all__ = ["browser", "page", "server"]
 
 
 @pytest.mark.jvm  # a worker process beside the browser: one such test at a time
-def test_backtest_a_condition_from_the_form(settings: Settings, server: str, page: Page, tmp_path) -> None:
+@pytest.mark.parametrize(("condition", "explained"), [
+    ("SUM(volume) OVER 5s > 40", "is above 40"),
+    ("SUM(volume) OVER 5s IN TOP 1", "is the highest of all keys with events in that window"),  # a rank
+])
+def test_backtest_a_condition_from_the_form(settings: Settings, server: str, page: Page, tmp_path, condition: str,
+                                            explained: str) -> None:
     publish_history(settings, (int(time.time() * 1000) - 1_800_000) // 1000 * 1000, 90)
     with running(settings, tmp_path / "logs", worker(settings)):
         page.goto(server + "/signup")
@@ -26,7 +31,8 @@ def test_backtest_a_condition_from_the_form(settings: Settings, server: str, pag
         page.get_by_label("Password").fill(PASSWORD)
         page.get_by_role("button", name="Sign up").click()
         page.get_by_role("link", name="Create your first subscription").click()
-        page.locator("#condition").fill("SUM(volume) OVER 5s > 40")
+        page.locator("#condition").fill(condition)
+        expect(page.locator("#condition-check")).to_contain_text(explained)  # the form explains it as typed
         page.get_by_label("Backtest over the last").select_option("1")
         page.get_by_role("button", name="How often would it have fired?").click()
         done = page.locator('#backtest .backtest[data-state="done"]')
