@@ -16,7 +16,7 @@ from evaluator.shard import Delta, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from evaluator.transition import Transition
 from tests.evaluator.oracle import Event, rank_oracle
-from tests.evaluator.test_shard import CONFIG, HORIZON, KEYS, PANE, pane_rows, progress_of, streams
+from tests.evaluator.test_shard import CONFIG, DELAY, HORIZON, KEYS, PANE, pane_rows, progress_of, streams
 from tests.examples import examples
 
 MAX_MINUS_MIN = ("-", ("agg", "MAX", "price", None), ("agg", "MIN", "price", None))
@@ -178,3 +178,47 @@ def test_a_rank_preview_is_the_first_k_of_every_shards_answer() -> None:
     assert most_extreme((m for a in answers for m in a.matches), condition) == [("B", 27.0), ("C", 21.0)]
     bottom = Condition(Aggregate.SUM, "volume", 5_000, rank=Rank(1, top=False))
     assert most_extreme([("B", 27.0), ("D", 3.0)], bottom) == [("D", 3.0)]
+
+
+@st.composite
+def late_streams(draw):
+    """Events whose times run up to three allowed delays behind their partition's newest: some late (merged into
+    the windows still to come), some too late (dropped), split into batches."""
+    n = draw(st.integers(1, 60))
+    events, clock = [], 10_000
+    for _ in range(n):
+        clock += draw(st.integers(0, 700))
+        events.append((draw(st.sampled_from(KEYS)), clock - draw(st.integers(0, 3 * DELAY)),
+                       float(draw(st.integers(1, 20))), float(draw(st.integers(0, 10)))))
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=6)))
+    return [events[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True) if b > a]
+
+
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=late_streams(), specs=rank_catalogs, data=st.data())
+def test_with_late_events_the_merged_first_k_are_every_keys_ranking_from_scratch(batches, specs, data) -> None:
+    """After every batch, each subscription's first k as merged from two shards' books equal a ranking of every
+    key from scratch (the preview's: every key's value computed and sorted) by one shard holding all of them, fed
+    the same batches: late events moved the books as they moved the windows."""
+    home = {key: data.draw(st.integers(0, 1), label=f"shard of {key}") for key in KEYS}
+    shards = [ShardEvaluator(CONFIG), ShardEvaluator(CONFIG)]
+    for s, shard in enumerate(shards):
+        shard.owns = lambda key, s=s: home[key] == s
+    whole = ShardEvaluator(CONFIG)
+    catalog = Catalog(1, tuple(specs))
+    merges = {spec.id: RankMerge(spec.id) for spec in specs}
+    for batch in batches:
+        progress = progress_of(batch)
+        entries = []
+        for s, shard in enumerate(shards):
+            shard.step(pane_rows([e for e in batch if home[e[0]] == s]), progress, catalog)
+            entries += [replace(e, shard=s) for e in shard.take_ranked()]
+        whole.step(pane_rows(batch), progress, Catalog.empty())
+        at = shards[0].evaluated_at
+        assert at == shards[1].evaluated_at == whole.evaluated_at
+        if at is None:
+            continue
+        for spec in specs:
+            merges[spec.id].merge([e for e in entries if e.subscription_id == spec.id], at)
+            _, scratch, _ = whole.preview(spec.condition)
+            assert merges[spec.id].state.members.keys() == scratch.keys(), (spec, at)
