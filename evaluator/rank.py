@@ -12,7 +12,7 @@ boundary costs in proportion to ``k`` and to the keys that changed, never to eve
   (value, direction); at a boundary only the keys whose windows changed move (``O(changed log n)``),
   and each rank subscription's first ``k`` are read off the front (``O(k)``). A shard sends its list
   (:class:`RankEntry` rows, one per key, or one empty row) only when it differs from the one it
-  sent last, or the subscription is new to it. The global first ``k`` are among the union of every
+  sent last, or the subscription is new or edited. The global first ``k`` are among the union of every
   shard's first ``k``.
 - **In the merge** (:class:`RankMerge`, run by the sink on the driver with its state in Redis): per
   subscription, each shard's last list; at each boundary the lists sent then replace the old ones,
@@ -63,8 +63,12 @@ class Rank:
         return cls(int(data["k"]), bool(data["top"]))
 
     def order(self, value: float, key: str) -> tuple[float, str]:
-        """Where (value, key) stands: smaller first."""
-        return (-value if self.top else value, key)
+        return order(value, key, self.top)
+
+
+def order(value: float, key: str, top: bool) -> tuple[float, str]:
+    """Where (value, key) stands in a ranking, smaller first: the highest value first for a top one, then by key."""
+    return (-value if top else value, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +131,10 @@ class RankBook:
         for key, value in changes:
             old = self._values.pop(key, None)
             if old is not None:
-                self._sorted.remove((-old if self.top else old, key))
+                self._sorted.remove(order(old, key, self.top))
             if value is not None:
                 self._values[key] = value
-                self._sorted.add((-value if self.top else value, key))
+                self._sorted.add(order(value, key, self.top))
 
     def value(self, key: str) -> float | None:
         return self._values.get(key)
