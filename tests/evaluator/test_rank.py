@@ -197,9 +197,9 @@ def late_streams(draw):
 @settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=late_streams(), specs=rank_catalogs, data=st.data())
 def test_with_late_events_the_merged_first_k_are_every_keys_ranking_from_scratch(batches, specs, data) -> None:
-    """After every batch, each subscription's first k as merged from two shards' books equal a ranking of every
-    key from scratch (the preview's: every key's value computed and sorted) by one shard holding all of them, fed
-    the same batches: late events moved the books as they moved the windows."""
+    """After every batch that passed a boundary, each subscription's first k as merged from two shards' books equal a
+    ranking of every key from scratch (the preview's: every key's value computed and sorted) by one shard holding all
+    of them, fed the same batches: late events moved the books as they moved the windows."""
     home = {key: data.draw(st.integers(0, 1), label=f"shard of {key}") for key in KEYS}
     shards = [ShardEvaluator(CONFIG), ShardEvaluator(CONFIG)]
     for s, shard in enumerate(shards):
@@ -207,6 +207,7 @@ def test_with_late_events_the_merged_first_k_are_every_keys_ranking_from_scratch
     whole = ShardEvaluator(CONFIG)
     catalog = Catalog(1, tuple(specs))
     merges = {spec.id: RankMerge(spec.id) for spec in specs}
+    before: int | None = None
     for batch in batches:
         progress = progress_of(batch)
         entries = []
@@ -216,8 +217,11 @@ def test_with_late_events_the_merged_first_k_are_every_keys_ranking_from_scratch
         whole.step(pane_rows(batch), progress, Catalog.empty())
         at = shards[0].evaluated_at
         assert at == shards[1].evaluated_at == whole.evaluated_at
-        if at is None:
+        if at is None or at == before:
+            # No boundary passed: a late event of this batch is in the windows the preview reads now, and counts in
+            # the alerts from the next boundary on (as in every later window that covers it)
             continue
+        before = at
         for spec in specs:
             merges[spec.id].merge([e for e in entries if e.subscription_id == spec.id], at)
             _, scratch, _ = whole.preview(spec.condition)
