@@ -11,8 +11,7 @@ from evaluator.shard import ShardConfig, ShardEvaluator
 from ingest.kafka import ensure_topics
 from ingest.model import ATTRIBUTES
 from tests.evaluator.test_shard import pane_rows
-from tests.users import api_client, new_user, sign_in
-from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, subscription_form
 
 CONSTRUCTS = {  # as typed -> canonical
     "(sum(volume) over 5m) / (sum(volume) over 1h) * 12 > 3": "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) * 12 > 3",
@@ -31,15 +30,11 @@ def test_the_api_accepts_baselines_and_refuses_windows_the_evaluator_cannot_keep
 
 
 def test_the_form_checks_a_baseline_as_typed(settings: Settings) -> None:
-    user, _ = new_user(settings)
-    with api_client(settings) as browser:
-        sign_in(browser, user.email)
-        form = browser.get("/subscriptions/new", headers={"accept": "text/html"}).text
+    with subscription_form(settings) as (form, check):
         assert "STDDEV(attribute)" in form and "ZSCORE(attribute)" in form and "its own baseline" in form
-        ok = browser.post("/conditions/check", data={"condition": "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) > 2"})
-        assert "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) is above 2" in ok.text
-        bad = browser.post("/conditions/check", data={"condition": "(SUM(volume) OVER 5m - 1) > 2"}).text
-        assert "a window inside parentheses ends them" in bad
+        ok = check("(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) > 2")
+        assert "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) is above 2" in ok
+        assert "a window inside parentheses ends them" in check("(SUM(volume) OVER 5m - 1) > 2")
 
 
 def test_the_preview_answers_over_several_windows(settings: Settings, redis_client: redis.Redis) -> None:

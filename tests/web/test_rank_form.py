@@ -10,8 +10,7 @@ from evaluator.shard import ShardConfig, ShardEvaluator
 from ingest.kafka import ensure_topics
 from ingest.model import ATTRIBUTES
 from tests.evaluator.test_shard import pane_rows
-from tests.users import api_client, new_user, sign_in
-from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, subscription_form
 
 CONSTRUCTS = {  # as typed -> canonical
     "sum(volume) over 5m in top 10": "SUM(volume) OVER 5m IN TOP 10",
@@ -32,13 +31,9 @@ def test_the_api_accepts_ranks_and_refuses_what_a_rank_cannot_be(api, settings: 
 
 
 def test_the_form_explains_a_rank(settings: Settings) -> None:
-    user, _ = new_user(settings)
-    with api_client(settings) as browser:
-        sign_in(browser, user.email)
-        form = browser.get("/subscriptions/new", headers={"accept": "text/html"}).text
+    with subscription_form(settings) as (form, check):
         assert "IN TOP 10" in form
-        ok = browser.post("/conditions/check", data={"condition": "SUM(volume) OVER 5m IN TOP 10"})
-        assert "is among the 10 highest of all keys with events in that window" in ok.text
+        assert "is among the 10 highest of all keys with events in that window" in check("SUM(volume) OVER 5m IN TOP 10")
 
 
 def test_the_preview_lists_the_first_k(settings: Settings, redis_client: redis.Redis) -> None:

@@ -50,19 +50,24 @@ def test_the_api_accepts_the_new_windows_and_refuses_what_the_evaluator_cannot_k
                                                   ("RATE(price) OVER LAST 5 EVENTS > 1", "time window only")))
 
 
-def test_the_form_lists_the_windows_and_checks_them_as_typed(settings: Settings) -> None:
+@contextmanager
+def subscription_form(settings: Settings) -> Iterator[tuple[str, Callable[[str], str]]]:
+    """A new user's subscription form (its page) and its live check of a condition as typed (the check's HTML)."""
     user, _ = new_user(settings)
     with api_client(settings) as browser:
         sign_in(browser, user.email)
         form = browser.get("/subscriptions/new", headers={"accept": "text/html"}).text
+        yield form, lambda condition: browser.post("/conditions/check", data={"condition": condition}).text
+
+
+def test_the_form_lists_the_windows_and_checks_them_as_typed(settings: Settings) -> None:
+    with subscription_form(settings) as (form, check):
         for syntax, _ in WINDOWS:
             assert syntax.replace(">", "&gt;") in form
         for name in ("CHANGE(attribute)", "PCT_CHANGE(attribute)", "RATE(attribute)"):
             assert name in form
-        ok = browser.post("/conditions/check", data={"condition": "CHANGE(price) OVER 5m > 3%"}).text
-        assert "in % of its first value" in ok
-        bad = browser.post("/conditions/check", data={"condition": "AVG(price) OVER LAST 0 EVENTS > 1"}).text
-        assert "at least 1, not 0 (at column 22)" in bad
+        assert "in % of its first value" in check("CHANGE(price) OVER 5m > 3%")
+        assert "at least 1, not 0 (at column 22)" in check("AVG(price) OVER LAST 0 EVENTS > 1")
 
 
 def shard_answers(client: redis.Redis, keys: RedisKeys, shard: ShardEvaluator, stop: threading.Event) -> None:
