@@ -6,12 +6,7 @@ from __future__ import annotations
 import redis
 
 from core.settings import Settings
-from evaluator.catalog import Catalog
-from evaluator.shard import ShardConfig, ShardEvaluator
-from ingest.kafka import ensure_topics
-from ingest.model import ATTRIBUTES
-from tests.evaluator.test_shard import pane_rows
-from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, subscription_form
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, shard_fed, subscription_form
 
 CONSTRUCTS = {  # as typed -> canonical
     "(sum(volume) over 5m) / (sum(volume) over 1h) * 12 > 3": "(SUM(volume) OVER 5m) / (SUM(volume) OVER 1h) * 12 > 3",
@@ -38,14 +33,11 @@ def test_the_form_checks_a_baseline_as_typed(settings: Settings) -> None:
 
 
 def test_the_preview_answers_over_several_windows(settings: Settings, redis_client: redis.Redis) -> None:
-    ensure_topics(settings)
-    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
-    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000))
     # AAPL: 1 a second for 30 s, then 10 in the last second; MSFT: 1 a second throughout
     events = [(key, 10_000 + 1_000 * s + (100 if key == "AAPL" else 200), 10.0, 1.0)
               for s in range(30) for key in ("AAPL", "MSFT")]
     events += [("AAPL", 40_500, 10.0, 10.0), ("MSFT", 40_600, 10.0, 1.0)]
-    shard.step(pane_rows(events), {0: 41_000}, Catalog.empty())
+    shard = shard_fed(events, 41_000)
     assert shard.evaluated_at == 41_000  # the windows end with the second of AAPL's 10
     with previews_answered_by(shard, settings, redis_client) as preview:
         # the last second's volume against the mean second of the last 30: AAPL 10 / (39 / 30), MSFT 1 / 1

@@ -5,12 +5,7 @@ from __future__ import annotations
 import redis
 
 from core.settings import Settings
-from evaluator.catalog import Catalog
-from evaluator.shard import ShardConfig, ShardEvaluator
-from ingest.kafka import ensure_topics
-from ingest.model import ATTRIBUTES
-from tests.evaluator.test_shard import pane_rows
-from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, subscription_form
+from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, shard_fed, subscription_form
 
 CONSTRUCTS = {  # as typed -> canonical
     "sum(volume) over 5m in top 10": "SUM(volume) OVER 5m IN TOP 10",
@@ -37,12 +32,9 @@ def test_the_form_explains_a_rank(settings: Settings) -> None:
 
 
 def test_the_preview_lists_the_first_k(settings: Settings, redis_client: redis.Redis) -> None:
-    ensure_topics(settings)
-    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
-    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000))
     volumes = {"AAPL": 5.0, "MSFT": 9.0, "NVDA": 7.0, "TSLA": 1.0}
     events = [(key, 10_000 + 1_000 * s + 100, 10.0, volume) for s in range(5) for key, volume in volumes.items()]
-    shard.step(pane_rows(events), {0: 15_000}, Catalog.empty())  # windows [10 s, 15 s): every event
+    shard = shard_fed(events, 15_000)  # windows [10 s, 15 s): every event
     with previews_answered_by(shard, settings, redis_client) as preview:
         assert preview("SUM(volume) OVER 5s IN TOP 2") == {"MSFT": 45.0, "NVDA": 35.0}
         assert list(preview("SUM(volume) OVER 5s IN BOTTOM 1")) == ["TSLA"]

@@ -79,9 +79,17 @@ def shard_answers(client: redis.Redis, keys: RedisKeys, shard: ShardEvaluator, s
             if request_id not in answered:
                 answered.add(request_id)
                 request = PreviewRequest.from_json(payload)
-                answer = PreviewAnswer.of(0, *shard.preview(request.condition, request.keys))
+                answer = PreviewAnswer.of(0, *shard.preview(request.condition, request.keys), request.condition)
                 client.rpush(keys.preview_answers(request_id), answer.to_json())
         time.sleep(0.01)
+
+
+def shard_fed(events: list[tuple[str, int, float, float]], clock_ms: int, **config: int) -> ShardEvaluator:
+    """One shard (1 s panes, a minute's horizon and of retained values, ``config`` besides) fed ``events`` in one
+    batch, its one partition's progress at ``clock_ms``."""
+    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000, **config))
+    shard.step(pane_rows(events), {0: clock_ms}, Catalog.empty())
+    return shard
 
 
 @contextmanager
@@ -89,6 +97,8 @@ def previews_answered_by(shard: ShardEvaluator, settings: Settings, redis_client
                          ) -> Iterator[Callable[..., dict]]:
     """A signed-in user's preview, ``preview(condition, keys=None) -> {key: value}``, answered by ``shard`` (its
     clock published as a live evaluator's) through the API and Redis, as in production."""
+    ensure_topics(settings)
+    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
     keys = RedisKeys(settings)
     now = time.time()
     redis_client.hset(keys.evaluator_stats, mapping={"driver_started_at": now, "driver_heartbeat_at": now,
@@ -111,14 +121,10 @@ def previews_answered_by(shard: ShardEvaluator, settings: Settings, redis_client
 
 
 def test_the_preview_answers_the_new_windows(settings: Settings, redis_client: redis.Redis) -> None:
-    ensure_topics(settings)
-    settings = settings.model_copy(update={"preview_timeout_s": 2.0, "evaluator_stale_s": 30})
-    shard = ShardEvaluator(ShardConfig(ATTRIBUTES, 1_000, 60_000, 0, 1, value_retention_ms=60_000,
-                                       tuple_max_events=100))
     # AAPL rises 10 -> 12 (20 %), MSFT falls 10 -> 9 (-10 %), IBM reported once, long ago
     events = [("IBM", 1_000, 5.0, 1.0), ("AAPL", 40_100, 10.0, 1.0), ("AAPL", 41_100, 12.0, 1.0),
               ("MSFT", 40_200, 10.0, 1.0), ("MSFT", 41_200, 9.0, 1.0)]
-    shard.step(pane_rows(events), {0: 42_000}, Catalog.empty())
+    shard = shard_fed(events, 42_000, tuple_max_events=100)
     assert shard.evaluated_at == 42_000
     with previews_answered_by(shard, settings, redis_client) as preview:
         assert preview("CHANGE(price) OVER 5s > 3%") == {"AAPL": 20.0}
