@@ -28,6 +28,8 @@ STATE_TTL_S = 30 * 24 * 3600  # refreshed at every merge; a deleted subscription
 
 
 class RankMerges:
+    """Every rank subscription's merge of one stream's query (see the module doc)."""
+
     def __init__(self, client: redis.Redis, keys: RedisKeys, outage: Outage, stream: str,
                  shard_ids: Sequence[int] = ()) -> None:
         self.redis, self.keys, self.outage, self.stream = client, keys, outage, stream

@@ -228,11 +228,11 @@ class RedisAlertSink:
         frame: pd.DataFrame = batch.toPandas()  # runs the whole micro-batch: not the sink's own time
         started = time.perf_counter()
         is_clock, is_rank = frame["state"] == CLOCK_STATE, frame["state"] == RANK_STATE
-        shard_clocks = {int(sid): int(at) for sid, at in
-                        zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
-        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(sid)): at
-                                            for sid, at in shard_clocks.items()}
-        ranked, save_ranks = self.ranks.merge(frame.loc[is_rank, TRANSITION_COLUMNS], shard_clocks)
+        clock_of = {int(shard): int(at) for shard, at in  # a clock row carries its shard as the subscription id
+                    zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
+        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(shard)): at
+                                            for shard, at in clock_of.items()}
+        ranked, save_ranks = self.ranks.merge(frame.loc[is_rank, TRANSITION_COLUMNS], clock_of)
         records = frame_records(frame[~is_clock & ~is_rank])
         records += [(t.alert_id, t.subscription_id, t.key, t.state, t.to_json()) for t in ranked]
         written = self._record(records)
