@@ -231,6 +231,10 @@ class Settings(BaseSettings):
     login_lockout_s: int = Field(900, ge=1, description="how long failed logins are counted, and the lock-out")
     user_max_subscriptions: int = Field(1_000, ge=0, description="subscriptions one user may have (403 beyond)")
     user_max_endpoints: int = Field(50, ge=0, description="endpoints one user may have (403 beyond)")
+    user_max_ranks: int = Field(
+        20, ge=0, description="rank subscriptions (IN TOP / BOTTOM k) one user may have, among the subscriptions: each "
+                              "sends up to k entries per shard and boundary, a threshold none (403 beyond)"
+    )
     subscription_max_keys: int = Field(
         1_000, ge=1, description="keys one subscription may name (bounds what one change adds to the catalog)"
     )

@@ -332,6 +332,8 @@ class SubscriptionService:
     def _assign(self, subscription: Subscription, data: SubscriptionIn) -> None:
         filtered = self._condition(data.condition, stream_schema(self.session, self.settings, data.stream))
         condition = filtered.condition
+        if condition.rank is not None:
+            self._check_ranks(subscription.id)
         limit = self.settings.subscription_max_keys
         if data.keys is not None and len(data.keys) > limit:  # every evaluator worker holds the whole catalog
             raise FieldError("keys", f"at most {limit} keys per subscription (null watches every key)")
@@ -348,6 +350,16 @@ class SubscriptionService:
         subscription.active = data.active
         subscription.policy = data.policy.model_dump(mode="json")
         subscription.endpoints = self._endpoints(data.endpoint_ids)
+
+    def _check_ranks(self, subscription_id: int | None) -> None:
+        """Forbidden if the user has ``user_max_ranks`` rank subscriptions besides this one (None: a new one)."""
+        lock_owner(self.session, self.owner.id)  # the count and the write are one step: no parallel overshoot
+        specs = self.session.execute(select(Subscription.id, Subscription.condition_spec)
+                                     .where(Subscription.owner_id == self.owner.id)).all()
+        ranks = sum(1 for sid, spec in specs if sid != subscription_id and (spec or {}).get("rank"))
+        if ranks >= self.settings.user_max_ranks:
+            raise Forbidden(f"limit reached: at most {self.settings.user_max_ranks} rank subscriptions (IN TOP / "
+                            "BOTTOM k) per user")
 
     def set_active(self, subscription_id: int, active: bool) -> Subscription:
         subscription = self.get(subscription_id)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import httpx
 import redis
 
 from core.settings import Settings
+from tests.users import api_client, new_user
 from tests.web.test_windows_form import assert_accepted_and_refused, previews_answered_by, shard_fed, subscription_form
 
 CONSTRUCTS = {  # as typed -> canonical
@@ -38,3 +40,22 @@ def test_the_preview_lists_the_first_k(settings: Settings, redis_client: redis.R
     with previews_answered_by(shard, settings, redis_client) as preview:
         assert preview("SUM(volume) OVER 5s IN TOP 2") == {"MSFT": 45.0, "NVDA": 35.0}
         assert list(preview("SUM(volume) OVER 5s IN BOTTOM 1")) == ["TSLA"]
+
+
+def test_a_user_has_at_most_user_max_ranks_rank_subscriptions(settings: Settings) -> None:
+    """A rank costs the evaluator up to k entries per shard and boundary, a threshold none: they are counted apart."""
+    settings = settings.model_copy(update={"user_max_ranks": 1})
+    _, token = new_user(settings)
+    with api_client(settings, token) as api:
+        def save(condition: str, sid: int | None = None) -> httpx.Response:
+            body = {"name": "r", "condition": condition}
+            return api.put(f"/api/subscriptions/{sid}", json=body) if sid else api.post("/api/subscriptions", json=body)
+
+        first = save("SUM(volume) OVER 5m IN TOP 10")
+        assert first.status_code == 201
+        over = save("COUNT(*) OVER 1m IN BOTTOM 3")
+        assert over.status_code == 403 and "at most 1 rank subscriptions" in over.json()["detail"]
+        plain = save("SUM(volume) OVER 5m > 10")
+        assert plain.status_code == 201  # thresholds are not ranks
+        assert save("SUM(volume) OVER 5m IN TOP 5", plain.json()["id"]).status_code == 403  # nor made one by an edit
+        assert save("SUM(volume) OVER 5m IN TOP 5", first.json()["id"]).status_code == 200  # the rank itself, edited
