@@ -7,8 +7,8 @@ at a steady rate. The third tenant's deliveries must not wait for threads the
 hostile attempts hold: p99 of each one's time once its line was free (see
 ``_latencies_and_waits``) under half an attempt deadline, set long (5 s). Without
 the caps the hostile attempts take every thread and that p99 was 4.6 s (caps
-lifted to 8: the test fails); with them 0.02 s idle, 0.04 s beside three busy
-loops. The worker's memory must not balloon, and every hostile attempt ends as a
+lifted to 8: the test fails); with them 0.008 s idle, 0.016 s beside three busy
+loops (the tenant at 2 deliveries a second). The worker's memory must not balloon, and every hostile attempt ends as a
 recorded retry or dead letter.
 """
 
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.jvm]
 HOSTILE_DELIVERIES = 4  # per hostile tenant: without the caps, every one of the worker's 4 threads
 TEST_ALERTS = 2
 OTHER_DELIVERIES = 40
-OTHER_RATE = 5.0  # per second
+OTHER_RATE = 2.0  # per second: within what one thread serves on a starved machine (~2.7/s in a CI run)
 
 
 def _endpoint(settings, redis_client, target: str):
