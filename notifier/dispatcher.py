@@ -133,9 +133,11 @@ class Dispatcher:
         self.turn = 0  # the partition the next blocking read waits on, on a cluster
         self.running = True
         self.outage = Outage("dispatcher", settings, self.redis)
-        claim_layout(self.redis, self.keys)  # a sink writing partitions this dispatcher does not read: refuse
-        check_eviction(self.redis, "dispatcher")  # a node that may drop undispatched alerts: refuse
-        self.create_groups()
+        # Started (or restarted) while a node is away - a failover under way - it waits for Redis, as the sink does,
+        # rather than exiting before it has read anything
+        self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions this one does not read: refuse
+        self.outage.ride_out(lambda: check_eviction(self.redis, "dispatcher"))  # a node that may drop alerts: refuse
+        self.outage.ride_out(self.create_groups)
 
     def create_groups(self) -> None:
         """The consumer group on every partition's stream (from its first entry), unless it is there."""
