@@ -34,17 +34,21 @@ class RankMerges:
                  shard_ids: Sequence[int] = ()) -> None:
         self.redis, self.keys, self.outage, self.stream = client, keys, outage, stream
         self.shard_ids = tuple(shard_ids)  # the query's shards (empty: those whose clocks this batch carries)
+        # The subscriptions waiting, as this sink last wrote them: read from Redis once (a restarted driver's), then
+        # kept here - one sink writes a stream's set - so a batch without ranks costs no round trip
+        self._waiting: set[int] | None = None
 
     def merge(self, rows: pd.DataFrame, clocks: Mapping[int, int]) -> tuple[list[Transition], Callable[[], None]]:
         """The transitions of this batch's rank entries (``rows``, in the output schema) and of any waiting, and
         the write of the new states, to run once those transitions are recorded."""
         entries = [RankEntry.from_row(row) for row in rows.itertuples(index=False, name=None)]
         waiting_key = self.keys.rank_waiting(self.stream)
-        waiting = self.outage.ride_out(lambda: self.redis.smembers(waiting_key))
+        if self._waiting is None:
+            self._waiting = {int(s) for s in self.outage.ride_out(lambda: self.redis.smembers(waiting_key))}
         by_sid: dict[int, list[RankEntry]] = defaultdict(list)
         for entry in entries:
             by_sid[entry.subscription_id].append(entry)
-        sids = sorted(by_sid.keys() | {int(s) for s in waiting})
+        sids = sorted(by_sid.keys() | self._waiting)
         if not sids:
             return [], lambda: None
         through = self._through(clocks)
@@ -90,3 +94,4 @@ class RankMerges:
         if done:
             pipe.srem(waiting_key, *done)
         pipe.execute()
+        self._waiting = (self._waiting or set()) - set(done) | set(held)

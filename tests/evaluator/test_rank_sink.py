@@ -52,3 +52,18 @@ def test_a_batch_without_rank_entries_costs_one_read(settings: Settings, redis_c
     transitions, save = merges.merge(rows(), {0: 5_000})
     save()
     assert transitions == []
+
+
+def test_the_waiting_set_is_read_once_then_kept_by_the_sink(settings: Settings, redis_client: redis.Redis) -> None:
+    """A restarted driver's sink reads which subscriptions wait; after that each batch's merge asks Redis nothing
+    about them (one sink writes a stream's set), and still merges one that waits without new entries."""
+    keys = RedisKeys(settings)
+    merges = RankMerges(redis_client, keys, Outage("test", settings, redis_client), TRADES, shard_ids=(0, 1))
+    waiting = RankEntry(0, 9, 2_000, 0, "A", 1.0, True, Rank(1))
+    assert merged(merges, rows(waiting), {0: 2_000, 1: 1_000}) == []  # shard 1 behind: it waits
+    redis_client.delete(keys.rank_waiting(TRADES))  # were the set read again, 9 would be forgotten
+    assert merged(merges, rows(), {0: 2_000, 1: 2_000}) == [(9, "A", "firing", 2_000)]
+    restarted = RankMerges(redis_client, keys, Outage("test", settings, redis_client), TRADES, shard_ids=(0, 1))
+    redis_client.sadd(keys.rank_waiting(TRADES), 9)
+    assert merged(restarted, rows(), {0: 3_000, 1: 3_000}) == []  # read once: 9 merged, nothing new waited
+    assert redis_client.smembers(keys.rank_waiting(TRADES)) == set()
