@@ -76,6 +76,9 @@ RULE_SINCE = Gauge("tocsin_watchdog_firing_since_seconds", "Unix time the rule s
                    ["rule"])
 STREAM = {name: Gauge(f"tocsin_stream_{name}", f"Evaluator total: {name.replace('_', ' ')}")
           for name in STREAM_COUNTERS}
+for _rule in RULES:  # every rule's series from the start, at 0, so an alert on them never meets an absent series
+    RULE_FIRING.labels(_rule)
+    RULE_SINCE.labels(_rule)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ endpoint gets exactly one "firing" and, after recovery, one "resolved" through a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from subscriptions.service import SubscriptionService
 from tests.notifier.test_delivery import _eventually
 from tests.processes import running, worker_args
 from tests.users import api_client, new_user, sign_in
+from web.watchdog import RULES
 
 pytestmark = pytest.mark.e2e
 
@@ -108,3 +111,13 @@ def test_a_stalled_watermark_fires_once_and_resolves_once(settings: Settings, re
     for counter in ("late_events_applied", "late_events_dropped", "future_events_refused",
                     "future_heartbeats_refused", "dead_lettered"):
         assert f"tocsin_stream_{counter} " in metrics
+
+
+def test_every_rule_has_its_series_before_the_first_sample() -> None:
+    """A fresh process's /metrics shows each rule at 0, not nothing: an alert on `tocsin_watchdog_firing == 1` (or a
+    test reading it right after start) never meets an absent series before the sampler's first round."""
+    code = ("import web.watchdog\nfrom prometheus_client import generate_latest\n"
+            "print(generate_latest().decode())")
+    metrics = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for rule in RULES:
+        assert _firing(metrics, rule) == 0
