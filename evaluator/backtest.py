@@ -123,9 +123,8 @@ class Backtest:
             self.catalog = Catalog(1, [self.spec])
         stats = BatchStats()
         transitions, _ = self.shard.step(self.judge.pane_rows(parsed), progress, self.catalog, stats)
-        ranked = self.shard.take_ranked()
-        if ranked or self.spec.condition.rank is not None:  # one shard: every boundary it evaluated is merged
-            transitions += self.ranks.merge(ranked, self.shard.evaluated_at or 0)
+        if self.spec.condition.rank is not None:  # one shard: every boundary it evaluated is merged
+            transitions += self.ranks.merge(self.shard.take_ranked(), self.shard.evaluated_at or 0)
         tally.late_dropped += stats.dropped_events
         self.transitions += transitions
         if self.catalog.version:

@@ -178,7 +178,7 @@ class RankMerge:
         Returns the transitions in boundary order, firing before resolved, then by key."""
         state = self.state
         fresh = [e for e in entries if state.merged_at is None or e.boundary > state.merged_at]
-        pending = state.waiting + [e for e in fresh if e not in state.waiting]
+        pending = list(dict.fromkeys(state.waiting + fresh))  # a replayed batch's entries wait once
         state.waiting = [e for e in pending if e.boundary > through]
         by_boundary: dict[int, dict[int, list[RankEntry]]] = {}
         for e in pending:
