@@ -1096,7 +1096,8 @@ def peer_table(args, runs: list[Row], results: dict[str, dict], peers: list[Peer
     Tocsin's events/s at the row's batch size over the row's: a batch size favours both pipelines (Spark
     more, its fixed cost per batch being higher), so pipelines are only compared at the same one. quixstreams
     reads record by record; it is set beside Tocsin at the smallest size, the peers' usual setting."""
-    peer_specs = next(r.specs for r in runs if r.name == f"collective {short(args.peer_subscriptions)}")
+    name = f"collective {short(args.peer_subscriptions)}"  # at the production cap, or only at a peer's size
+    peer_specs = next(r.specs for r in runs if r.name == name or r.name.startswith(f"{name} cap "))
     tocsin = {r.cap: PeerRow("Tocsin collective", r.cap, results[r.name]["rate"], results[r.name]["rss_mb"])
               for r in runs if r.specs is peer_specs and r.mode == "collective" and r.topic == "bench-events"}
     sizes = [b for b in counts(args.peer_batches) if b in tocsin]

@@ -468,6 +468,11 @@ class Settings(BaseSettings):
         50_000, ge=0, description="young-generation threshold of CPython's garbage collector in the evaluator's "
                                   "Python workers (CPython's default 700; 0 leaves it): core/gc_policy.py"
     )
+    python_gc_full_interval_s: float = Field(
+        60.0, gt=0, description="a Spark Python worker freezes what each task leaves alive, so PySpark's full garbage "
+                                "collection after every task walks only new objects; everything is collected once "
+                                "this often (core/gc_policy.py)"
+    )
 
     @field_validator("rate_sign_in_client", "rate_sign_up_client", "rate_preview_account", "rate_preview_client",
                      "rate_test_alert_account", "rate_test_alert_client", "rate_backtest_account")

@@ -162,11 +162,12 @@ def isolated_settings(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> S
 @pytest.fixture
 def cpython_gc() -> Iterator[None]:
     """CPython's own garbage-collector thresholds for the test (``core.gc_policy`` changes them process-wide), and
-    the process's back after it."""
+    the process's back after it, its heap unfrozen."""
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
     yield
     gc.set_threshold(*before)
+    gc.unfreeze()  # core.gc_policy.settle_after_task freezes the heap
 
 
 @pytest.fixture

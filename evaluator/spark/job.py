@@ -92,6 +92,7 @@ def source_options(settings: Settings, topic: str | None = None) -> dict[str, st
         "statsUrl": settings.redis_url,
         "statsKey": RedisKeys(settings).evaluator_stats,
         "statsCluster": str(settings.redis_cluster).lower(),
+        "gcFullIntervalSeconds": str(settings.python_gc_full_interval_s),
     }
     if settings.source_max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(settings.source_max_records_per_trigger)

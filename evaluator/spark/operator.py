@@ -37,7 +37,7 @@ import structlog
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from core.gc_policy import apply_gc_policy
+from core.gc_policy import apply_gc_policy, settle_after_task
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.shard import ShardConfig
@@ -161,6 +161,7 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         source.outage.execute(pipe)
         yield result.output
+        settle_after_task(self.settings.python_gc_full_interval_s)  # before PySpark's collection after the task
 
     def close(self) -> None:
         pass

@@ -17,7 +17,7 @@ import pyarrow as pa
 import redis
 
 from core.clock_ahead import ClockAhead, mark, partition_source
-from core.gc_policy import apply_gc_policy
+from core.gc_policy import apply_gc_policy, settle_after_task
 from core.redis_schema import RedisKeys
 from core.series_limit import SeriesLimit
 from evaluator.clock import bounded_progress
@@ -72,6 +72,7 @@ class PaneParser(RecordPanes):
                               round((time.perf_counter() - started) * 1000, 3))
             stats.outage.execute(pipe)
             yield rows
+        settle_after_task(self.settings.python_gc_full_interval_s)  # before PySpark's collection after the task
 
     def admit(self, parsed: ParsedRecords, raw: pd.DataFrame, limit: SeriesLimit) -> ParsedRecords:
         """``parsed`` without the events of new series beyond the stream's limit (``core.series_limit``): those

@@ -18,7 +18,9 @@ source is written against ``pyspark.sql.datasource``:
   available up to it (fairly across partitions), so a backlog drains in several
   batches of the cap, under ``Trigger.AvailableNow`` too;
 - with ``statsUrl`` and ``statsKey`` (a Redis hash), each slice adds its reading
-  time and records to ``read_ms_total`` and ``read_rows`` (the per-stage profile).
+  time and records to ``read_ms_total`` and ``read_rows`` (the per-stage profile);
+- ``gcFullIntervalSeconds``: a read ends by freezing what its worker holds
+  (``core.gc_policy.settle_after_task``), so PySpark's full collection after the task is cheap.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 from typing_extensions import override  # typing.override is Python 3.12+
 
+from core.gc_policy import settle_after_task
 from ingest.kafka import new_reader
 from ingest.raw_records import RawColumns
 
@@ -114,6 +117,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_record_bytes = int(options["maxrecordbytes"]) if options.get("maxrecordbytes") else None
         self.keep_bytes = int(options.get("keepbytes", "4096"))
         self.stop_file = options.get("stopfile")
+        self.gc_full_interval_s = float(options.get("gcfullintervalseconds", "60"))
         self.stats = ((options["statsurl"], options["statskey"], options.get("statscluster") == "true")
                       if options.get("statsurl") else None)
         self._target: Offsets | None = None
@@ -246,6 +250,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _CONSUMERS.give(self._consumer_options(), consumer)
         if self.stats is not None:
             _add_read_stats(*self.stats, busy, partition.end - partition.start)
+        settle_after_task(self.gc_full_interval_s)  # before PySpark's collection after the task (core/gc_policy.py)
 
     def _consumer_options(self) -> tuple[str, int]:
         return (self.bootstrap, self.request_timeout_ms)
