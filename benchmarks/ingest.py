@@ -110,7 +110,7 @@ def read_all(bootstrap: str, topic: str, slice_rows: int, pooled: bool) -> dict:
     reader = KafkaStreamReader({"bootstrap": bootstrap, "topic": topic})
     start, end = reader.initialOffset(), reader._log_ends()
     cuts = {p: [*range(start[p], end[p], slice_rows), end[p]] for p in end}
-    slices = [source.KafkaSlice(topic, int(p), a, b) for p, c in cuts.items() for a, b in itertools.pairwise(c)]
+    slices = [source.KafkaSlice(topic, int(p), a, b, NOW) for p, c in cuts.items() for a, b in itertools.pairwise(c)]
     began, cpu = time.perf_counter(), time.process_time()
     rows = sum(batch.num_rows for part in slices for batch in reader.read(part))
     source._CONSUMERS.close()  # the pooled readers, before their broker stops: no reconnect errors at exit

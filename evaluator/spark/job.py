@@ -16,7 +16,6 @@ from contextlib import contextmanager
 
 import structlog
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 from pyspark.sql.streaming import StreamingQuery
 
 from core.redis_schema import RedisKeys
@@ -138,8 +137,7 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
     reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings, topic))
     panes = (
         reader.load()
-        .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256",
-                F.unix_millis(F.current_timestamp()).alias("now"))  # the batch's clock: the same on replay
+        .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256", "now")  # now: the batch's clock
         .mapInArrow(parser, rows_schema)
     )
     with _worker_pool(spark, "shard-operator" if settings.evaluator_own_python_workers else None):

@@ -3,7 +3,11 @@
 Spark's own Kafka connector is a Maven artefact we cannot install, so the
 source is written against ``pyspark.sql.datasource``:
 
-- an offset is ``{"<partition>": next offset to read}`` for every partition;
+- an offset is ``{"<partition>": next offset to read}`` for every partition, and ``"clock"``: the
+  batch's processing clock (epoch ms), chosen with the batch's end offsets and so kept in Spark's offset
+  log: every row carries it (``now``), and a replayed batch reads the same. (Selecting
+  ``current_timestamp()`` instead puts a new literal in the query's generated code every batch: Spark
+  compiles a new class a batch, which the JIT compiles again, half a core on a small-batch drain);
 - ``latestOffset`` takes each partition's log end from Fetch high watermarks
   (:func:`ingest.kafka.log_end_offsets`), which is right even on brokers whose
   ListOffsets stops at the last batch's base offset;
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -60,20 +65,29 @@ RAW_SCHEMA = StructType(
         StructField("value", BinaryType(), True),  # only the start of a record over the size limit
         StructField("value_bytes", LongType(), True),  # the record's whole length
         StructField("value_sha256", StringType(), True),  # set only for a record cut to its start
+        StructField("now", LongType(), False),  # the batch's processing clock, epoch ms (the same on replay)
     ]
 )
 
 Offsets = dict[str, int]
+#: The offsets' entry that is no partition: the batch's processing clock.
+CLOCK = "clock"
+
+
+def partition_offsets(offsets: Offsets) -> Offsets:
+    """``offsets`` without the clock: ``{"<partition>": offset}``."""
+    return {p: o for p, o in offsets.items() if p != CLOCK}
 
 
 @dataclass(frozen=True)
 class KafkaSlice(InputPartition):
-    """Offsets ``[start, end)`` of one Kafka partition."""
+    """Offsets ``[start, end)`` of one Kafka partition, read in the batch whose processing clock is ``clock``."""
 
     topic: str
     partition: int
     start: int
     end: int
+    clock: int
 
 
 def split_limit(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
@@ -156,28 +170,35 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self.stop_file and os.path.exists(self.stop_file):  # the driver is stopping: no new batch
             return start
+        planned = time.time()  # the batch's processing clock, if there is a batch
         end = self._target if self._target is not None else self._log_ends()
         self._latest = end
-        behind = {p: (start[p], end[p]) for p in start if p in end and end[p] < start[p]}
+        at = partition_offsets(start)
+        behind = {p: (at[p], end[p]) for p in at if p in end and end[p] < at[p]}
         if behind:
             raise RuntimeError(
                 f"{self.topic}: log ends {behind} (checkpointed, now) are before the checkpoint; the topic was "
                 "recreated or truncated, so the checkpoint no longer describes it. Delete the checkpoint to restart."
             )
-        end = {p: max(end.get(p, 0), start.get(p, 0)) for p in {*end, *start}}
+        end = {p: max(end.get(p, 0), at.get(p, 0)) for p in {*end, *at}}
         if isinstance(limit, ReadMaxRows):
-            return split_limit(start, end, limit.max_rows)
-        return end
+            end = split_limit(at, end, limit.max_rows)
+        if end == at:  # nothing new: no batch, so no new clock either (a new one alone would make a batch)
+            return start
+        return {**end, CLOCK: int(planned * 1000)}
 
     @override  # PySpark's data source API spells its methods in camelCase
     def reportLatestOffset(self) -> Offsets | None:
         return self._latest
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaSlice]:
+        # Offsets checkpointed before the clock was kept with them have none: that one batch takes the time now
+        clock = end.get(CLOCK) or int(time.time() * 1000)
+        ends = partition_offsets(end)
         return [
-            KafkaSlice(self.topic, int(p), start.get(p, 0), end[p])
-            for p in sorted(end, key=int)
-            if end[p] > start.get(p, 0)
+            KafkaSlice(self.topic, int(p), start.get(p, 0), ends[p], clock)
+            for p in sorted(ends, key=int)
+            if ends[p] > start.get(p, 0)
         ]
 
     def commit(self, end: Offsets) -> None:
@@ -200,7 +221,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         consumer = _CONSUMERS.take(self._consumer_options())
         try:
             consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
-            rows = RawColumns(RAW_ARROW_SCHEMA)
+            rows = RawColumns(RECORD_ARROW_SCHEMA)
             expected = partition.start  # the next offset due
             deadline = time.monotonic() + self.read_timeout_s
             busy, resumed = 0.0, time.perf_counter()  # reading time, not the time Spark holds us at a yield
@@ -222,7 +243,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         expected = offset + 1
                         taken += 1
                         if len(rows) >= ARROW_BATCH_ROWS or rows.held_bytes >= ARROW_BATCH_BYTES:
-                            batch = rows.take(partition.topic, partition.partition)
+                            batch = _clocked(rows.take(partition.topic, partition.partition), partition.clock)
                             busy += time.perf_counter() - resumed
                             yield batch
                             resumed = time.perf_counter()
@@ -236,7 +257,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         raise TimeoutError(f"{partition.topic}[{partition.partition}]: stuck at offset {expected} "
                                            f"before {partition.end}")
             if len(rows):
-                batch = rows.take(partition.topic, partition.partition)
+                batch = _clocked(rows.take(partition.topic, partition.partition), partition.clock)
                 busy += time.perf_counter() - resumed
                 yield batch
         except BaseException:  # includes GeneratorExit: a read abandoned half-way leaves the consumer mid-fetch
@@ -263,6 +284,13 @@ ARROW_BATCH_ROWS = 50_000
 ARROW_BATCH_BYTES = 64 << 20
 
 RAW_ARROW_SCHEMA = to_arrow_schema(RAW_SCHEMA, timezone="UTC")  # what Spark checks yielded batches against
+RECORD_ARROW_SCHEMA = pa.schema(list(RAW_ARROW_SCHEMA)[:-1])  # the records' own columns, without the clock
+
+
+def _clocked(records: pa.RecordBatch, clock: int) -> pa.RecordBatch:
+    """The records with the batch's processing clock on every row."""
+    now = pa.array(np.full(records.num_rows, clock, dtype=np.int64))
+    return pa.RecordBatch.from_arrays([*records.columns, now], schema=RAW_ARROW_SCHEMA)
 
 
 def _add_read_stats(url: str, key: str, cluster: bool, seconds: float, records: int) -> None:

@@ -192,3 +192,36 @@ def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings)
     finally:
         stop.set()
         query.stop()
+
+
+def compilations(spark) -> int:
+    """Classes Spark's code generator has compiled in this JVM (Janino; every one the JIT compiles again)."""
+    return int(spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
+
+
+def test_a_batch_compiles_no_new_code(spark, settings: Settings) -> None:
+    """The query's plan is the same every batch, so its generated code is compiled once: the batch's processing clock
+    comes in the source's offsets, not from ``current_timestamp()``, whose value Spark wrote into the generated code
+    as a new literal every batch (two new classes a batch to compile, then for the JIT: half a core on a small-batch
+    drain, docs/benchmarks.md)."""
+    ensure_topics(settings)
+    publish_catalog(settings, SubscriptionSpec(7, parse_condition("COUNT(*) OVER 5s >= 3")))
+    base = recent_base()
+    query = build_query(spark, settings)
+    try:
+        def batch(i: int) -> None:
+            before = int(query.lastProgress["batchId"]) if query.lastProgress else -1
+            with EventPublisher(settings) as publisher:
+                publisher.publish(Event(key="A", ts=base + i * 1_000, price=1, volume=1))
+                publisher.heartbeat(base + i * 1_000 + 500)
+            wait(query, lambda: query.lastProgress is not None and int(query.lastProgress["batchId"]) > before)
+
+        for i in range(2):  # the first batches compile the plan's code
+            batch(i)
+        compiled, first = compilations(spark), int(query.lastProgress["batchId"])
+        for i in range(2, 6):
+            batch(i)
+        assert int(query.lastProgress["batchId"]) >= first + 4
+        assert compilations(spark) == compiled
+    finally:
+        query.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import time
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.job import source_options
-from evaluator.spark.source import KafkaStreamReader, split_limit
+from evaluator.spark.source import CLOCK, KafkaSlice, KafkaStreamReader, partition_offsets, split_limit
 from ingest.kafka import ensure_topics, topic_end_offsets
 
 pytestmark = pytest.mark.spark
+
+NOW_MS = 1_800_000_000_000  # a batch's processing clock, as the driver sets it in the offsets
 
 
 def produce(settings: Settings, per_partition: dict[int, int], tag: str) -> int:
@@ -87,9 +90,31 @@ def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> Non
     start = src.initialOffset()
     assert start == {"0": 0, "1": 0, "2": 0}
     end = src.latestOffset(start, ReadAllAvailable())
-    assert end == {"0": 20, "1": 9, "2": 0}
+    assert partition_offsets(end) == {"0": 20, "1": 9, "2": 0}
     got = [row for part in src.partitions(start, end) for row in rows(src, part)]
     assert sorted((r[1], r[2]) for r in got) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
+
+
+def test_a_batch_s_clock_is_chosen_with_its_offsets_and_a_replay_reads_the_same(settings: Settings,
+                                                                                   cpython_gc: None) -> None:
+    """The processing clock (docs/clock.md) travels in the offsets Spark checkpoints, not as ``current_timestamp()``
+    in the query, whose new literal every batch made Spark compile new code every batch."""
+    ensure_topics(settings)
+    produce(settings, {0: 5, 1: 2}, "clock")
+    src = reader(settings)
+    start = src.initialOffset()
+    before = time.time()
+    end = src.latestOffset(start, ReadAllAvailable())
+    assert before * 1000 - 1 <= end[CLOCK] <= time.time() * 1000
+    first = [row for part in src.partitions(start, end) for row in rows(src, part)]
+    assert len(first) == 7 and {row[-1] for row in first} == {end[CLOCK]}  # now: the last column
+    assert gc.get_freeze_count() > 0  # a read ends with its worker's heap frozen (core.gc_policy)
+    time.sleep(0.01)
+    replayed = [row for part in src.partitions(start, end) for row in rows(src, part)]
+    assert replayed == first  # a batch re-run after a failure: the same rows, the same clock
+    assert src.latestOffset(end, ReadAllAvailable()) is end  # nothing new: no batch, though time moved on
+    legacy = src.partitions(start, partition_offsets(end))  # offsets checkpointed before the clock was kept there
+    assert all(before * 1000 <= part.clock <= time.time() * 1000 for part in legacy)
 
 
 def test_read_limit_is_respected_and_fair() -> None:
@@ -206,20 +231,19 @@ def test_oversized_records_enter_spark_as_their_start_length_and_digest(settings
     src = reader(settings, maxRecordBytes="1000", keepBytes="64")
     start = src.initialOffset()
     got = [row for part in src.partitions(start, src.latestOffset(start, ReadAllAvailable())) for row in rows(src, part)]
-    assert [row[5:] for row in got] == [
+    assert [row[5:-1] for row in got] == [
         (big[:64], len(big), hashlib.sha256(big).hexdigest()), (small, len(small), None), (None, None, None)]
 
 
 def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reused(settings: Settings) -> None:
     from evaluator.spark import source
-    from evaluator.spark.source import KafkaSlice
 
     ensure_topics(settings)
     produce(settings, {0: 30}, "pool")
     src = reader(settings)
 
     def offsets(start: int, end: int) -> list[int]:
-        return [r[2] for r in rows(src, KafkaSlice(settings.events_topic, 0, start, end))]
+        return [r[2] for r in rows(src, KafkaSlice(settings.events_topic, 0, start, end, NOW_MS))]
 
     assert offsets(10, 30) == list(range(10, 30))
     [(_, pooled)] = source._CONSUMERS._idle[src._consumer_options()]
@@ -228,7 +252,7 @@ def test_a_pooled_consumer_reads_each_slice_exactly_and_a_broken_one_is_not_reus
     [(_, again)] = source._CONSUMERS._idle[src._consumer_options()]
     assert again is pooled, "the worker's consumer is reused, not rebuilt"
 
-    abandoned = src.read(KafkaSlice(settings.events_topic, 0, 0, 30))
+    abandoned = src.read(KafkaSlice(settings.events_topic, 0, 0, 30, NOW_MS))
     next(abandoned)
     abandoned.close()  # a read given up half-way: its consumer's state is unknown
     assert source._CONSUMERS._idle[src._consumer_options()] == []
@@ -247,12 +271,11 @@ def test_a_slice_never_asks_librdkafka_for_more_records_than_it_holds(settings: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """consume() waits until it has the number of records asked for or its timeout: asking a 3-record slice for
     5,000 held every slice read 200 ms (a live 1,000 events/s batch spent ~1 s of its tasks reading 1,000 records)."""
-    from evaluator.spark.source import KafkaSlice
 
     ensure_topics(settings)
     produce(settings, {0: 10}, "asked")
     calls = spy_on_consume(monkeypatch)
-    assert [r[2] for r in rows(reader(settings), KafkaSlice(settings.events_topic, 0, 4, 7))] == [4, 5, 6]
+    assert [r[2] for r in rows(reader(settings), KafkaSlice(settings.events_topic, 0, 4, 7, NOW_MS))] == [4, 5, 6]
     asked = [call.asked for call in calls]
     assert asked and all(n <= 3 for n in asked), asked
 
@@ -265,7 +288,6 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
     from confluent_kafka import Producer
 
     from evaluator.spark import source
-    from evaluator.spark.source import KafkaSlice
 
     ensure_topics(settings)
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 50})
@@ -278,7 +300,7 @@ def test_a_reused_consumer_reads_the_next_slice_of_a_backlog_without_stalling(se
     src = reader(settings)
     for start in (0, 20_000):
         calls.clear()
-        got = [o for batch in src.read(KafkaSlice(settings.events_topic, 0, start, start + 20_000))
+        got = [o for batch in src.read(KafkaSlice(settings.events_topic, 0, start, start + 20_000, NOW_MS))
                for o in batch.column("offset").to_pylist()]
         assert got == list(range(start, start + 20_000))
     # The second slice, on the reused consumer: the postponed fetch showed as five empty 200 ms waits (1 s); a
@@ -294,7 +316,6 @@ def test_a_slice_of_large_records_is_handed_to_spark_in_bounded_batches(settings
     """Batches were bounded by records only: 50,000 records of the largest admitted size (64 KiB) would make one
     3.2 GB Arrow batch in a worker, a publisher's way to exhaust it. Now by bytes too, whichever comes first."""
     from evaluator.spark import source
-    from evaluator.spark.source import KafkaSlice
 
     ensure_topics(settings)
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
@@ -303,7 +324,7 @@ def test_a_slice_of_large_records_is_handed_to_spark_in_bounded_batches(settings
     producer.flush()
     producer.close()
     monkeypatch.setattr(source, "ARROW_BATCH_BYTES", 100_000)
-    batches = list(reader(settings).read(KafkaSlice(settings.events_topic, 0, 0, 30)))
+    batches = list(reader(settings).read(KafkaSlice(settings.events_topic, 0, 0, 30, NOW_MS)))
     held = [sum(len(v) + len(k) for v, k in zip(b.column("value").to_pylist(), b.column("key").to_pylist(),
                                                 strict=True)) for b in batches]
     assert max(held) < 100_000 + 30_001, held  # a batch ends at the record that reaches the bound
