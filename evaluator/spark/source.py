@@ -170,8 +170,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self.stop_file and os.path.exists(self.stop_file):  # the driver is stopping: no new batch
             return start
-        planned = time.time()  # the batch's processing clock, if there is a batch
         end = self._target if self._target is not None else self._log_ends()
+        planned = time.time()  # the batch's processing clock, if there is a batch: after every record it will read
         self._latest = end
         at = partition_offsets(start)
         behind = {p: (at[p], end[p]) for p in at if p in end and end[p] < at[p]}
