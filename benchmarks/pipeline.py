@@ -97,9 +97,11 @@ from core.settings import Settings
 from core.streams import Attribute, RecordLimits, StreamSchema, StreamValidator, topic_name
 from devstack.services import free_port, start_redis, start_tansu
 from evaluator.catalog import Catalog
+from evaluator.spark.graceful import stop_between_batches
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session, stop_session
+from evaluator.spark.source import stop_file
 from evaluator.spark.supervisor import StreamSupervisor
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
@@ -528,7 +530,8 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
     install_catalog(settings, row.specs)
     print(f"{row.name} ...", file=sys.stderr, flush=True)
     with Resources() as rss:
-        throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s)
+        throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s,
+                                     stop_file(settings, "trades"))
     stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
         RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
     boundaries = max(stats.get("boundaries", 0), 1.0)
@@ -613,7 +616,7 @@ def two_stream_run(spark, base: Settings, row: TwoStreamRow, total_rows: int, ho
             raise RuntimeError("the hosts query did not start: see stream_query_not_started in the log")
         drained = drain_all({"trades": (trades, total_rows, warm_up),
                              "hosts": (supervisor.queries()["hosts"], hosts_rows, min(row.cap, hosts_rows // 2))},
-                            budget_s)
+                            budget_s, {name: stop_file(settings, name) for name in ("trades", "hosts")})
     (trades_rate, trades_progress), (hosts_rate, hosts_progress) = drained["trades"], drained["hosts"]
     stats = _numbers(client.hgetall(keys.evaluator_stats))
     both = combined([trades_rate, hosts_rate])
@@ -732,8 +735,8 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
     finally:
         stop.set()
         producer.join(30)
+        stop_between_batches(query, stop_file(settings, "trades"), 300)
         seen |= {p["batchId"]: p for p in query.recentProgress}
-        query.stop()
     at_end = _numbers(client.hgetall(stats_key))
     times = key_event_times(settings.kafka_bootstrap, settings.events_topic)
     latencies, from_first, from_last = [], [], []

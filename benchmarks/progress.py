@@ -13,7 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from evaluator.spark.graceful import stop_between_batches
 
 WARM_UP_LIMIT_S = 900  # the warm-up may take long when every match fires at once
 
@@ -65,23 +68,25 @@ def batch_end_s(progress: dict[str, Any]) -> float:
     return started + progress["durationMs"].get("triggerExecution", 0) / 1000
 
 
-def drain(query: Any, total_rows: int, warm_up_rows: int, budget_s: float) -> tuple[Throughput, list[dict]]:
+def drain(query: Any, total_rows: int, warm_up_rows: int, budget_s: float,
+          hold: Path | None = None) -> tuple[Throughput, list[dict]]:
     """Run a Spark streaming query until it has read ``total_rows`` or spent ``budget_s`` past its warm-up.
 
     A batch under way when the budget runs out is awaited if no batch has completed since the warm-up,
     so a row of slow batches still gets a rate (within ``WARM_UP_LIMIT_S``).
 
-    Progress is collected while it runs (Spark keeps only the recent batches), then the query is stopped.
+    Progress is collected while it runs (Spark keeps only the recent batches), then the query is stopped, between
+    batches if ``hold`` is its source's stop file (``evaluator.spark.graceful``).
     Returns the throughput and the progress of every batch that read rows, in order.
     """
-    return drain_all({"": (query, total_rows, warm_up_rows)}, budget_s)[""]
+    return drain_all({"": (query, total_rows, warm_up_rows)}, budget_s, {"": hold} if hold else None)[""]
 
 
 class _Draining:
     """One query of :func:`drain_all` and what it has read so far."""
 
-    def __init__(self, query: Any, total_rows: int, warm_up_rows: int) -> None:
-        self.query, self.total_rows, self.warm_up_rows = query, total_rows, warm_up_rows
+    def __init__(self, query: Any, total_rows: int, warm_up_rows: int, hold: Path | None = None) -> None:
+        self.query, self.total_rows, self.warm_up_rows, self.hold = query, total_rows, warm_up_rows, hold
         self.seen: dict[int, dict] = {}
         self.warm_at: float | None = None
         self.warmed = 0
@@ -109,7 +114,10 @@ class _Draining:
     def stop(self) -> None:
         if self.active:
             self.active = False
-            self.query.stop()
+            if self.hold is None:
+                self.query.stop()
+            else:  # stopped inside a batch, the shard operator's state store can crash the JVM
+                stop_between_batches(self.query, self.hold, WARM_UP_LIMIT_S)
             self.collect()  # the last batches may have ended after the last poll
 
     def result(self) -> tuple[Throughput, list[dict]]:
@@ -118,10 +126,12 @@ class _Draining:
         return rate_over(batches, self.warm_up_rows, self.total_rows), progress
 
 
-def drain_all(queries: dict[str, tuple[Any, int, int]], budget_s: float) -> dict[str, tuple[Throughput, list[dict]]]:
-    """:func:`drain` for queries running at once, each given as (query, total rows, warm-up rows): each is
-    stopped as soon as it has read its stream or spent its budget, the others keep running."""
-    draining = {name: _Draining(*spec) for name, spec in queries.items()}
+def drain_all(queries: dict[str, tuple[Any, int, int]], budget_s: float,
+              holds: dict[str, Path] | None = None) -> dict[str, tuple[Throughput, list[dict]]]:
+    """:func:`drain` for queries running at once, each given as (query, total rows, warm-up rows) with its source's
+    stop file in ``holds``: each is stopped as soon as it has read its stream or spent its budget, the others keep
+    running."""
+    draining = {name: _Draining(*spec, (holds or {}).get(name)) for name, spec in queries.items()}
     started = time.monotonic()
     try:
         while any(d.active for d in draining.values()):

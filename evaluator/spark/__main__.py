@@ -35,6 +35,7 @@ from core.redis_client import make_redis
 from core.redis_outage import Outage, is_transient
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
+from evaluator.spark.graceful import wait_between_batches
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session, stop_session
@@ -82,21 +83,6 @@ def _json_text(value: object) -> str:
 
 STARTS_KEPT = 50  # job starts remembered for the restart rule
 STOP_MARGIN_S = 15.0  # left of the runner's stop timeout for stopping Spark itself
-IDLE_CHECKS = 3  # consecutive idle looks (0.2 s apart) before the query is stopped between batches
-
-
-def _stop_between_batches(query, deadline: float) -> bool:  # noqa: ANN001 - py4j-backed StreamingQuery
-    """Wait (the source offers nothing new now) until no batch runs; False if the deadline came first."""
-    idle = 0
-    while time.monotonic() < deadline:
-        if not query.isActive:
-            return True
-        status = query.status
-        idle = idle + 1 if not status.get("isTriggerActive") else 0
-        if idle >= IDLE_CHECKS:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _heartbeat(stats: redis.Redis, key: str, stop: threading.Event, outage: Outage) -> None:
@@ -190,7 +176,7 @@ def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None: 
         stopping.touch()  # every query's source offers nothing more
         deadline = time.monotonic() + max(wait_s, 1.0)
         for each in queries:
-            if not _stop_between_batches(each, deadline):
+            if not wait_between_batches(each, deadline):
                 log.warning("evaluator_batch_interrupted", query=each.name,
                             reason="the batch under way outlived the stop timeout; it is evaluated again on restart")
             each.stop()

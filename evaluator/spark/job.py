@@ -73,9 +73,9 @@ def _worker_pool(spark: SparkSession, name: str | None) -> Iterator[None]:
         environment.pop(POOL_VARIABLE, None)
 
 
-def source_options(settings: Settings, topic: str | None = None) -> dict[str, str]:
-    """The Kafka source's options (of ``topic``, default the events topic): each micro-batch takes what arrived, up
-    to the admission cap.
+def source_options(settings: Settings, topic: str | None = None, stream: str = TRADES) -> dict[str, str]:
+    """The Kafka source's options (of ``topic``, default the events topic; ``stream``: whose stop file it obeys
+    beside the job's): each micro-batch takes what arrived, up to the admission cap.
 
     The cap (``TOCSIN_SOURCE_MAX_RECORDS_PER_TRIGGER``) matters only with a backlog (a restart, a
     burst): it drains in batches that large, each amortising Spark's fixed cost per batch, instead of
@@ -88,6 +88,7 @@ def source_options(settings: Settings, topic: str | None = None) -> dict[str, st
         "maxRecordBytes": str(settings.max_record_bytes),
         "keepBytes": str(settings.dead_letter_raw_bytes),
         "stopFile": str(stop_file(settings).resolve()),
+        "queryStopFile": str(stop_file(settings, stream).resolve()),
         "statsUrl": settings.redis_url,
         "statsKey": RedisKeys(settings).evaluator_stats,
         "statsCluster": str(settings.redis_cluster).lower(),
@@ -134,7 +135,7 @@ def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | 
     else:
         shape, columns = shape_of(schema), query_attributes(checkpoint, schema)
         parser, rows_schema = StreamPaneParser(settings, shard_ids, schema, columns), panes_schema(columns)
-    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings, topic))
+    reader = spark.readStream.format(SOURCE_NAME).options(**source_options(settings, topic, stream))
     panes = (
         reader.load()
         .select("topic", "partition", "offset", "value", "value_bytes", "value_sha256", "now")  # now: the batch's clock

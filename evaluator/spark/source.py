@@ -114,9 +114,10 @@ def split_limit(start: Offsets, end: Offsets, max_rows: int) -> Offsets:
     return capped
 
 
-def stop_file(settings: Settings) -> Path:
-    """While this file exists the source offers no new records, so the query can stop between batches."""
-    return settings.data_dir / "evaluator.stopping"
+def stop_file(settings: Settings, stream: str | None = None) -> Path:
+    """While this file exists the source offers no new records, so the query can stop between batches
+    (``evaluator.spark.graceful``): the job's (every query stops), or one stream's (the supervisor stops its query)."""
+    return settings.data_dir / ("evaluator.stopping" if stream is None else f"evaluator.stopping.{stream}")
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -130,7 +131,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.read_timeout_s = float(options.get("readtimeoutseconds", "60"))
         self.max_record_bytes = int(options["maxrecordbytes"]) if options.get("maxrecordbytes") else None
         self.keep_bytes = int(options.get("keepbytes", "4096"))
-        self.stop_file = options.get("stopfile")
+        self.stop_files = [path for path in (options.get("stopfile"), options.get("querystopfile")) if path]
         self.gc_full_interval_s = float(options.get("gcfullintervalseconds", "60"))
         self.stats = ((options["statsurl"], options["statskey"], options.get("statscluster") == "true")
                       if options.get("statsurl") else None)
@@ -168,7 +169,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @override  # PySpark's data source API spells its methods in camelCase
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        if self.stop_file and os.path.exists(self.stop_file):  # the driver is stopping: no new batch
+        if any(os.path.exists(path) for path in self.stop_files):  # the job or this query is stopping: no new batch
             return start
         end = self._target if self._target is not None else self._log_ends()
         planned = time.time()  # the batch's processing clock, if there is a batch: after every record it will read

@@ -18,6 +18,11 @@ own: an idle, late or poisoned stream holds back no other. Every ``TOCSIN_STREAM
 - restarts a failed query after a backoff (1 s, doubling, at most ``MAX_BACKOFF_S``) while the others run;
 - removes the checkpoint of a stream that was deleted (:class:`DeletedCheckpoints`).
 
+A query is stopped between batches (``evaluator.spark.graceful``): its stream's stop file is made, and a later poll
+(or the same one) that finds no batch running stops it; a batch still running after ``TOCSIN_EVALUATOR_STOP_TIMEOUT_S``
+is interrupted, with a warning. Meanwhile the stream waits: a restart starts once the old query has stopped, and a
+deleted stream's checkpoint stays until then.
+
 What operators need to hear about goes to ``stats:evaluator`` (``core.redis_schema.stream_stat`` fields): when
 each query last started (``QUERY_STARTED_AT``) and, while a query keeps failing, its failures in a row, since
 when and the last error (``QUERY_FAILING``), which the web app's dead man's switch turns into the ``stream``
@@ -43,7 +48,9 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema, topic_name
 from evaluator.spark.checkpoint_fs import CheckpointFiles, child
+from evaluator.spark.graceful import between_batches, wait_between_batches
 from evaluator.spark.registry import STREAMS, RegistryReader, checkpoint_of, claim_checkpoint, text_of
+from evaluator.spark.source import stop_file
 from ingest.kafka import new_consumer
 
 log = structlog.get_logger("evaluator")
@@ -53,6 +60,15 @@ STREAM_QUERIES = Gauge("tocsin_evaluator_stream_queries", "Declared streams (tra
 STREAM_RESTARTS = Gauge("tocsin_evaluator_stream_query_failures", "Failed stream queries restarted since start")
 
 Starter = Callable[[SparkSession, Settings, StreamSchema], StreamingQuery]
+
+
+@dataclass(frozen=True)
+class _Stopping:
+    """A stop asked for: the query's source offers nothing new; it is stopped once its batch has ended."""
+
+    event: str
+    reason: str
+    deadline: float
 
 
 @dataclass
@@ -65,6 +81,7 @@ class _Stream:
     started_at: float = 0.0
     failing_since: float | None = None  # wall time of the first of the failures in a row
     earlier_failures: int = 0  # of those, the ones an earlier run of the job recorded
+    stopping: _Stopping | None = None
 
 
 class DeletedCheckpoints:
@@ -123,14 +140,14 @@ class StreamSupervisor:
 
     def poll(self) -> None:
         declared = {name: schema for name, schema in self.registry.read().items() if name != TRADES}
+        now = self.clock()
         left = [n for n in self.streams if n not in declared]
         for name in left:
-            self._stop(name, "stream_query_stopped", reason="the stream is no longer declared")
-            del self.streams[name]
-            self._record(name, forget=(QUERY_FAILING, QUERY_STARTED_AT))
-        now = self.clock()
-        if self.deleted is not None:
-            self.deleted.check(declared, now, bool(left))
+            if self._stop(name, now, "stream_query_stopped", "the stream is no longer declared"):
+                del self.streams[name]
+                self._record(name, forget=(QUERY_FAILING, QUERY_STARTED_AT))
+        if self.deleted is not None:  # a query still stopping keeps its checkpoint until it has stopped
+            self.deleted.check({*declared, *self.streams}, now, bool(left))
         for name, schema in sorted(declared.items()):
             held = self.streams.get(name)
             incarnation = self.registry.incarnation(name)
@@ -138,13 +155,15 @@ class StreamSupervisor:
                 held = self.streams[name] = _Stream(schema, incarnation)
                 self._adopt(name, held)
             elif incarnation is not None and held.incarnation != incarnation:  # between two polls
-                self._stop(name, "stream_query_restarting", reason="the stream was deleted and declared again")
+                self._stop(name, now, "stream_query_restarting", "the stream was deleted and declared again")
                 held.schema, held.incarnation, held.retry_at = schema, incarnation, 0.0
                 self._recovered(name, held)
             elif held.schema != schema:
-                self._stop(name, "stream_query_restarting", reason="the stream's schema changed")
+                self._stop(name, now, "stream_query_restarting", "the stream's schema changed")
                 held.schema, held.retry_at = schema, 0.0
                 self._recovered(name, held)
+            elif held.stopping is not None:
+                self._stop(name, now, held.stopping.event, held.stopping.reason)
             elif held.query is not None and not held.query.isActive:
                 error = held.query.exception()
                 held.query = None
@@ -156,10 +175,11 @@ class StreamSupervisor:
                 self._recovered(name, held)  # ran well for a while: the next failure is retried at once again
             if held.query is None and now >= held.retry_at:
                 self._start(name, held, now)
-        STREAM_QUERIES.set(sum(1 for s in self.streams.values() if s.query is not None))
+        STREAM_QUERIES.set(sum(1 for s in self.streams.values() if s.query is not None and s.stopping is None))
 
     def _start(self, name: str, held: _Stream, now: float) -> None:
         try:
+            stop_file(self.settings, name).unlink(missing_ok=True)  # its last query's, or a killed job's
             if claim_checkpoint(self.spark, self.settings, name, held.incarnation):
                 self._forget_batches(name)
             held.query = self.start(self.spark, self.settings, held.schema)
@@ -225,17 +245,42 @@ class StreamSupervisor:
         except RedisError as exc:
             log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _stop(self, name: str, event: str, **fields: str) -> None:
+    def _stop(self, name: str, now: float, event: str, reason: str) -> bool:
+        """Ask the stream's query to stop, or go on stopping it: True once it has no query (stopped between
+        batches, or interrupted past the deadline); a query already stopping keeps its first event and reason."""
         held = self.streams.get(name)
         if held is None or held.query is None:
-            return
+            return True
+        if held.stopping is None:
+            held.stopping = _Stopping(event, reason, now + self.settings.evaluator_stop_timeout_s)
+            try:
+                path = stop_file(self.settings, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+            except OSError as exc:
+                log.warning("stream_query_stop_file_not_made", stream=name, error=f"{type(exc).__name__}: {exc}"[:300])
+        fields = {"reason": held.stopping.reason}
         try:
+            if not between_batches(held.query):
+                if now < held.stopping.deadline:
+                    return False  # looked at again in the next poll
+                log.warning("stream_query_batch_interrupted", stream=name,
+                            reason="the batch under way outlived the stop timeout; it is evaluated again on restart")
             held.query.stop()
         except Exception as exc:  # noqa: BLE001 - a query that failed meanwhile: nothing left to stop
             fields["stop_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        held.query = None
-        log.info(event, stream=name, **fields)
+        log.info(held.stopping.event, stream=name, **fields)
+        held.query, held.stopping = None, None
+        stop_file(self.settings, name).unlink(missing_ok=True)
+        return True
 
     def stop_all(self) -> None:
-        for name in list(self.streams):
-            self._stop(name, "stream_query_stopped", reason="the evaluator is stopping")
+        """Stop every stream's query between batches, waiting at most ``TOCSIN_EVALUATOR_STOP_TIMEOUT_S``: for what
+        runs the supervisor without the job (tests, benchmarks); the job stops them all with its own stop file."""
+        for name in self.streams:
+            self._stop(name, self.clock(), "stream_query_stopped", "the evaluator is stopping")
+        deadline = time.monotonic() + self.settings.evaluator_stop_timeout_s
+        for name, held in self.streams.items():
+            if held.query is not None and held.stopping is not None:
+                wait_between_batches(held.query, deadline)
+                self._stop(name, math.inf, held.stopping.event, held.stopping.reason)  # past any deadline: now

@@ -15,6 +15,7 @@ from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
 from evaluator.spark.registry import RegistryReader
+from evaluator.spark.source import stop_file
 from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
 from subscriptions.streams import publish_registry
 
@@ -25,6 +26,11 @@ class FakeQuery:
     isActive: bool = True  # noqa: N815 - StreamingQuery's name
     error: str | None = None
     stopped: bool = False
+    in_batch: bool = False  # a trigger is active: a batch runs
+
+    @property
+    def status(self) -> dict[str, object]:
+        return {"isTriggerActive": self.in_batch and self.isActive}
 
     def exception(self) -> str | None:
         return self.error
@@ -146,3 +152,40 @@ def test_failures_in_a_row_reach_redis_until_the_query_runs_well_again(settings:
     publish_registry(client, keys, [trades_schema(settings), schema("b")])  # a deleted: its fields go
     restarted.poll()
     assert field_of("a", QUERY_FAILING) is None and field_of("a", QUERY_STARTED_AT) is None
+
+
+def test_a_query_is_stopped_between_batches_and_its_stream_waits_for_that(settings: Settings) -> None:
+    """Stopping a query inside a batch kills the tasks while the shard operator's worker writes its state store (a
+    JVM crash in RocksDB was seen so): its source is held (the stream's stop file) and the query stopped once its
+    batch has ended; a restart waits for that, and a batch outliving the stop timeout is interrupted."""
+    client, keys = redis.Redis.from_url(settings.redis_url), RedisKeys(settings)
+    clock = [0.0]
+    start = Starter()
+    supervisor = StreamSupervisor(None, settings, RegistryReader(client, keys, settings), start,  # type: ignore[arg-type]
+                                  clock=lambda: clock[0])
+    publish_registry(client, keys, [trades_schema(settings), schema("a"), schema("b")])
+    supervisor.poll()
+    a, b = start.started
+    a.in_batch = b.in_batch = True
+
+    wider = schema("a", Attribute(name="x"), Attribute(name="y", required=False))
+    publish_registry(client, keys, [trades_schema(settings), wider])  # a changed, b deleted: both mid-batch
+    supervisor.poll()
+    assert not a.stopped and not b.stopped and len(start.started) == 2
+    assert stop_file(settings, "a").exists() and stop_file(settings, "b").exists()  # their sources offer nothing new
+    assert not stop_file(settings, "trades").exists()
+    clock[0] = 5.0
+    a.in_batch = False  # a's batch ended
+    supervisor.poll()
+    assert a.stopped and start.started[-1].schema == wider and not stop_file(settings, "a").exists()
+    assert not b.stopped and "b" in supervisor.streams  # still in its batch: not forgotten yet
+    clock[0] = settings.evaluator_stop_timeout_s + 1.0  # b's batch outlived the stop timeout: interrupted
+    supervisor.poll()
+    assert b.stopped and "b" not in supervisor.streams and not stop_file(settings, "b").exists()
+
+    stop_file(settings, "c").touch()  # left by a killed job: the stream's start removes it, or it would never read
+    publish_registry(client, keys, [trades_schema(settings), wider, schema("c")])
+    supervisor.poll()
+    assert "c" in supervisor.queries() and not stop_file(settings, "c").exists()
+    supervisor.stop_all()
+    assert all(query.stopped for query in start.started) and not supervisor.queries()

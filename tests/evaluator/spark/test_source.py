@@ -16,7 +16,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.job import source_options
-from evaluator.spark.source import CLOCK, KafkaSlice, KafkaStreamReader, partition_offsets, split_limit
+from evaluator.spark.source import CLOCK, KafkaSlice, KafkaStreamReader, partition_offsets, split_limit, stop_file
 from ingest.kafka import ensure_topics, topic_end_offsets
 
 pytestmark = pytest.mark.spark
@@ -115,6 +115,24 @@ def test_a_batch_s_clock_is_chosen_with_its_offsets_and_a_replay_reads_the_same(
     assert src.latestOffset(end, ReadAllAvailable()) is end  # nothing new: no batch, though time moved on
     legacy = src.partitions(start, partition_offsets(end))  # offsets checkpointed before the clock was kept there
     assert all(before * 1000 <= part.clock <= time.time() * 1000 for part in legacy)
+
+
+def test_a_stop_file_holds_back_new_batches_the_job_s_for_every_stream_a_stream_s_for_its_own(settings: Settings) -> None:
+    """How a query is stopped between batches (``evaluator.spark.graceful``): while a stop file exists the source
+    offers nothing new, so once the batch under way ends, no other starts."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_topics(settings)
+    produce(settings, {0: 3}, "stop")
+    trades, hosts = (KafkaStreamReader(source_options(settings, stream=name)) for name in ("trades", "hosts"))
+    start = trades.initialOffset()
+    stop_file(settings, "hosts").touch()  # the supervisor stops the hosts stream's query
+    assert hosts.latestOffset(start, ReadAllAvailable()) is start
+    assert partition_offsets(trades.latestOffset(start, ReadAllAvailable())) != partition_offsets(start)
+    stop_file(settings).touch()  # the job stops
+    assert trades.latestOffset(start, ReadAllAvailable()) is start
+    stop_file(settings).unlink()
+    stop_file(settings, "hosts").unlink()
+    assert partition_offsets(hosts.latestOffset(start, ReadAllAvailable())) != partition_offsets(start)
 
 
 def test_read_limit_is_respected_and_fair() -> None:
