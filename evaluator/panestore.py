@@ -43,6 +43,21 @@ def units(values: np.ndarray, shift: int) -> tuple[np.ndarray, int]:
     return m.astype(object) << (exponent + need).astype(object), need
 
 
+def distinct_ids(parts: Sequence[np.ndarray], capacity: int) -> np.ndarray:
+    """The key ids in ``parts`` (each below ``capacity``), distinct and in order, as ``np.unique`` gives them: by
+    marking each id in a mask when the parts are not much smaller than the ids in use (linear, where ``np.unique``
+    sorts: a boundary's touched keys are several parts of the same few thousand ids)."""
+    total = sum(part.size for part in parts)
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    if total * 16 < capacity:
+        return np.unique(np.concatenate(parts))
+    marked = np.zeros(capacity, dtype=bool)
+    for part in parts:
+        marked[part] = True
+    return np.flatnonzero(marked)
+
+
 def to_floats(exact: np.ndarray, shift: int) -> np.ndarray:
     """Exact unit sums as the nearest floats (correctly rounded; ±inf beyond the float range)."""
     one = 1 << shift
@@ -330,7 +345,7 @@ class RunningWindows:
             np.subtract.at(window.sums[a], rows.ids, exact)
             redo.append(rows.ids[(rows.mins[a] <= window.mins[a][rows.ids])
                                  | (rows.maxs[a] >= window.maxs[a][rows.ids])])
-        return np.unique(np.concatenate(redo)) if redo else np.empty(0, dtype=np.int64)
+        return distinct_ids(redo, self.keys.capacity)
 
     def _recompute(self, window: Window, ids: np.ndarray, boundary: int) -> None:
         """MIN and MAX of ``ids`` over the store's panes of ``[boundary - T, boundary)``, vectorised."""
@@ -340,11 +355,12 @@ class RunningWindows:
         lo, hi = self.store.span(boundary - window.ms, boundary)
         chosen = np.zeros(self.keys.capacity, dtype=bool)
         chosen[ids] = True
-        rows = self.store.rows(lo, hi)
-        rows = rows.take(np.flatnonzero(chosen[rows.ids]))
+        panes = self.store.panes  # only the columns read: the window's rows of the chosen keys can be many
+        picked = lo + np.flatnonzero(chosen[panes.ids[lo:hi]])
+        picked_ids = panes.ids[picked]
         for a in range(window.mins.shape[0]):
-            np.minimum.at(window.mins[a], rows.ids, rows.mins[a])
-            np.maximum.at(window.maxs[a], rows.ids, rows.maxs[a])
+            np.minimum.at(window.mins[a], picked_ids, panes.mins[a, picked])
+            np.maximum.at(window.maxs[a], picked_ids, panes.maxs[a, picked])
 
     def advance(self, rows: Panes, boundary: int) -> None:
         """Add the panes that became complete (starting in ``[at, boundary)``) and move every window to
@@ -392,14 +408,14 @@ class RunningWindows:
         """The keys whose window of any of ``lengths`` (or whose being known) may have changed since the last
         evaluation: a condition over several windows (a key against its own baseline) changes with any of them."""
         parts = [part for ms in lengths for part in self._dirty.get(ms, [])] + self._dirty_all
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        return distinct_ids(parts, self.keys.capacity)
 
     def clear_dirty(self) -> np.ndarray:
         """Forget what was touched (after an evaluation); returns every key touched, for recycling."""
         parts = self._dirty_all + [p for ps in self._dirty.values() for p in ps]
         self._dirty_all = []
         self._dirty = {ms: [] for ms in self.windows}
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        return distinct_ids(parts, self.keys.capacity)
 
     def reset_ids(self, ids: np.ndarray) -> None:
         """Clear the aggregates of released ids (their windows are empty already; this drops rounding nothing)."""

@@ -81,38 +81,63 @@ class _Events:
 
 
 class KeyValues:
-    """Every key's retained events. Per batch, one sort of all its events by (key, time) in NumPy, then per key a
-    slice copy into its buffer; expiry sweeps the keys held once per :attr:`SWEEP_SHARE` of the horizon, not at
-    every boundary (a buffer that fills up is trimmed as it grows). What a sweep has not dropped yet is older than
-    every window that reads it: answers are those of expiring at every boundary."""
+    """Every key's retained events. Adding only queues the events; the first read (a window, a tuple, a snapshot),
+    the periodic sweep or a full queue settles them: one sort of all queued events by (key, time) in NumPy, then
+    per key a slice copy into its buffer. A catalog with nothing reading events (no QUANTILE, LAST, CHANGE or tuple
+    window) so pays the per-key step once per :attr:`SETTLE_EVENTS`, not at every boundary, yet a subscription that
+    starts reading them is exact from its first evaluation. Expiry sweeps the keys held once per :attr:`SWEEP_SHARE` of the horizon, not
+    at every boundary (a buffer that fills up is trimmed as it grows). What a sweep has not dropped yet is older
+    than every window that reads it: answers are those of expiring at every boundary."""
 
     #: Keys are swept (trimmed to the retention, dropped without an event in the horizon) once per this share of
     #: the horizon: memory holds at most that much more, and a boundary costs no per-key step in between.
     SWEEP_SHARE = 16
+    #: Queued events are settled into the keys' buffers once this many wait (or a read or sweep comes first): the
+    #: per-key step is paid once per this many events, and the queue's memory stays small.
+    SETTLE_EVENTS = 1 << 18
 
     def __init__(self, attributes: tuple[str, ...], retention_ms: int, keep_last: int = 0) -> None:
         self.attributes = attributes
         self.index = {a: i for i, a in enumerate(attributes)}
         self.retention_ms = retention_ms
         self.keep_last = keep_last
-        self.keys: dict[str, _Events] = {}
+        self._keys: dict[str, _Events] = {}
+        self._queued: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # added, not settled: (keys, ts, values)
+        self._queued_events = 0
         self._cut: int | None = None  # events before it are only kept as a key's newest (the last expire's)
         self._swept_at: int | None = None
+
+    @property
+    def keys(self) -> dict[str, _Events]:
+        """Each key's events, every added one settled in."""
+        self._settle()
+        return self._keys
 
     def add(self, rows: PaneRows) -> None:
         """Add the events of pane rows (in or out of order)."""
         offsets = rows.event_offsets
-        if not len(rows) or offsets[-1] == offsets[0]:
+        first, last = int(offsets[0]), int(offsets[-1])
+        if not len(rows) or first == last:
             return
-        codes, names = pd.factorize(rows.keys)
-        event_codes = np.repeat(codes, np.diff(offsets))
-        ts_all = rows.event_ts[offsets[0] : offsets[-1]]
+        self._queued.append((np.repeat(rows.keys, np.diff(offsets)), rows.event_ts[first:last].copy(),
+                             rows.event_values[:, first:last].copy()))  # copies: the batch's arrays are not held
+        self._queued_events += last - first
+        if self._queued_events >= self.SETTLE_EVENTS:
+            self._settle()
+
+    def _settle(self) -> None:
+        if not self._queued:
+            return
+        queued, self._queued, self._queued_events = self._queued, [], 0
+        event_keys, ts_all, vals_all = (np.concatenate([q[0] for q in queued]), np.concatenate([q[1] for q in queued]),
+                                        np.concatenate([q[2] for q in queued], axis=1))
+        event_codes, names = pd.factorize(event_keys)
         order = np.lexsort((ts_all, event_codes))  # by key, then time; stable: arrival order among equal times
         sorted_codes = event_codes[order]
         ts = ts_all[order]
-        vals = rows.event_values[:, offsets[0] : offsets[-1]][:, order]
+        vals = vals_all[:, order]
         bounds = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1], True]).tolist()
-        keys, n_attributes, cut, keep = self.keys, len(self.attributes), self._cut, max(self.keep_last, 1)
+        keys, n_attributes, cut, keep = self._keys, len(self.attributes), self._cut, max(self.keep_last, 1)
         for first, last, code in zip(bounds[:-1], bounds[1:], sorted_codes[bounds[:-1]].tolist(), strict=True):
             key = names[code]
             events = keys.get(key)
@@ -139,7 +164,7 @@ class KeyValues:
             elif events.end - events.head > max(self.keep_last, 1) and ts[events.head] < cut:
                 events.expire(cut, self.keep_last)
         for key in dropped:
-            del self.keys[key]
+            del self._keys[key]
 
     def window(self, key: str, attribute: str, window_ms: int, boundary: int) -> np.ndarray | None:
         """The attribute's values in ``key``'s window ``[boundary - window_ms, boundary)``, oldest first (a view)."""
@@ -190,7 +215,7 @@ class KeyValues:
         vals = np.frombuffer(blob, dtype=np.float64, count=a * total, offset=offset).reshape(a, total)
         start = 0
         for key, length in zip(names, lengths.tolist(), strict=True):
-            events = store.keys[key] = _Events(a)
+            events = store._keys[key] = _Events(a)
             events._reset(ts[start : start + length].copy(), vals[:, start : start + length].copy())
             start += length
         return store

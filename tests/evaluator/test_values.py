@@ -40,11 +40,13 @@ events = st.lists(st.tuples(st.sampled_from("AB"), st.integers(0, 50), st.intege
 
 @settings(max_examples=examples(200), deadline=None)
 @given(events, st.lists(st.integers(0, 60), max_size=4), st.integers(1, 40), st.integers(1, 60),
-       st.sampled_from([0.1, 0.25, 0.5, 0.95, 1.0]), st.booleans())
-def test_quantile_and_last_equal_brute_force(stream, cuts, window, boundary, q, snapshot) -> None:
+       st.sampled_from([0.1, 0.25, 0.5, 0.95, 1.0]), st.booleans(), st.sampled_from([1, 7, KeyValues.SETTLE_EVENTS]))
+def test_quantile_and_last_equal_brute_force(stream, cuts, window, boundary, q, snapshot, settle) -> None:
+    """``settle``: queued events are settled into the keys' buffers once that many wait (or at the first read)."""
     retention, horizon = 40, 60
     stream = [e for e in stream if e[1] < boundary]  # a shard holds the panes before the boundary it evaluates
     store = KeyValues(ATTRS, retention)
+    store.SETTLE_EVENTS = settle
     cuts = sorted(set(cuts))
     for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=False):
         store.add(rows_of(stream[a:b]))  # batches arrive in any time order
