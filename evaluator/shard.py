@@ -109,6 +109,13 @@ class ShardConfig:
     # Collective evaluation: "incremental" updates each group's values for the keys that changed and finds the
     # members that flip; "index" evaluates every group in full by collective index lookups (the former plan).
     plan: str = "incremental"
+    #: MIN/MAX block summaries span this many panes (``panestore.BlockExtremes``; 0: none): a window's extreme
+    #: that left it is recomputed from its blocks and the panes at its ends, not from all its panes.
+    block_panes: int = 64
+
+    @property
+    def block_ms(self) -> int | None:
+        return self.pane_ms * self.block_panes or None
 
     @classmethod
     def live(cls, settings: Settings, attributes: tuple[str, ...], partitions: int) -> ShardConfig:
@@ -348,7 +355,7 @@ def split_parts(blob: bytes) -> list[bytes]:
 class ShardEvaluator:
     def __init__(self, config: ShardConfig) -> None:
         self.config = config
-        self.running = RunningWindows(len(config.attributes), config.horizon_ms)
+        self.running = RunningWindows(len(config.attributes), config.horizon_ms, config.block_ms)
         self._indexes: CollectiveIndexes | None = None  # built from the store when a lookup needs them
         self._backlog: list[tuple[PaneRows | None, bool, int]] = []  # (rows, late, expire before) not applied yet
         self._backlog_rows = 0
@@ -1161,7 +1168,7 @@ class ShardEvaluator:
     def from_snapshot(cls, config: ShardConfig, blob: bytes) -> ShardEvaluator:
         parts = split_parts(blob)
         shard = cls(config)
-        shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3])
+        shard.running = RunningWindows.from_parts(len(config.attributes), config.horizon_ms, parts[:-3], config.block_ms)
         shard.values = KeyValues.from_bytes(parts[-3], config.attributes, config.value_retention_ms,
                                             config.tuple_max_events)
         shard.pending = PaneRows.from_bytes(parts[-2]).by_start()  # written unsorted before pending was kept so

@@ -21,7 +21,8 @@ from tests.examples import examples
 ATTRS = ("price", "volume")
 PANE, DELAY, HORIZON, PARTITIONS = 1_000, 2_000, 8_000, 2
 KEYS = ("A", "B", "C", "D")
-CONFIG = ShardConfig(ATTRS, PANE, HORIZON, DELAY, PARTITIONS, value_retention_ms=5_000)
+CONFIG = ShardConfig(ATTRS, PANE, HORIZON, DELAY, PARTITIONS, value_retention_ms=5_000,
+                     block_panes=2)  # MIN/MAX block summaries of 2 panes: windows of 3 or more use them
 
 
 def partition_of(key: str) -> int:
