@@ -313,12 +313,21 @@ class GroupState:
                                   _value(self.values[k]), self.window_ms))
             ctx.costs.measured("per_key", time.perf_counter() - started, per_key_units)
         if self.restricted:
-            for k in ids[moved & ctx.restricted[ids]].tolist():
-                name = ctx.names[k]
-                for sid in sorted(self.by_key.get(name or "", ())):
+            for k, name in self._named_moved(ctx, ids[moved & ctx.restricted[ids]]):
+                for sid in self.by_key[name]:
                     if sid not in self.fresh:
-                        flips += self._one(ctx, sid, name or "", k)
+                        flips += self._one(ctx, sid, name, k)
         return flips
+
+    def _named_moved(self, ctx: Context, moved: np.ndarray) -> list[tuple[int, str]]:
+        """The moved keys (ids named by some key-restricted member of any group) that this group's members name,
+        with their names, found from whichever side is smaller: the moved keys, or the keys this group names (a
+        shard's many groups each name a few of the keys that move at a boundary; flips are sorted later)."""
+        if len(self.by_key) < moved.size:
+            marked = np.zeros(ctx.known.size, dtype=bool)
+            marked[moved] = True
+            return [(k, name) for name in self.by_key if (k := ctx.ids.get(name)) is not None and marked[k]]
+        return [(k, name) for k in moved.tolist() if (name := ctx.names[k]) is not None and name in self.by_key]
 
     def _one(self, ctx: Context, sid: int, name: str, k: int | None) -> list[Flip]:
         """One (member, key), decided explicitly."""
