@@ -129,6 +129,15 @@ class Members:
         """Per member: accepts ``value``."""
         return self.holds(np.arange(len(self)), np.full(len(self), value))
 
+    def accepts(self, member: int, values: np.ndarray) -> np.ndarray:
+        """Per value: member ``member`` accepts it (:meth:`holds` of one member over many values, broadcasting its
+        ranges instead of gathering them once per value)."""
+        v = values[:, None]
+        low, high = self.low[member], self.high[member]
+        ok = (((v > low) | ((v == low) & self.low_inclusive[member]))
+              & ((v < high) | ((v == high) & self.high_inclusive[member])))
+        return ok.any(axis=1)
+
     def flips(self, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """For keys moving from ``old[i]`` to ``new[i]`` (numbers, firing exactly where accepted): the
         (key index, member, now accepted) of the members that flip, and how many candidates were verified."""
@@ -349,7 +358,7 @@ class GroupState:
         members = self.members
         m = members.row[sid]
         capacity = self.values.size
-        holds = members.holds(np.full(capacity, m), self.values)
+        holds = members.accepts(m, self.values)
         was = np.zeros(capacity, dtype=bool)
         firing = ctx.firing.get(sid, set())
         was[[k for name in firing if (k := ctx.ids.get(name)) is not None]] = True

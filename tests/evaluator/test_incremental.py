@@ -1,0 +1,36 @@
+"""The incremental plan's member tests against each condition's own ``holds`` (the plans themselves are checked
+against the oracle in tests/evaluator/test_windows.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evaluator.comparators import Range
+from evaluator.incremental import Members
+from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+
+bound = st.none() | st.integers(-5, 5).map(float)
+ranges = st.tuples(bound, bound, st.booleans(), st.booleans()).filter(
+    lambda r: (r[0] is not None or r[1] is not None) and (r[0] is None or r[1] is None or r[0] < r[1])).map(
+    lambda r: Range(*r))
+
+
+@given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=8),
+       st.lists(st.integers(-6, 6).map(float) | st.just(math.nan), max_size=30))
+def test_one_member_over_many_values_is_what_its_condition_holds(accepted, values) -> None:
+    """``Members.accepts`` (one member broadcast over the values, for a full evaluation) equals the member's
+    condition value by value, and the pairwise ``holds``."""
+    specs = [SubscriptionSpec(i + 1, Condition(Aggregate.SUM, "volume", 60_000, ranges=tuple(rs)) if len(rs) > 1 else
+                              Condition(Aggregate.SUM, "volume", 60_000, rs[0].low, rs[0].high, rs[0].low_inclusive,
+                                        rs[0].high_inclusive))
+             for i, rs in enumerate(accepted)]
+    members = Members(specs)
+    array = np.array(values, dtype=np.float64)
+    for m, spec in enumerate(members.specs):
+        expected = [not math.isnan(v) and any(r.holds(v) for r in spec.condition.accepted) for v in values]
+        assert members.accepts(m, array).tolist() == expected
+        assert members.holds(np.full(array.size, m, dtype=np.int64), array).tolist() == expected
