@@ -117,6 +117,11 @@ def query_name(stream: str) -> str:
     return "tocsin-evaluator" if stream == TRADES else f"tocsin-stream-{stream}"
 
 
+def stream_of_query(name: str) -> str:
+    """The stream whose query :func:`query_name` named ``name``."""
+    return TRADES if name == query_name(TRADES) else name.removeprefix(query_name(""))
+
+
 def build_query(spark: SparkSession, settings: Settings, schema: StreamSchema | None = None) -> StreamingQuery:
     """The query of one stream: ``trades`` (``schema`` None or trades': today's query, topic, checkpoint and parser)
     or a declared stream (its topic, its checkpoint under ``streams/<name>``, its schema's parser and attributes,

@@ -14,6 +14,7 @@ import redis
 from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, RedisKeys, stream_stat
 from core.settings import Settings
 from core.streams import Attribute, StreamSchema, trades_schema
+from evaluator.spark.job import query_name, stream_of_query
 from evaluator.spark.registry import RegistryReader
 from evaluator.spark.source import stop_file
 from evaluator.spark.supervisor import MAX_BACKOFF_S, StreamSupervisor
@@ -189,3 +190,8 @@ def test_a_query_is_stopped_between_batches_and_its_stream_waits_for_that(settin
     assert "c" in supervisor.queries() and not stop_file(settings, "c").exists()
     supervisor.stop_all()
     assert all(query.stopped for query in start.started) and not supervisor.queries()
+
+
+def test_a_query_s_name_tells_its_stream() -> None:
+    """How a test or a benchmark finds the stop file of a query it holds (``tests/evaluator/spark/queries.py``)."""
+    assert [stream_of_query(query_name(s)) for s in ("trades", "hosts", "tocsin")] == ["trades", "hosts", "tocsin"]

@@ -34,6 +34,7 @@ from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog, transitions
 from tests.evaluator.streams import wait_until
 from tests.ingest.test_publisher import read_topic
@@ -93,7 +94,7 @@ def fast_and_honest(spark, run: Settings, send: Send, specs: list[SubscriptionSp
         wait_until(evaluated_to_last, query=query, timeout_s=600)  # a loaded machine: batches of a minute
         finished = wall_ms()
     finally:
-        query.stop()
+        stop_query(query, run)
     got = transitions(run)
     expected = oracle(honest + soon, specs, last, run.pane_ms, HORIZON)
     assert len(expected) >= 6, "the honest stream should fire and resolve"

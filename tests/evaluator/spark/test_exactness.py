@@ -18,6 +18,7 @@ from evaluator.spark.checkpoint_fs import CheckpointFiles
 from evaluator.spark.job import build_query
 from ingest.history import history_span, read_history
 from ingest.kafka import ensure_topics
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog
 from tests.evaluator.streams import (
     SPECS,
@@ -46,7 +47,7 @@ def test_alerts_equal_the_brute_force_oracle(spark, settings: Settings, tmp_path
     try:
         wait_until(lambda: evaluated_everything(run, last, run.spark_shuffle_partitions), query=query)
     finally:
-        query.stop()
+        stop_query(query, run)
     assert_matches_oracle(run, events, last)
     # A backtest of each subscription over the same topic yields the live run's transitions: ids, values and all
     live = {(t["alert_id"], t["subscription_id"], t["key"], t["state"], t["evaluated_at"], t["value"])
@@ -77,7 +78,7 @@ def test_sigkill_mid_stream_then_restart_gives_the_uninterrupted_alerts(spark, s
     try:
         wait_until(lambda: evaluated_everything(reference, last, shards), query=query)
     finally:
-        query.stop()
+        stop_query(query, reference)
 
     crashing = for_run(settings, "crashing", tmp_path)
     publish_catalog(crashing, *SPECS)
@@ -126,7 +127,7 @@ def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exa
     try:
         wait_until(lambda: batch_id(run) >= 2, query=query)
     finally:
-        query.stop()
+        stop_query(query, run)
     assert not evaluated_everything(run, last, shards), "stopped too late to test anything"
     committed = max(int(n) for n in CheckpointFiles(spark, run.checkpoint_location).names("commits") if n.isdigit())
     assert (local / "commits" / str(committed)).exists(), "the checkpoint is where the location names"
@@ -137,7 +138,7 @@ def test_a_changed_shard_setting_keeps_the_checkpoints_shards_and_the_alerts_exa
             wait_until(lambda: evaluated_everything(run, last, shards), query=query)
             resumed = min(progress["batchId"] for progress in query.recentProgress)
         finally:
-            query.stop()
+            stop_query(query, run)
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", str(shards))
     assert resumed == committed + 1, "the restarted query resumes after the last batch committed"

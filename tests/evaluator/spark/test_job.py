@@ -21,6 +21,7 @@ from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
 from subscriptions.service import publish_catalog as publish
+from tests.evaluator.spark.queries import stop_query
 from tests.ingest.test_publisher import read_topic
 
 pytestmark = pytest.mark.spark
@@ -88,7 +89,7 @@ def test_fire_resolve_and_dead_letters(spark, settings: Settings) -> None:
             publisher.heartbeat(base + 20_000)
         wait(query, lambda: sum(t["state"] == "resolved" for t in transitions(settings)) >= 3)
     finally:
-        query.stop()
+        stop_query(query, settings)
     got = transitions(settings)
     assert len(got) == 6 and len({t["alert_id"] for t in got}) == 6
     resolved = [t for t in got if t["state"] == "resolved"]
@@ -139,7 +140,7 @@ def test_catalog_changes_apply_within_a_trigger_and_late_events_are_counted(spar
             publisher.heartbeat(base + 6_000)
         wait(query, lambda: int(client.hget(stats, "late_events_dropped") or 0) == 1)
     finally:
-        query.stop()
+        stop_query(query, settings)
     got = [(t["subscription_id"], t["key"], t["state"], t["evaluated_at"]) for t in transitions(settings)]
     assert got[0][:3] == (1, "A", "firing")
     assert (2, "A", "firing") in {g[:3] for g in got}
@@ -191,7 +192,7 @@ def test_condition_preview_is_answered_by_every_shard(spark, settings: Settings)
         assert client.hlen(RedisKeys(settings).previews) == 0, "answered requests are removed"
     finally:
         stop.set()
-        query.stop()
+        stop_query(query, settings)
 
 
 def compilations(spark) -> int:
@@ -224,4 +225,4 @@ def test_a_batch_compiles_no_new_code(spark, settings: Settings) -> None:
         assert int(query.lastProgress["batchId"]) >= first + 4
         assert compilations(spark) == compiled
     finally:
-        query.stop()
+        stop_query(query, settings)

@@ -21,6 +21,7 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event, Heartbeat
 from ingest.publisher import EventPublisher
 from tests.evaluator.oracle import oracle
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog, transitions
 from tests.evaluator.streams import (
     BASE,
@@ -117,7 +118,7 @@ def test_poison_and_future_records_cost_only_themselves(spark, settings: Setting
         wait_until(lambda: query.lastProgress is not None and query.lastProgress["batchId"] >= 3, timeout_s=30,
                    query=query)
     finally:
-        query.stop()
+        stop_query(query, run)
 
     expected = oracle(events, SPECS, last, run.pane_ms, HORIZON)
     got = alert_set(run)

@@ -24,6 +24,7 @@ from evaluator.spark.job import build_query
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
 from ingest.kafka import ensure_topics
 from ingest.streams import StreamPublisher
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog, recent_base, transitions
 from tests.evaluator.spark.test_streams import done, healthy, stream_settings
 from tests.evaluator.streams import wait_until
@@ -108,6 +109,6 @@ def test_previews_over_negative_values_are_right_and_never_fail_the_batch(spark,
         assert healthy([query]) and query.isActive, "no preview failed the stream's batches"
     finally:
         stop.set()
-        query.stop()
+        stop_query(query, run)
     fired = {(t["subscription_id"], t["key"], t["state"], t["value"]) for t in transitions(run)}
     assert fired == {(1, "k2", "firing", 4.0), (2, "k1", "firing", -5.5)}

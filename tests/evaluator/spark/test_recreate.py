@@ -13,6 +13,7 @@ from ingest.publisher import EventPublisher
 from subscriptions.db import session_factory
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import SubscriptionService
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_busy_key, recent_base, transitions, wait
 
 pytestmark = pytest.mark.spark
@@ -41,7 +42,7 @@ def test_delete_then_recreate_fires_again(spark, settings: Settings, owner) -> N
             wait(query, lambda: any(t["subscription_id"] == second and t["state"] == "firing"
                                     for t in transitions(settings)[before:]), timeout_s=60)
         finally:
-            query.stop()
+            stop_query(query, settings)
     got = [(t["subscription_id"], t["state"]) for t in transitions(settings)]
     assert (second, "firing") in got and (first, "resolved") not in got
     assert list(client.hkeys(RedisKeys(settings).firing(second))) == ["A"]

@@ -16,6 +16,7 @@ from ingest.kafka import ensure_topics
 from ingest.model import Event
 from ingest.publisher import EventPublisher
 from subscriptions.language import parse_condition
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog, recent_base
 from tests.evaluator.streams import wait_until
 
@@ -49,7 +50,7 @@ def test_every_batch_of_a_shard_finds_its_copy_on_its_host(spark, settings: Sett
     finally:
         stop.set()
         feeding.join()
-        query.stop()
+        stop_query(query, settings)
     got = client.hgetall(stats)
     shards = settings.spark_shuffle_partitions
     assert int(got.get("shard_host_failures", 0)) == 0

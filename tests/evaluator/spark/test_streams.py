@@ -26,6 +26,7 @@ from ingest.streams import StreamPublisher
 from subscriptions.language import parse_condition
 from subscriptions.streams import publish_registry
 from tests.evaluator.oracle import oracle
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog, transitions
 from tests.evaluator.streams import BASE, HORIZON, generated_stream, publish, wait_until
 from tests.ingest.test_publisher import read_topic
@@ -130,7 +131,7 @@ def test_two_streams_each_exactly_as_the_oracle_says_with_their_own_dead_letters
             assert query.isActive and query.exception() is None
     finally:
         for query in queries:
-            query.stop()
+            stop_query(query, run)
     expected_trades = oracle(trades_events, trades_specs, last_trades, run.pane_ms, HORIZON)
     expected_hosts = oracle([h[:4] for h in hosts], hosts_specs, last_hosts, run.pane_ms, HORIZON)
     assert len(expected_trades) > 50 and len(expected_hosts) > 50

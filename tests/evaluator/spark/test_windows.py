@@ -16,6 +16,7 @@ from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
 from subscriptions.language import parse_condition
 from tests.evaluator.oracle import oracle
+from tests.evaluator.spark.queries import stop_query
 from tests.evaluator.spark.test_job import publish_catalog
 from tests.evaluator.streams import (
     HORIZON,
@@ -64,7 +65,7 @@ def test_change_tuple_windows_and_no_data_equal_the_oracle(spark, settings: Sett
     try:
         wait_until(lambda: evaluated_everything(run, last, run.spark_shuffle_partitions), query=query)
     finally:
-        query.stop()
+        stop_query(query, run)
     got = alert_set(run)
     assert len(got) == len(set(got)), "a transition was written twice"
     assert set(got) == _expected(events, last, run.pane_ms)
