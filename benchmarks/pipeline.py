@@ -94,6 +94,7 @@ from core import cli
 from core.redis_replies import text_entries, text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.stream_names import TRADES
 from core.streams import Attribute, RecordLimits, StreamSchema, StreamValidator, topic_name
 from devstack.services import free_port, start_redis, start_tansu
 from evaluator.catalog import Catalog
@@ -531,7 +532,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
     print(f"{row.name} ...", file=sys.stderr, flush=True)
     with Resources() as rss:
         throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s,
-                                     stop_file(settings, "trades"))
+                                     stop_file(settings, TRADES))
     stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
         RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
     boundaries = max(stats.get("boundaries", 0), 1.0)
@@ -616,7 +617,7 @@ def two_stream_run(spark, base: Settings, row: TwoStreamRow, total_rows: int, ho
             raise RuntimeError("the hosts query did not start: see stream_query_not_started in the log")
         drained = drain_all({"trades": (trades, total_rows, warm_up),
                              "hosts": (supervisor.queries()["hosts"], hosts_rows, min(row.cap, hosts_rows // 2))},
-                            budget_s, {name: stop_file(settings, name) for name in ("trades", "hosts")})
+                            budget_s, {name: stop_file(settings, name) for name in (TRADES, "hosts")})
     (trades_rate, trades_progress), (hosts_rate, hosts_progress) = drained["trades"], drained["hosts"]
     stats = _numbers(client.hgetall(keys.evaluator_stats))
     both = combined([trades_rate, hosts_rate])
@@ -735,7 +736,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
     finally:
         stop.set()
         producer.join(30)
-        stop_between_batches(query, stop_file(settings, "trades"), 300)
+        stop_between_batches(query, stop_file(settings, TRADES), 300)
         seen |= {p["batchId"]: p for p in query.recentProgress}
     at_end = _numbers(client.hgetall(stats_key))
     times = key_event_times(settings.kafka_bootstrap, settings.events_topic)

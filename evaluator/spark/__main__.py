@@ -35,7 +35,8 @@ from core.redis_client import make_redis
 from core.redis_outage import Outage, is_transient
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
-from evaluator.spark.graceful import wait_between_batches
+from core.stream_names import TRADES
+from evaluator.spark.graceful import hold, wait_between_batches
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
 from evaluator.spark.session import spark_session, stop_session
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     keys = RedisKeys(settings)
     outage = Outage("evaluator", settings, stats)
     stopping = stop_file(settings)
-    stopping.unlink(missing_ok=True)  # left by a run that was killed
+    for left in (stopping, stop_file(settings, TRADES)):  # left by a run that was killed: it would hold trades' query
+        left.unlink(missing_ok=True)
     try:
         outage.ride_out(lambda: _record_start(stats, keys), stop)
     except Exception:
@@ -172,8 +174,7 @@ def _shut_down(spark, query, stopping, wait_s: float, supervisor=None) -> None: 
     """Stop the queries between batches (or interrupt them after ``wait_s``), then the SparkContext."""
     queries = [q for q in [query, *(supervisor.queries().values() if supervisor else ())] if q is not None]
     if any(q.isActive for q in queries):
-        stopping.parent.mkdir(parents=True, exist_ok=True)
-        stopping.touch()  # every query's source offers nothing more
+        hold(stopping)  # every query's source offers nothing more
         deadline = time.monotonic() + max(wait_s, 1.0)
         for each in queries:
             if not wait_between_batches(each, deadline):

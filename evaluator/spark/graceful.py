@@ -22,6 +22,12 @@ IDLE_LOOKS = 3
 LOOK_INTERVAL_S = 0.2
 
 
+def hold(stop_file: Path) -> None:
+    """Make a stop file: the sources that obey it offer no new records from their next ``latestOffset`` on."""
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.touch()
+
+
 def between_batches(query: StreamingQuery) -> bool:
     """Whether the query has ended or runs no trigger now (the status Spark updates at each trigger's start and end)."""
     return not query.isActive or not query.status.get("isTriggerActive")
@@ -40,14 +46,13 @@ def wait_between_batches(query: StreamingQuery, deadline: float) -> bool:
     return False
 
 
-def stop_between_batches(query: StreamingQuery, hold: Path, wait_s: float) -> bool:
-    """Make ``hold`` (the query's source's stop file), wait at most ``wait_s`` for the batch under way, stop the
-    query and remove the file; False if the batch was interrupted."""
-    hold.parent.mkdir(parents=True, exist_ok=True)
-    hold.touch()
+def stop_between_batches(query: StreamingQuery, stop_file: Path, wait_s: float) -> bool:
+    """Make ``stop_file`` (the query's source's), wait at most ``wait_s`` for the batch under way, stop the query and
+    remove the file; False if the batch was interrupted."""
+    hold(stop_file)
     try:
         between = wait_between_batches(query, time.monotonic() + wait_s)
         query.stop()
     finally:
-        hold.unlink(missing_ok=True)
+        stop_file.unlink(missing_ok=True)
     return between

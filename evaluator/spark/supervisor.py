@@ -48,7 +48,7 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema, topic_name
 from evaluator.spark.checkpoint_fs import CheckpointFiles, child
-from evaluator.spark.graceful import between_batches, wait_between_batches
+from evaluator.spark.graceful import between_batches, hold, wait_between_batches
 from evaluator.spark.registry import STREAMS, RegistryReader, checkpoint_of, claim_checkpoint, text_of
 from evaluator.spark.source import stop_file
 from ingest.kafka import new_consumer
@@ -254,9 +254,7 @@ class StreamSupervisor:
         if held.stopping is None:
             held.stopping = _Stopping(event, reason, now + self.settings.evaluator_stop_timeout_s)
             try:
-                path = stop_file(self.settings, name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.touch()
+                hold(stop_file(self.settings, name))
             except OSError as exc:
                 log.warning("stream_query_stop_file_not_made", stream=name, error=f"{type(exc).__name__}: {exc}"[:300])
         fields = {"reason": held.stopping.reason}

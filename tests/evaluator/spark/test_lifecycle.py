@@ -11,7 +11,10 @@ import redis
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
+from core.stream_names import TRADES
 from devstack.services import python_module, spawn
+from evaluator.spark.graceful import hold
+from evaluator.spark.source import stop_file
 from evaluator.spec import SubscriptionSpec
 from ingest.kafka import ensure_topics
 from subscriptions.language import parse_condition
@@ -55,6 +58,8 @@ def test_sigkill_and_restart_give_the_lifecycle_oracles_transitions(settings: Se
         wait_until(lambda: int(client.hget(stats_key, "last_batch_id") or -1) >= 3)
         job.kill()  # SIGKILL: no chance to commit, flush or clean up
         assert not evaluated_everything(run, last, shards), "killed too late to test anything"
+        for left in (stop_file(run), stop_file(run, TRADES)):  # as a run killed while it stopped leaves them
+            hold(left)
         job = spawn("evaluator", python_module("evaluator.spark"), logs / "evaluator-2.log", env=run.to_env())
         wait_until(lambda: evaluated_everything(run, last, shards))
     finally:
