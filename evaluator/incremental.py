@@ -117,8 +117,9 @@ class Members:
     def __len__(self) -> int:
         return len(self.specs)
 
-    def holds(self, members: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``members[i]`` accepts ``values[i]``, pairwise (NaN is accepted by none)."""
+    def holds(self, members: np.ndarray | int, values: np.ndarray) -> np.ndarray:
+        """``members[i]`` accepts ``values[i]``, pairwise, or one member (an int) each value: its ranges broadcast,
+        not gathered once per value (NaN is accepted by none)."""
         v = values[:, None]
         low, high = self.low[members], self.high[members]
         ok = (((v > low) | ((v == low) & self.low_inclusive[members]))
@@ -128,15 +129,6 @@ class Members:
     def holding(self, value: float) -> np.ndarray:
         """Per member: accepts ``value``."""
         return self.holds(np.arange(len(self)), np.full(len(self), value))
-
-    def accepts(self, member: int, values: np.ndarray) -> np.ndarray:
-        """Per value: member ``member`` accepts it (:meth:`holds` of one member over many values, broadcasting its
-        ranges instead of gathering them once per value)."""
-        v = values[:, None]
-        low, high = self.low[member], self.high[member]
-        ok = (((v > low) | ((v == low) & self.low_inclusive[member]))
-              & ((v < high) | ((v == high) & self.high_inclusive[member])))
-        return ok.any(axis=1)
 
     def flips(self, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """For keys moving from ``old[i]`` to ``new[i]`` (numbers, firing exactly where accepted): the
@@ -358,7 +350,7 @@ class GroupState:
         members = self.members
         m = members.row[sid]
         capacity = self.values.size
-        holds = members.accepts(m, self.values)
+        holds = members.holds(m, self.values)
         was = np.zeros(capacity, dtype=bool)
         firing = ctx.firing.get(sid, set())
         was[[k for name in firing if (k := ctx.ids.get(name)) is not None]] = True

@@ -85,9 +85,10 @@ class KeyValues:
     the periodic sweep or a full queue settles them: one sort of all queued events by (key, time) in NumPy, then
     per key a slice copy into its buffer. A catalog with nothing reading events (no QUANTILE, LAST, CHANGE or tuple
     window) so pays the per-key step once per :attr:`SETTLE_EVENTS`, not at every boundary, yet a subscription that
-    starts reading them is exact from its first evaluation. Expiry sweeps the keys held once per :attr:`SWEEP_SHARE` of the horizon, not
-    at every boundary (a buffer that fills up is trimmed as it grows). What a sweep has not dropped yet is older
-    than every window that reads it: answers are those of expiring at every boundary."""
+    starts reading them is exact from its first evaluation. Expiry sweeps the keys held once per
+    :attr:`SWEEP_SHARE` of the horizon, not at every boundary (a buffer that fills up is trimmed as it grows). What
+    a sweep has not dropped yet is older than every window that reads it: answers are those of expiring at every
+    boundary."""
 
     #: Keys are swept (trimmed to the retention, dropped without an event in the horizon) once per this share of
     #: the horizon: memory holds at most that much more, and a boundary costs no per-key step in between.

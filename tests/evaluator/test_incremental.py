@@ -22,8 +22,8 @@ ranges = st.tuples(bound, bound, st.booleans(), st.booleans()).filter(
 @given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=8),
        st.lists(st.integers(-6, 6).map(float) | st.just(math.nan), max_size=30))
 def test_one_member_over_many_values_is_what_its_condition_holds(accepted, values) -> None:
-    """``Members.accepts`` (one member broadcast over the values, for a full evaluation) equals the member's
-    condition value by value, and the pairwise ``holds``."""
+    """``Members.holds`` of one member (an int, broadcast over the values, for a full evaluation) equals the member's
+    condition value by value, and the pairwise form."""
     specs = [SubscriptionSpec(i + 1, Condition(Aggregate.SUM, "volume", 60_000, ranges=tuple(rs)) if len(rs) > 1 else
                               Condition(Aggregate.SUM, "volume", 60_000, rs[0].low, rs[0].high, rs[0].low_inclusive,
                                         rs[0].high_inclusive))
@@ -32,5 +32,5 @@ def test_one_member_over_many_values_is_what_its_condition_holds(accepted, value
     array = np.array(values, dtype=np.float64)
     for m, spec in enumerate(members.specs):
         expected = [not math.isnan(v) and any(r.holds(v) for r in spec.condition.accepted) for v in values]
-        assert members.accepts(m, array).tolist() == expected
+        assert members.holds(m, array).tolist() == expected
         assert members.holds(np.full(array.size, m, dtype=np.int64), array).tolist() == expected
