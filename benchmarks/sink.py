@@ -14,10 +14,11 @@ micro-batch replayed after a crash: it must write nothing). Numbers are printed,
 Redis node cannot store alerts faster than its inverse (*Redis's ceiling*), however many cores the
 evaluator has: the floor of any workload whose transitions per event are known (issue 33's key
 churn and first evaluation). *Of which its writes*: the part spent in the commands the script calls
-(``INFO commandstats``: the dedupe mark, the two stream entries, the firing hash and counters), which
-no rewrite of the script removes while each alert is stored as it is; the rest is the script itself.
-*Redis bytes kept per transition*: the growth of ``used_memory``, what each stored alert costs the
-node until its dedupe mark expires (7 days) and the capped streams trim it.
+(``INFO commandstats``: the seen set's check and update, the two stream entries, the firing hash and
+counters), which no rewrite of the script removes while each alert is stored as it is; the rest is the
+script itself. *Redis bytes kept per transition*: the growth of ``used_memory``, what each stored alert
+costs the node until its id leaves the seen set (``TOCSIN_SINK_DEDUPE_TTL_S``, 7 days) and the capped
+streams trim it.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def writes_usec(client: redis.Redis) -> int:
                if name.removeprefix("cmdstat_") in WRITES)
 
 
-WRITES = ("set", "xadd", "hset", "hdel", "hincrby")  # the sink script's writes
+WRITES = ("smismember", "sadd", "expire", "exists", "xadd", "hset", "hdel", "hincrby")  # the sink script's commands
 
 
 def used_memory(client: redis.Redis) -> int:

@@ -4,7 +4,7 @@ A Redis with ``maxmemory`` set evicts keys by its ``maxmemory-policy`` once it i
 ``allkeys-*`` policy any key may go: an alert-stream entry not yet dispatched, a firing set, a
 delivery's order line, the catalog's change log. Alerts would then be lost without a trace, the
 worst failure an alerting platform has, so the sink and the dispatcher refuse to start on such a
-node. Under a ``volatile-*`` policy only keys with a TTL go: the sink's dedupe marks, the
+node. Under a ``volatile-*`` policy only keys with a TTL go: the sink's seen sets, the
 dispatcher's decisions, delivery marks. Nothing is lost, but a replayed batch or a redelivered task
 may then be sent twice: a warning. ``noeviction`` (Redis's default) refuses writes when full instead,
 which the processes ride out as an outage (``core.redis_outage``) until memory is freed, holding their
@@ -46,7 +46,7 @@ class NodeMemory:
 
     @property
     def may_repeat_alerts(self) -> bool:
-        """Full, it may evict keys with a TTL (``volatile-*``): dedupe marks and decisions, not alerts."""
+        """Full, it may evict keys with a TTL (``volatile-*``): seen sets and decisions, not alerts."""
         return self.maxmemory > 0 and self.policy.startswith("volatile")
 
 

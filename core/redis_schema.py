@@ -49,6 +49,13 @@ from core.stream_names import TRADES
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
+DAY_MS = 86_400_000
+
+
+def seen_day(evaluated_at_ms: int) -> int:
+    """The day (since the epoch, UTC) whose ``seen`` set holds an alert evaluated at ``evaluated_at_ms``: a replayed
+    transition has the same time, so it is always checked against the set its first write went to."""
+    return evaluated_at_ms // DAY_MS
 
 
 #: The worker lanes, each a Celery queue of its own (see ``notifier.app``): alert deliveries, test deliveries, and
@@ -212,8 +219,13 @@ class RedisKeys:
             raise ValueError("the alert stream is partitioned: use alerts_dead_of(partition)")
         return self.alerts_dead_of(0)
 
-    # What the sink's script prepends to an alert or subscription id (the keys below, named inside the script).
+    # What the sink's script prepends to an evaluation day or subscription id (the keys below, named inside the script).
+    def seen_prefix(self, partition: int) -> str:
+        return self._p(partition, "seen", "")
+
     def mark_prefix(self, partition: int) -> str:
+        """One key per stored alert id: the dedupe marks of the sink before ``seen`` sets (2026-11-29), still honoured
+        until they expire (``TOCSIN_SINK_DEDUPE_TTL_S`` after they were written), then never written or read."""
         return self._p(partition, "alert", "")
 
     def firing_prefix(self, partition: int) -> str:
@@ -226,6 +238,11 @@ class RedisKeys:
         return self._p(partition, "counters", "")
 
     # -- per subscription --------------------------------------------------------------------------
+
+    def seen(self, subscription_id: int, day: int) -> str:
+        """The ids of the alerts the sink stored in the subscription's partition whose evaluation time is in ``day``
+        (days since the epoch, UTC): what a replayed batch is checked against (``evaluator.spark.sink``)."""
+        return self._s(subscription_id, "seen", day)
 
     def alert_mark(self, subscription_id: int, alert_id: str) -> str:
         return self._s(subscription_id, "alert", alert_id)

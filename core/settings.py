@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     evaluator_stop_timeout_s: float = Field(
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
+    sink_dedupe_ttl_s: int = Field(
+        7 * 86_400, ge=3_600, description="how long the evaluator's sink remembers the ids of the alerts it stored "
+                                          "(per partition and evaluation day, after that day's last write): a batch "
+                                          "replayed within it adds nothing (docs/redis.md)"
+    )
 
     # --- the local runner's supervision (devstack.run, docs/operations.md) ----------
     runner_restart_backoff_s: float = Field(

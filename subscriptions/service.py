@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
@@ -27,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.catalog_log import Appended, CatalogLog
-from core.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys, seen_day
 from core.settings import Settings
 from core.streams import StreamSchema
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
@@ -162,22 +163,26 @@ def _drop_dead_letters(client: redis.Redis, keys: RedisKeys, pipe: redis.client.
 def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: int) -> None:
     """Remove every piece of Redis state keyed by a deleted subscription's id.
 
-    Its firing set, history, counters, policy state, sequences and delivery log; the de-duplication and decision
-    marks of the alerts in its history; and its dead letters (replaying one would deliver an alert of a
+    Its firing set, history, counters, policy state, sequences and delivery log; the ids of the alerts in its
+    history in the sink's seen sets, and their decision marks; and its dead letters (replaying one would deliver an alert of a
     subscription that no longer exists). Its delivery lines (``notifier.order``), keyed by endpoint and key
     too, expire 30 days after their last use. The evaluator forgets its own firing state when the next
     catalog lacks the id; ids are never reused, so nothing can inherit any of it.
     """
     history = keys.history(subscription_id)
-    marks: list[str] = []
+    decisions: list[str] = []
+    seen: dict[str, list[str]] = defaultdict(list)  # the sink's seen set of each evaluation day: the ids to remove
     entries = cast("list[tuple[object, dict[Any, Any]]]", client.xrange(history))  # a sync client: a list, never None
     for _, fields in entries:
-        alert_id = json.loads(fields.get("alert") or fields[b"alert"])["alert_id"]
-        marks += [keys.alert_mark(subscription_id, alert_id), keys.decision(subscription_id, alert_id)]
+        alert = json.loads(fields.get("alert") or fields[b"alert"])
+        seen[keys.seen(subscription_id, seen_day(int(alert["evaluated_at"])))].append(alert["alert_id"])
+        decisions.append(keys.decision(subscription_id, alert["alert_id"]))
     pipe = client.pipeline(transaction=False)
     for key in (keys.firing(subscription_id), keys.key_states(subscription_id), keys.sequences(subscription_id), history,
-                keys.counters(subscription_id), keys.delivery_log(subscription_id), *marks):
+                keys.counters(subscription_id), keys.delivery_log(subscription_id), *decisions):
         pipe.delete(key)  # one key per DEL: a Redis Cluster's pipelines take no other
+    for key, ids in seen.items():
+        pipe.srem(key, *ids)
     _drop_dead_letters(client, keys, pipe,
                        lambda letter: letter["notification"].get("subscription_id") == subscription_id)
     pipe.execute()

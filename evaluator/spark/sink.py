@@ -11,10 +11,13 @@ Transitions are stored as :meth:`evaluator.transition.Transition.to_json`.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from itertools import chain
 from typing import Any
 
 import pandas as pd
@@ -26,7 +29,15 @@ from core.gc_policy import apply_gc_policy
 from core.redis_client import make_redis, run_script
 from core.redis_eviction import check_eviction
 from core.redis_outage import Outage
-from core.redis_schema import HISTORY_LENGTH, RedisKeys, claim_layout, shard_clock_field, shard_clocks, stream_stat
+from core.redis_schema import (
+    HISTORY_LENGTH,
+    RedisKeys,
+    claim_layout,
+    seen_day,
+    shard_clock_field,
+    shard_clocks,
+    stream_stat,
+)
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.rank import RANK_STATE, RankEntry
@@ -72,17 +83,64 @@ def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) 
 
 _RECORD_TRANSITIONS = """
 -- KEYS[1]: the alert stream of the partition every key below is in (one hash tag: one slot)
--- ARGV: dedupe TTL, stream max length, history length, the prefixes of the dedupe marks, firing hashes,
---       counters hashes and history streams, then per transition: alert id, subscription id, key, state (firing,
---       resolved, or crossing: an event, counted but never kept in the firing hash), payload
+-- ARGV: dedupe TTL, stream max length, history length, the prefixes of the seen sets, the earlier layout's
+--       dedupe marks ('' to skip them), firing hashes, counters hashes and history streams, then per transition:
+--       alert id, its evaluation day, subscription id, key, state (firing, resolved, or crossing: an event,
+--       counted but never kept in the firing hash), payload
 local ttl, maxlen, history_length = ARGV[1], ARGV[2], ARGV[3]
-local mark, firing, counters, history = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local call, stream = redis.call, KEYS[1]
+local seen, mark, firing, counters, history = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local call, stream, unpack = redis.call, KEYS[1], unpack
+local first, width = 9, 6
+-- Which ids are new: per evaluation day, one SMISMEMBER of the call's ids (a repeat within the call counts once),
+-- and when asked one EXISTS of the earlier layout's marks of those not seen, looked at one by one only if any is
+-- there. Every id not seen joins the day's set, marked or not.
+local days, day_order, repeated = {}, {}, {}
+for i = first, #ARGV, width do
+  local id, day = ARGV[i], ARGV[i + 1]
+  if repeated[id] == nil then
+    repeated[id] = true
+    local list = days[day]
+    if list == nil then
+      list = {}
+      days[day] = list
+      day_order[#day_order + 1] = day
+    end
+    list[#list + 1] = i
+  end
+end
+local new = {}
+for _, day in ipairs(day_order) do
+  local ids, positions = {}, days[day]
+  for n, i in ipairs(positions) do ids[n] = ARGV[i] end
+  local known = call('SMISMEMBER', seen .. day, unpack(ids))
+  local fresh, add = {}, {}
+  for n, i in ipairs(positions) do
+    if known[n] == 0 then
+      fresh[#fresh + 1] = i
+      add[#add + 1] = ARGV[i]
+    end
+  end
+  if #fresh > 0 then
+    call('SADD', seen .. day, unpack(add))
+    call('EXPIRE', seen .. day, ttl)
+    local marks = {}
+    if mark ~= '' then
+      for n, id in ipairs(add) do marks[n] = mark .. id end
+    end
+    if #marks > 0 and call('EXISTS', unpack(marks)) > 0 then
+      for n, i in ipairs(fresh) do
+        if call('EXISTS', marks[n]) == 0 then new[i] = true end
+      end
+    else
+      for _, i in ipairs(fresh) do new[i] = true end
+    end
+  end
+end
 local order, entries = {}, {}
 local written = 0
-for i = 8, #ARGV, 5 do
-  if call('SET', mark .. ARGV[i], '1', 'NX', 'EX', ttl) then
-    local sid, payload = ARGV[i + 1], ARGV[i + 4]
+for i = first, #ARGV, width do
+  if new[i] then
+    local sid, payload = ARGV[i + 2], ARGV[i + 5]
     call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'alert', payload)
     local list = entries[sid]
     if list == nil then
@@ -98,8 +156,8 @@ end
 for _, sid in ipairs(order) do
   local last, keys, tally, own_history = {}, {}, {}, history .. sid
   for _, i in ipairs(entries[sid]) do
-    local key, state = ARGV[i + 2], ARGV[i + 3]
-    call('XADD', own_history, 'MAXLEN', '~', history_length, '*', 'alert', ARGV[i + 4])
+    local key, state = ARGV[i + 3], ARGV[i + 4]
+    call('XADD', own_history, 'MAXLEN', '~', history_length, '*', 'alert', ARGV[i + 5])
     if last[key] == nil then keys[#keys + 1] = key end
     last[key] = i
     tally[state] = (tally[state] or 0) + 1
@@ -107,9 +165,9 @@ for _, sid in ipairs(order) do
   local set, gone = {}, {}
   for _, key in ipairs(keys) do
     local i = last[key]
-    if ARGV[i + 3] == 'firing' then
+    if ARGV[i + 4] == 'firing' then
       set[#set + 1] = key
-      set[#set + 1] = ARGV[i + 4]
+      set[#set + 1] = ARGV[i + 5]
     else
       gone[#gone + 1] = key
     end
@@ -123,12 +181,18 @@ end
 return written
 """
 
-#: One transition as the script takes it: alert id, subscription id, key, state, payload (``Transition.to_json``).
-Record = tuple[str, int, str, str, str]
+#: One transition as the script takes it: alert id, evaluation day (``seen_day``), subscription id, key, state,
+#: payload (``Transition.to_json``).
+Record = tuple[str, int, int, str, str, str]
 
 
 def frame_records(frame: pd.DataFrame) -> list[Record]:
-    """The transitions of an operator output frame (clock rows removed), payloads as ``Transition.to_json``.
+    """The transitions of an operator output frame (clock rows removed), payloads as ``Transition.to_json``."""
+    return [record for part in frame_slices(frame, max(len(frame), 1)) for record in part]
+
+
+def frame_slices(frame: pd.DataFrame, size: int) -> Iterator[list[Record]]:
+    """:func:`frame_records` built ``size`` rows at a time, once every row's state and kind are checked.
 
     Column-wise, without a :class:`Transition` per row: the frame has ``TRANSITIONS_SCHEMA``'s types, so
     only the state needs checking (tests/evaluator/spark/test_sink.py checks the payloads against
@@ -141,16 +205,26 @@ def frame_records(frame: pd.DataFrame) -> list[Record]:
     unknown = ~kinds.isin(KINDS)
     if unknown.any():
         raise ValueError(f"transition kind {kinds[unknown].iloc[0]!r} is none of {', '.join(KINDS)}")
+    for first in range(0, len(frame), size):
+        yield _records(frame.iloc[first : first + size], kinds.iloc[first : first + size])
+
+
+def _records(frame: pd.DataFrame, kinds: pd.Series) -> list[Record]:
     values = frame["value"].astype(object).where(frame["value"].notna(), None).tolist()
     columns = (frame["alert_id"].tolist(), frame["subscription_id"].astype("int64").tolist(), frame["key"].tolist(),
                frame["state"].tolist(), values, frame["window_start"].astype("int64").tolist(),
                frame["window_end"].astype("int64").tolist(), frame["evaluated_at"].astype("int64").tolist(),
                kinds.tolist())
-    return [(aid, sid, key, _script_state(state, kind),
+    return [(aid, seen_day(at), sid, key, _script_state(state, kind),
              _DUMPS({"alert_id": aid, "subscription_id": sid, "key": key, "state": state,
                      "value": None if value is None else float(value), "window_start": start, "window_end": end,
                      "evaluated_at": at, **({} if kind == "state" else {"kind": kind})}))
             for aid, sid, key, state, value, start, end, at, kind in zip(*columns, strict=True)]
+
+
+def record_of(transition: Transition) -> Record:
+    t = transition
+    return t.alert_id, seen_day(t.evaluated_at), t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json()
 
 
 def _script_state(state: str, kind: str) -> str:
@@ -162,29 +236,40 @@ def _script_state(state: str, kind: str) -> str:
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # what Transition.to_json writes
 
 
+class _NotSent(Exception):
+    """A slice not sent because one before it failed."""
+
+
 class RedisAlertSink:
     """foreachBatch: record transitions in Redis exactly once per alert id.
 
     A Lua script makes "seen?" and "record" atomic per transition, so a replayed micro-batch (after a
-    crash between Redis and Spark's commit) adds nothing. Per transition it writes its dedupe mark and
-    the alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its
-    firing hash at each key's last state, and one HINCRBY per state. It takes transitions in chunks
+    crash between Redis and Spark's commit) adds nothing: the ids it stored are kept in a set per partition
+    and evaluation day (``seen``, ``TOCSIN_SINK_DEDUPE_TTL_S`` after the day's last write), which a call reads
+    and extends once per day it holds, not once per transition. Per transition it writes the alert stream
+    entry; per subscription and call, its history entries, one HSET / HDEL of its firing hash at each key's
+    last state, and one HINCRBY per state. It takes transitions in chunks
     (a script call blocks Redis while it runs), all chunks in one pipelined round trip, then the
     batch's stats in another. The script runs once per slot partition (``core.redis_schema``): its keys
     share the partition's hash tag, so it works on a Redis Cluster too.
     """
 
-    DEDUPE_TTL_S = 7 * 24 * 3600
     STREAM_MAXLEN = 1_000_000
-    CHUNK = 2_000
+    CHUNK = 2_000  # transitions per script call
+    SLICE = 5_000  # transitions built while Redis runs the slice before
 
     def __init__(self, settings: Settings, stream: str = TRADES, shard_ids: Sequence[int] = ()) -> None:
         apply_gc_policy(settings.python_gc_threshold)  # the driver: it builds every batch's transitions
+        self.dedupe_ttl_s = settings.sink_dedupe_ttl_s
+        # Only the first batch a process runs can be one an earlier version stored with per-alert marks (replayed
+        # after a crash before Spark's commit): its calls also look at those; later batches are new to every version.
+        self.earlier_marks = True
+        self.sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-sender")
         self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
         self.redis = make_redis(settings)
         # Redis away (a node lost, a failover, a restart) holds the batch until it answers, rather than failing the
-        # query: every write below is safe to repeat (the script's dedupe marks make a replayed call add nothing).
+        # query: every write below is safe to repeat (the script's seen sets make a replayed call add nothing).
         self.outage = Outage("sink", settings, self.redis)
         self.outage.ride_out(lambda: claim_layout(self.redis, self.keys))  # partitions nobody reads: refuse
         self.outage.ride_out(lambda: check_eviction(self.redis, "sink"))  # a node that may drop alerts: refuse
@@ -194,30 +279,51 @@ class RedisAlertSink:
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
         transitions = [Transition.from_dict(row) for row in rows]
-        records = [(t.alert_id, t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json())
-                   for t in transitions]
-        return self._record(records)
+        return self._record(lambda: [[record_of(t) for t in transitions]])
 
-    def _record(self, records: Sequence[Record]) -> int:
-        """Run the scripts that record ``records`` (again, for as long as Redis is away); how many were new."""
+    def _record(self, slices: Callable[[], Iterable[Sequence[Record]]]) -> int:
+        """Run the scripts that record the transitions of ``slices()``, in order; how many were new.
+
+        Each slice's calls go to Redis on the sender thread while the next slice is built, so the driver's
+        Python and Redis's scripts overlap instead of taking turns. Once a slice fails, no later one is
+        sent: the attempt then starts again from the first slice (for as long as Redis is away), whose
+        stored transitions add nothing, so each subscription's transitions still land in order.
+        """
         def attempt() -> int:
-            pipe = self.redis.pipeline(transaction=False)
-            calls = self._queue(pipe, records)
-            return sum(int(n) for n in pipe.execute()) if calls else 0
-        return self.outage.ride_out(attempt)
+            failed = threading.Event()
+
+            def send(records: Sequence[Record]) -> int:
+                if failed.is_set():
+                    raise _NotSent
+                try:
+                    pipe = self.redis.pipeline(transaction=False)
+                    return sum(int(n) for n in pipe.execute()) if self._queue(pipe, records) else 0
+                except BaseException:
+                    failed.set()
+                    raise
+
+            sent = []
+            for records in slices():
+                if failed.is_set():
+                    break
+                sent.append(self.sender.submit(send, records))
+            return sum(future.result() for future in sent)  # the first failure is the one raised
+        written = self.outage.ride_out(attempt)
+        self.earlier_marks = False
+        return written
 
     def _queue(self, pipe: redis.client.Pipeline, records: Sequence[Record]) -> int:
         """Queue the script calls that record ``records`` on ``pipe``, per partition; returns how many calls."""
         by_partition: dict[int, list[Record]] = defaultdict(list)
         for record in records:  # in order within each partition, so per subscription
-            by_partition[self.keys.partition(record[1])].append(record)
+            by_partition[self.keys.partition(record[2])].append(record)
         calls = 0
         for partition, own in sorted(by_partition.items()):
             k = self.keys
-            prefixes = [k.mark_prefix(partition), k.firing_prefix(partition), k.counters_prefix(partition),
-                        k.history_prefix(partition)]
+            prefixes = [k.seen_prefix(partition), k.mark_prefix(partition) if self.earlier_marks else "",
+                        k.firing_prefix(partition), k.counters_prefix(partition), k.history_prefix(partition)]
             for first in range(0, len(own), self.CHUNK):
-                args: list[EncodableT] = [self.DEDUPE_TTL_S, self.STREAM_MAXLEN, HISTORY_LENGTH, *prefixes]
+                args: list[EncodableT] = [self.dedupe_ttl_s, self.STREAM_MAXLEN, HISTORY_LENGTH, *prefixes]
                 for record in own[first : first + self.CHUNK]:
                     args.extend(record)
                 run_script(self.script, pipe, [k.alerts_stream_of(partition)], args)
@@ -233,9 +339,8 @@ class RedisAlertSink:
         clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(shard)): at
                                             for shard, at in clock_of.items()}
         ranked, save_ranks = self.ranks.merge(frame.loc[is_rank, TRANSITION_COLUMNS], clock_of)
-        records = frame_records(frame[~is_clock & ~is_rank])
-        records += [(t.alert_id, t.subscription_id, t.key, t.state, t.to_json()) for t in ranked]
-        written = self._record(records)
+        transitions = frame[~is_clock & ~is_rank]
+        written = self._record(lambda: chain(frame_slices(transitions, self.SLICE), [[record_of(t) for t in ranked]]))
         save_ranks()  # only once their transitions are recorded (evaluator.spark.rank_sink)
         # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
         def stats() -> None:

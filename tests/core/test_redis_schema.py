@@ -27,6 +27,7 @@ def test_the_default_names_carry_no_tag_and_did_not_move() -> None:
         "tocsin:d1:inflight:endpoint:3", "tocsin:d1:inflight:owner:5", "tocsin:d1:subscriptions:version",
         "tocsin:d1:subscriptions:changes")
     assert keys.alerts_streams == [keys.alerts_stream] and keys.mark_prefix(0) + "a1" == keys.alert_mark(7, "a1")
+    assert keys.seen(7, 19_675) == keys.seen_prefix(0) + "19675" == "tocsin:d1:seen:19675"
 
 
 @pytest.mark.parametrize("changes", [{"redis_partitions": 8},
@@ -38,7 +39,8 @@ def test_what_one_script_or_transaction_touches_is_in_one_slot(changes: dict) ->
         together = {keys.alerts_stream_of(p), keys.alerts_dead_of(p), keys.alert_mark(sid, "a"), keys.firing(sid),
                     keys.history(sid), keys.counters(sid), keys.key_states(sid), keys.decision(sid, "a"),
                     keys.delivery_log(sid), keys.mark_prefix(p) + "b", keys.firing_prefix(p) + str(sid),
-                    keys.history_prefix(p) + str(sid), keys.counters_prefix(p) + str(sid)}
+                    keys.history_prefix(p) + str(sid), keys.counters_prefix(p) + str(sid), keys.seen(sid, 19_675),
+                    keys.seen_prefix(p) + "19676"}
         assert len({key_slot(k.encode()) for k in together}) == 1
     assert len({key_slot(k.encode()) for k in (keys.delivered("n", 1), keys.sending("n", 1))}) == 1
     assert len({key_slot(k.encode()) for k in (keys.inflight_endpoint(4, 1), keys.inflight_owner(4),

@@ -32,7 +32,8 @@ def test_each_partition_is_one_slot_and_the_partitions_spread_over_the_nodes(clu
         p = keys.partition(sid)
         together = [keys.alerts_stream_of(p), keys.alerts_dead_of(p), keys.alert_mark(sid, "a"), keys.firing(sid),
                     keys.history(sid), keys.counters(sid), keys.key_states(sid), keys.decision(sid, "a"),
-                    keys.delivery_log(sid), keys.mark_prefix(p) + "a", keys.firing_prefix(p) + str(sid)]
+                    keys.delivery_log(sid), keys.mark_prefix(p) + "a", keys.firing_prefix(p) + str(sid),
+                    keys.seen(sid, 1), keys.seen_prefix(p) + "2"]
         assert {cluster.keyslot(k) for k in together} == {cluster.keyslot(keys.alerts_stream_of(p))}
     nodes = {cluster.get_node_from_key(stream).name for stream in keys.alerts_streams}
     assert len(nodes) > 1, "every partition on one node: the test would not span the cluster"

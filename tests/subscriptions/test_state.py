@@ -6,7 +6,7 @@ from pathlib import Path
 
 import redis
 
-from core.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys, seen_day
 from core.settings import Settings
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
@@ -65,7 +65,8 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
         assert {keys.firing(sid), keys.history(sid), keys.counters(sid), keys.key_states(sid),
                 keys.delivery_log(sid), keys.endpoint_log(endpoint.id)} <= set(_keys_naming(redis_client, settings,
                                                                                          sid, endpoint.id))
-        assert redis_client.exists(keys.decision(sid, alert["alert_id"]), keys.alert_mark(sid, alert["alert_id"])) == 2
+        assert redis_client.exists(keys.decision(sid, alert["alert_id"])) == 1
+        assert redis_client.sismember(keys.seen(sid, seen_day(alert["evaluated_at"])), alert["alert_id"])
 
         service.delete(sid)
         service.delete_endpoint(endpoint.id)
@@ -73,7 +74,8 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
     # The evaluator, not yet reading the new catalog, writes one more transition: the dispatcher cleans up.
     _fire(settings, sid, 1_700_000_120_000)
     assert _keys_naming(redis_client, settings, sid, endpoint.id) == []
-    assert redis_client.exists(keys.decision(sid, alert["alert_id"]), keys.alert_mark(sid, alert["alert_id"])) == 0
+    assert redis_client.exists(keys.decision(sid, alert["alert_id"])) == 0
+    assert not redis_client.sismember(keys.seen(sid, seen_day(alert["evaluated_at"])), alert["alert_id"])
     assert records.dead_letters() == []
 
 

@@ -6,17 +6,18 @@ No Spark: the sink is handed its micro-batch as the frame Spark's ``toPandas`` w
 from __future__ import annotations
 
 import json
+import uuid
 
 import pandas as pd
 import pytest
 import redis
-from hypothesis import given
+from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from core.redis_schema import RedisKeys, shard_clocks
+from core.redis_schema import RedisKeys, seen_day, shard_clocks
 from core.settings import Settings
-from evaluator.spark.sink import CLOCK_STATE, RedisAlertSink, clock_record, frame_records, shard_output
+from evaluator.spark.sink import CLOCK_STATE, RedisAlertSink, clock_record, frame_records, record_of, shard_output
 from evaluator.transition import Transition, alert_id
 from tests.examples import examples
 
@@ -60,8 +61,10 @@ def test_payloads_built_by_column_are_what_transition_to_json_writes(rows) -> No
     assert pd.isna(clock.pop("value")) and clock == {k: v for k, v in clock_record(3, 99).items() if k != "value"}
     assert clock["state"] == CLOCK_STATE
     records = frame_records(frame.iloc[:-1])
-    assert [r[4] for r in records] == [t.to_json() for t in transitions]
-    assert [r[3] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
+    assert records == [record_of(t) for t in transitions]
+    assert [r[5] for r in records] == [t.to_json() for t in transitions]
+    assert [r[4] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
+    assert [r[1] for r in records] == [(at + 2) // 86_400_000 for _, _, _, _, at in rows]  # evaluated_at's day
 
 
 def test_a_crossing_is_counted_and_never_kept_as_firing(settings: Settings) -> None:
@@ -117,6 +120,73 @@ def test_a_replayed_batch_writes_nothing_twice(settings: Settings) -> None:
     assert firing == {"B": first[1]["alert_id"]}
     assert counters == {"firing": "2", "resolved": "1"}
     assert sink.write(replay[:3]) == 0
+
+
+DAY = 86_400_000
+POOL = [transition(sid, key, state, at) for sid in (1, 2) for key in ("A", "B") for state in ("firing", "resolved")
+        for at in (DAY - 1_000, DAY, 2 * DAY + 5)]  # three evaluation days
+
+
+@hypothesis_settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.integers(0, len(POOL) - 1), max_size=12), min_size=1, max_size=5),
+       marked=st.sets(st.integers(0, len(POOL) - 1), max_size=4), chunk=st.sampled_from([1, 3, 2_000]))
+def test_each_alert_is_stored_once_whatever_the_repeats_replays_and_earlier_marks(
+        settings: Settings, batches: list[list[int]], marked: set[int], chunk: int) -> None:
+    """Against an oracle: every alert id is stored once, at its first occurrence, in order, across repeats within a
+    call, replayed batches and days, except those the earlier layout's per-alert marks hold in the first batch."""
+    settings = settings.model_copy(update={"redis_prefix": f"s{uuid.uuid4().hex}"})  # each example its own keys
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = RedisKeys(settings)
+    for i in marked:  # written by the sink before seen sets, not yet expired
+        client.set(keys.alert_mark(POOL[i]["subscription_id"], POOL[i]["alert_id"]), "1", ex=3_600)
+    sink = RedisAlertSink(settings)
+    sink.CHUNK = chunk
+    expected: list[dict] = []
+    done = {POOL[i]["alert_id"] for i in marked}
+    for batch_id, batch in enumerate(batches):
+        rows = [POOL[i] for i in batch]
+        sink(Batch([*rows, clock_record(0, DAY)]), batch_id)
+        sink(Batch([*rows, clock_record(0, DAY)]), batch_id)  # replayed after a crash before Spark's commit
+        for row in rows:
+            if row["alert_id"] not in done:
+                done.add(row["alert_id"])
+                expected.append(row)
+        if batch_id == 0:  # only the first batch a process runs can replay one stored with the earlier marks
+            done -= {POOL[i]["alert_id"] for i in marked} - {row["alert_id"] for row in rows}
+    assert [json.loads(f["alert"]) for _, f in client.xrange(keys.alerts_stream)] == expected
+    for sid in (1, 2):
+        assert [json.loads(f["alert"]) for _, f in client.xrange(keys.history(sid))] == \
+            [t for t in expected if t["subscription_id"] == sid]
+    for t in expected:
+        day = keys.seen(t["subscription_id"], seen_day(t["evaluated_at"]))
+        assert client.sismember(day, t["alert_id"])
+        assert 0 < client.ttl(day) <= settings.sink_dedupe_ttl_s
+
+
+def test_a_slice_that_fails_stops_the_later_ones_until_it_is_stored(settings: Settings, monkeypatch) -> None:
+    """Slices go to Redis while the next is built; Redis lost during the second one must not let the third land
+    before it: the retry sends them again from the first, in order."""
+    sink = RedisAlertSink(settings)
+    sink.SLICE, sink.CHUNK = 2, 1
+    batch = [transition(3, "A", "firing", 60_000), transition(3, "B", "firing", 60_000),
+             transition(3, "A", "resolved", 61_000), transition(3, "B", "resolved", 61_000),
+             transition(3, "C", "firing", 61_000)]
+    pipelines, real = [], sink.redis.pipeline
+
+    def pipeline(**kwargs):
+        pipe = real(**kwargs)
+        pipelines.append(pipe)
+        if len(pipelines) == 2:  # the second slice's: Redis goes away before it answers
+            def lost() -> None:
+                raise redis.ConnectionError("connection lost")
+            pipe.execute = lost
+        return pipe
+
+    monkeypatch.setattr(sink.redis, "pipeline", pipeline)
+    sink(Batch([*batch, clock_record(0, 61_000)]), 0)
+    alerts, history, firing, counters = stored(settings, 3)
+    assert alerts == history == batch
+    assert firing == {"C": batch[4]["alert_id"]} and counters == {"firing": "3", "resolved": "2"}
 
 
 def test_an_empty_batch_still_reports_the_clocks(settings: Settings) -> None:
