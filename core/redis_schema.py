@@ -49,13 +49,14 @@ from core.stream_names import TRADES
 
 NOTIFIER_GROUP = "notifier"
 HISTORY_LENGTH = 10_000  # transitions kept per subscription for its alert history
-DAY_MS = 86_400_000
+SEEN_BUCKET_MS = 600_000  # ten minutes of evaluation time per seen set: one expires without a long free
 
 
-def seen_day(evaluated_at_ms: int) -> int:
-    """The day (since the epoch, UTC) whose ``seen`` set holds an alert evaluated at ``evaluated_at_ms``: a replayed
-    transition has the same time, so it is always checked against the set its first write went to."""
-    return evaluated_at_ms // DAY_MS
+def seen_bucket(evaluated_at_ms: int) -> int:
+    """The ten minutes (since the epoch) whose ``seen`` set holds an alert evaluated at ``evaluated_at_ms``: a replayed
+    transition has the same time, so it is always checked against the set its first write went to. Ten minutes, not
+    a day: Redis frees an expired set in one go, and a day's of a busy deployment would block it for seconds."""
+    return evaluated_at_ms // SEEN_BUCKET_MS
 
 
 #: The worker lanes, each a Celery queue of its own (see ``notifier.app``): alert deliveries, test deliveries, and
@@ -219,7 +220,7 @@ class RedisKeys:
             raise ValueError("the alert stream is partitioned: use alerts_dead_of(partition)")
         return self.alerts_dead_of(0)
 
-    # What the sink's script prepends to an evaluation day or subscription id (the keys below, named inside the script).
+    # What the sink's script prepends to a seen bucket or subscription id (the keys below, named inside the script).
     def seen_prefix(self, partition: int) -> str:
         return self._p(partition, "seen", "")
 
@@ -239,10 +240,10 @@ class RedisKeys:
 
     # -- per subscription --------------------------------------------------------------------------
 
-    def seen(self, subscription_id: int, day: int) -> str:
-        """The ids of the alerts the sink stored in the subscription's partition whose evaluation time is in ``day``
-        (days since the epoch, UTC): what a replayed batch is checked against (``evaluator.spark.sink``)."""
-        return self._s(subscription_id, "seen", day)
+    def seen(self, subscription_id: int, bucket: int) -> str:
+        """The ids of the alerts the sink stored in the subscription's partition whose evaluation time is in
+        ``bucket`` (:func:`seen_bucket`): what a replayed batch is checked against (``evaluator.spark.sink``)."""
+        return self._s(subscription_id, "seen", bucket)
 
     def alert_mark(self, subscription_id: int, alert_id: str) -> str:
         return self._s(subscription_id, "alert", alert_id)

@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     )
     sink_dedupe_ttl_s: int = Field(
         7 * 86_400, ge=3_600, description="how long the evaluator's sink remembers the ids of the alerts it stored "
-                                          "(per partition and evaluation day, after that day's last write): a batch "
+                                          "(per partition and ten minutes of evaluation time, after the set's last write): a batch "
                                           "replayed within it adds nothing (docs/redis.md)"
     )
 

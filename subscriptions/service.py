@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.catalog_log import Appended, CatalogLog
-from core.redis_schema import RedisKeys, seen_day
+from core.redis_schema import RedisKeys, seen_bucket
 from core.settings import Settings
 from core.streams import StreamSchema
 from evaluator.catalog import Catalog, CatalogChange, rewritten_snapshot
@@ -171,11 +171,11 @@ def forget_subscription(client: redis.Redis, keys: RedisKeys, subscription_id: i
     """
     history = keys.history(subscription_id)
     decisions: list[str] = []
-    seen: dict[str, list[str]] = defaultdict(list)  # the sink's seen set of each evaluation day: the ids to remove
+    seen: dict[str, list[str]] = defaultdict(list)  # the sink's seen sets: the ids to remove from each
     entries = cast("list[tuple[object, dict[Any, Any]]]", client.xrange(history))  # a sync client: a list, never None
     for _, fields in entries:
         alert = json.loads(fields.get("alert") or fields[b"alert"])
-        seen[keys.seen(subscription_id, seen_day(int(alert["evaluated_at"])))].append(alert["alert_id"])
+        seen[keys.seen(subscription_id, seen_bucket(int(alert["evaluated_at"])))].append(alert["alert_id"])
         decisions.append(keys.decision(subscription_id, alert["alert_id"]))
     pipe = client.pipeline(transaction=False)
     for key in (keys.firing(subscription_id), keys.key_states(subscription_id), keys.sequences(subscription_id), history,

@@ -33,7 +33,7 @@ from core.redis_schema import (
     HISTORY_LENGTH,
     RedisKeys,
     claim_layout,
-    seen_day,
+    seen_bucket,
     shard_clock_field,
     shard_clocks,
     stream_stat,
@@ -85,34 +85,34 @@ _RECORD_TRANSITIONS = """
 -- KEYS[1]: the alert stream of the partition every key below is in (one hash tag: one slot)
 -- ARGV: dedupe TTL, stream max length, history length, the prefixes of the seen sets, the earlier layout's
 --       dedupe marks ('' to skip them), firing hashes, counters hashes and history streams, then per transition:
---       alert id, its evaluation day, subscription id, key, state (firing, resolved, or crossing: an event,
+--       alert id, its seen bucket, subscription id, key, state (firing, resolved, or crossing: an event,
 --       counted but never kept in the firing hash), payload
 local ttl, maxlen, history_length = ARGV[1], ARGV[2], ARGV[3]
 local seen, mark, firing, counters, history = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local call, stream, unpack = redis.call, KEYS[1], unpack
 local first, width = 9, 6
--- Which ids are new: per evaluation day, one SMISMEMBER of the call's ids (a repeat within the call counts once),
+-- Which ids are new: per seen bucket, one SMISMEMBER of the call's ids (a repeat within the call counts once),
 -- and when asked one EXISTS of the earlier layout's marks of those not seen, looked at one by one only if any is
--- there. Every id not seen joins the day's set, marked or not.
-local days, day_order, repeated = {}, {}, {}
+-- there. Every id not seen joins its bucket's set, marked or not.
+local buckets, bucket_order, repeated = {}, {}, {}
 for i = first, #ARGV, width do
-  local id, day = ARGV[i], ARGV[i + 1]
+  local id, bucket = ARGV[i], ARGV[i + 1]
   if repeated[id] == nil then
     repeated[id] = true
-    local list = days[day]
+    local list = buckets[bucket]
     if list == nil then
       list = {}
-      days[day] = list
-      day_order[#day_order + 1] = day
+      buckets[bucket] = list
+      bucket_order[#bucket_order + 1] = bucket
     end
     list[#list + 1] = i
   end
 end
 local new = {}
-for _, day in ipairs(day_order) do
-  local ids, positions = {}, days[day]
+for _, bucket in ipairs(bucket_order) do
+  local ids, positions = {}, buckets[bucket]
   for n, i in ipairs(positions) do ids[n] = ARGV[i] end
-  local known = call('SMISMEMBER', seen .. day, unpack(ids))
+  local known = call('SMISMEMBER', seen .. bucket, unpack(ids))
   local fresh, add = {}, {}
   for n, i in ipairs(positions) do
     if known[n] == 0 then
@@ -121,8 +121,8 @@ for _, day in ipairs(day_order) do
     end
   end
   if #fresh > 0 then
-    call('SADD', seen .. day, unpack(add))
-    call('EXPIRE', seen .. day, ttl)
+    call('SADD', seen .. bucket, unpack(add))
+    call('EXPIRE', seen .. bucket, ttl)
     local marks = {}
     if mark ~= '' then
       for n, id in ipairs(add) do marks[n] = mark .. id end
@@ -181,7 +181,7 @@ end
 return written
 """
 
-#: One transition as the script takes it: alert id, evaluation day (``seen_day``), subscription id, key, state,
+#: One transition as the script takes it: alert id, seen bucket (``seen_bucket``), subscription id, key, state,
 #: payload (``Transition.to_json``).
 Record = tuple[str, int, int, str, str, str]
 
@@ -215,7 +215,7 @@ def _records(frame: pd.DataFrame, kinds: pd.Series) -> list[Record]:
                frame["state"].tolist(), values, frame["window_start"].astype("int64").tolist(),
                frame["window_end"].astype("int64").tolist(), frame["evaluated_at"].astype("int64").tolist(),
                kinds.tolist())
-    return [(aid, seen_day(at), sid, key, _script_state(state, kind),
+    return [(aid, seen_bucket(at), sid, key, _script_state(state, kind),
              _DUMPS({"alert_id": aid, "subscription_id": sid, "key": key, "state": state,
                      "value": None if value is None else float(value), "window_start": start, "window_end": end,
                      "evaluated_at": at, **({} if kind == "state" else {"kind": kind})}))
@@ -224,7 +224,7 @@ def _records(frame: pd.DataFrame, kinds: pd.Series) -> list[Record]:
 
 def record_of(transition: Transition) -> Record:
     t = transition
-    return t.alert_id, seen_day(t.evaluated_at), t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json()
+    return t.alert_id, seen_bucket(t.evaluated_at), t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json()
 
 
 def _script_state(state: str, kind: str) -> str:
@@ -245,13 +245,13 @@ class RedisAlertSink:
 
     A Lua script makes "seen?" and "record" atomic per transition, so a replayed micro-batch (after a
     crash between Redis and Spark's commit) adds nothing: the ids it stored are kept in a set per partition
-    and evaluation day (``seen``, ``TOCSIN_SINK_DEDUPE_TTL_S`` after the day's last write), which a call reads
-    and extends once per day it holds, not once per transition. Per transition it writes the alert stream
+    and ten minutes of evaluation time (``seen``, ``TOCSIN_SINK_DEDUPE_TTL_S`` after its last write), which a
+    call reads and extends once per set it touches, not once per transition. Per transition it writes the alert stream
     entry; per subscription and call, its history entries, one HSET / HDEL of its firing hash at each key's
-    last state, and one HINCRBY per state. It takes transitions in chunks
-    (a script call blocks Redis while it runs), all chunks in one pipelined round trip, then the
-    batch's stats in another. The script runs once per slot partition (``core.redis_schema``): its keys
-    share the partition's hash tag, so it works on a Redis Cluster too.
+    last state, and one HINCRBY per state. It takes transitions in chunks (a script call blocks Redis
+    while it runs), a slice's chunks in one pipelined round trip (:meth:`_record`), then the batch's
+    stats in another. The script runs once per slot partition (``core.redis_schema``): its keys share
+    the partition's hash tag, so it works on a Redis Cluster too.
     """
 
     STREAM_MAXLEN = 1_000_000

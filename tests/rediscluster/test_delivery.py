@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from core.redis_client import broker_client, make_redis
-from core.redis_schema import NOTIFIER_GROUP, RedisKeys, celery_queue_keys, seen_day
+from core.redis_schema import NOTIFIER_GROUP, RedisKeys, celery_queue_keys, seen_bucket
 from core.settings import Settings
 from devstack.patience import patient
 from devstack.receiver import WebhookReceiver
@@ -147,7 +147,7 @@ def test_one_dispatcher_delivers_every_alert_once_and_the_web_app_reads_the_clus
     keys = RedisKeys(settings)  # deleting the subscription forgets its state, marks and decisions on the cluster
     state = [keys.firing(sid), keys.history(sid), keys.counters(sid), keys.key_states(sid), keys.delivery_log(sid),
              *[keys.decision(sid, t["alert_id"]) for t in alerts]]
-    seen = [(keys.seen(sid, seen_day(t["evaluated_at"])), t["alert_id"]) for t in alerts]
+    seen = [(keys.seen(sid, seen_bucket(t["evaluated_at"])), t["alert_id"]) for t in alerts]
     assert d.client.exists(*state[:5]) == 5 and all(d.client.exists(k) for k in state[5:])
     assert all(d.client.sismember(key, alert) for key, alert in seen)
     with api_client(settings, d.token) as api:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import redis
 
-from core.redis_schema import RedisKeys, seen_day
+from core.redis_schema import RedisKeys, seen_bucket
 from core.settings import Settings
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
@@ -66,7 +66,7 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
                 keys.delivery_log(sid), keys.endpoint_log(endpoint.id)} <= set(_keys_naming(redis_client, settings,
                                                                                          sid, endpoint.id))
         assert redis_client.exists(keys.decision(sid, alert["alert_id"])) == 1
-        assert redis_client.sismember(keys.seen(sid, seen_day(alert["evaluated_at"])), alert["alert_id"])
+        assert redis_client.sismember(keys.seen(sid, seen_bucket(alert["evaluated_at"])), alert["alert_id"])
 
         service.delete(sid)
         service.delete_endpoint(endpoint.id)
@@ -75,7 +75,7 @@ def test_deleting_a_subscription_or_endpoint_removes_its_redis_state(settings: S
     _fire(settings, sid, 1_700_000_120_000)
     assert _keys_naming(redis_client, settings, sid, endpoint.id) == []
     assert redis_client.exists(keys.decision(sid, alert["alert_id"])) == 0
-    assert not redis_client.sismember(keys.seen(sid, seen_day(alert["evaluated_at"])), alert["alert_id"])
+    assert not redis_client.sismember(keys.seen(sid, seen_bucket(alert["evaluated_at"])), alert["alert_id"])
     assert records.dead_letters() == []
 
 

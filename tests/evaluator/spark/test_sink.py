@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from core.redis_schema import RedisKeys, seen_day, shard_clocks
+from core.redis_schema import RedisKeys, seen_bucket, shard_clocks
 from core.settings import Settings
 from evaluator.spark.sink import CLOCK_STATE, RedisAlertSink, clock_record, frame_records, record_of, shard_output
 from evaluator.transition import Transition, alert_id
@@ -64,7 +64,7 @@ def test_payloads_built_by_column_are_what_transition_to_json_writes(rows) -> No
     assert records == [record_of(t) for t in transitions]
     assert [r[5] for r in records] == [t.to_json() for t in transitions]
     assert [r[4] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
-    assert [r[1] for r in records] == [(at + 2) // 86_400_000 for _, _, _, _, at in rows]  # evaluated_at's day
+    assert [r[1] for r in records] == [(at + 2) // 600_000 for _, _, _, _, at in rows]  # evaluated_at's ten minutes
 
 
 def test_a_crossing_is_counted_and_never_kept_as_firing(settings: Settings) -> None:
@@ -122,9 +122,9 @@ def test_a_replayed_batch_writes_nothing_twice(settings: Settings) -> None:
     assert sink.write(replay[:3]) == 0
 
 
-DAY = 86_400_000
+BUCKET = 600_000
 POOL = [transition(sid, key, state, at) for sid in (1, 2) for key in ("A", "B") for state in ("firing", "resolved")
-        for at in (DAY - 1_000, DAY, 2 * DAY + 5)]  # three evaluation days
+        for at in (BUCKET - 1_000, BUCKET, 2 * BUCKET + 5)]  # three seen buckets
 
 
 @hypothesis_settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,7 +133,7 @@ POOL = [transition(sid, key, state, at) for sid in (1, 2) for key in ("A", "B") 
 def test_each_alert_is_stored_once_whatever_the_repeats_replays_and_earlier_marks(
         settings: Settings, batches: list[list[int]], marked: set[int], chunk: int) -> None:
     """Against an oracle: every alert id is stored once, at its first occurrence, in order, across repeats within a
-    call, replayed batches and days, except those the earlier layout's per-alert marks hold in the first batch."""
+    call, replayed batches and buckets, except those the earlier layout's per-alert marks hold in the first batch."""
     settings = settings.model_copy(update={"redis_prefix": f"s{uuid.uuid4().hex}"})  # each example its own keys
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     keys = RedisKeys(settings)
@@ -145,8 +145,8 @@ def test_each_alert_is_stored_once_whatever_the_repeats_replays_and_earlier_mark
     done = {POOL[i]["alert_id"] for i in marked}
     for batch_id, batch in enumerate(batches):
         rows = [POOL[i] for i in batch]
-        sink(Batch([*rows, clock_record(0, DAY)]), batch_id)
-        sink(Batch([*rows, clock_record(0, DAY)]), batch_id)  # replayed after a crash before Spark's commit
+        sink(Batch([*rows, clock_record(0, BUCKET)]), batch_id)
+        sink(Batch([*rows, clock_record(0, BUCKET)]), batch_id)  # replayed after a crash before Spark's commit
         for row in rows:
             if row["alert_id"] not in done:
                 done.add(row["alert_id"])
@@ -158,9 +158,9 @@ def test_each_alert_is_stored_once_whatever_the_repeats_replays_and_earlier_mark
         assert [json.loads(f["alert"]) for _, f in client.xrange(keys.history(sid))] == \
             [t for t in expected if t["subscription_id"] == sid]
     for t in expected:
-        day = keys.seen(t["subscription_id"], seen_day(t["evaluated_at"]))
-        assert client.sismember(day, t["alert_id"])
-        assert 0 < client.ttl(day) <= settings.sink_dedupe_ttl_s
+        bucket = keys.seen(t["subscription_id"], seen_bucket(t["evaluated_at"]))
+        assert client.sismember(bucket, t["alert_id"])
+        assert 0 < client.ttl(bucket) <= settings.sink_dedupe_ttl_s
 
 
 def test_a_slice_that_fails_stops_the_later_ones_until_it_is_stored(settings: Settings, monkeypatch) -> None:
