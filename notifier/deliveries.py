@@ -43,6 +43,7 @@ from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import Notification, test_notification
+from notifier.rendering import unknown_states
 from subscriptions.routing import EndpointRoute
 
 ATTEMPT_LOG_LENGTH = 1_000
@@ -165,7 +166,7 @@ def enqueue_test_alert(celery: Celery, endpoint: EndpointRoute) -> str:
 
 def _unknown(notification: dict) -> dict:
     """``{"state_unknown": [keys]}``: the keys resolved without a record of their firing (``notifier.policy``)."""
-    keys = [a["key"] for a in notification["alerts"] if a.get("state_unknown")]
+    keys = unknown_states(notification)
     return {"state_unknown": keys} if keys else {}
 
 

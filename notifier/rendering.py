@@ -10,7 +10,7 @@ message goes out instead and :attr:`Message.error` says why, for the delivery lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ class Message:
     error: str | None = None  # the template failed; ``text`` is the default message
 
 
-SEQUENCES_SHOWN = 10
+KEYS_LISTED = 10  # keys named in a context line's list (sequences, firings not on record)
 
 
 def sequences(notification: dict[str, Any]) -> dict[str, int]:
@@ -40,18 +40,33 @@ def sequences(notification: dict[str, Any]) -> dict[str, int]:
             if alert.get("sequence") is not None}
 
 
+def unknown_states(notification: dict[str, Any]) -> list[str]:
+    """The keys of the alerts resolved without a record of their firing (``state_unknown``, ``notifier.policy``):
+    the receiver may never have been told that they fired."""
+    return [str(alert["key"]) for alert in notification["alerts"] if alert.get("state_unknown")]
+
+
 def context_line(notification: dict[str, Any]) -> str:
     """The line under a chat message: ``Tocsin · notification 3f2a… · sequence 7`` (``sequences AAPL 7, MSFT 3``
-    for several keys, the first ten), for a reader - or a flow reading the message - to match and order them."""
-    line = f"Tocsin · {'test alert · ' if notification.get('test') else ''}notification {notification['notification_id']}"
+    for several keys, the first ten), for a reader - or a flow reading the message - to match and order them; then
+    the keys resolved without a record of their firing (``· firing not on record: AAPL``), shown whatever the
+    endpoint's template says."""
+    parts = [f"Tocsin · {'test alert · ' if notification.get('test') else ''}notification {notification['notification_id']}"]
     numbered = list(sequences(notification).items())
     if len(numbered) == 1 and len(notification["alerts"]) == 1:
-        return f"{line} · sequence {numbered[0][1]}"
-    if numbered:
-        shown = ", ".join(f"{key} {sequence}" for key, sequence in numbered[:SEQUENCES_SHOWN])
-        more = f" +{len(numbered) - SEQUENCES_SHOWN}" if len(numbered) > SEQUENCES_SHOWN else ""
-        return f"{line} · sequences {shown}{more}"
-    return line
+        parts.append(f"sequence {numbered[0][1]}")
+    elif numbered:
+        parts.append(f"sequences {_first(f'{key} {sequence}' for key, sequence in numbered)}")
+    if unknown := unknown_states(notification):
+        parts.append(f"firing not on record: {_first(unknown)}")
+    return " · ".join(parts)
+
+
+def _first(items: Iterable[str]) -> str:
+    """The first ``KEYS_LISTED`` of ``items``, comma-separated, and how many more (``+3``)."""
+    listed = list(items)
+    more = f" +{len(listed) - KEYS_LISTED}" if len(listed) > KEYS_LISTED else ""
+    return ", ".join(listed[:KEYS_LISTED]) + more
 
 
 def cut(text: str, limit: int) -> str:

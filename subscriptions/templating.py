@@ -481,7 +481,8 @@ def check_template(source: str, limits: TemplateLimits) -> None:
 
 # -- the variables -------------------------------------------------------------------------------
 
-ALERT_VARIABLES = ("key", "state", "value", "window_start", "window_end", "evaluated_at", "alert_id", "sequence")
+ALERT_VARIABLES = ("key", "state", "value", "window_start", "window_end", "evaluated_at", "alert_id", "sequence",
+                   "state_unknown")
 VARIABLES: dict[str, str] = {
     "title": "the default one-line summary, e.g. FIRING: High volume (AAPL, MSFT +3)",
     "state": "firing or resolved",
@@ -489,7 +490,8 @@ VARIABLES: dict[str, str] = {
     "test": "true for the 'send test alert' button's",
     "subscription": "name, id and condition of the subscription: subscription.name ...",
     "alerts": "the alerts, each with key, state, value, window_start, window_end, evaluated_at (epoch ms), alert_id, "
-              "sequence (its place among its key's notifications)",
+              "sequence (its place among its key's notifications), state_unknown (true on a resolution sent without a "
+              "record of its firing, which may never have been announced)",
     "alert": "the first alert (the only one in a PagerDuty event, which is one per key)",
     "alert_count": "how many alerts",
     "keys": "the alerts' keys",

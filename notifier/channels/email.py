@@ -25,7 +25,7 @@ from core.settings import Settings
 from notifier.attempt import Attempt
 from notifier.channels import EndpointView, register
 from notifier.notification import Notification, summary
-from notifier.rendering import message, noted, sequences
+from notifier.rendering import message, noted, sequences, unknown_states
 from subscriptions.channel_kinds import EndpointKind
 from subscriptions.schemas import EMAIL_ADDRESS
 
@@ -77,6 +77,8 @@ def render(notification: dict, sender: str, recipient: str, endpoint_id: int, bo
     message["X-Tocsin-Notification"] = notification["notification_id"]
     if numbered := sequences(notification):  # JSON, key -> sequence: ASCII, no line breaks
         message["X-Tocsin-Sequence"] = json.dumps(numbered, separators=(",", ":"))
+    if unknown := unknown_states(notification):  # JSON, the keys resolved without a record of their firing
+        message["X-Tocsin-State-Unknown"] = json.dumps(unknown, separators=(",", ":"))
     env = _templates()
     if body is not None:
         message.set_content(body)

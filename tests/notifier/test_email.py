@@ -57,6 +57,21 @@ def test_alert_email_arrives_with_text_and_html_parts() -> None:
     assert "<td>AAPL</td>" in html and "&lt;MSFT&gt;" in html and "<MSFT>" not in html  # keys are escaped
 
 
+def test_a_resolution_without_a_record_of_its_firing_is_marked_in_a_header_and_the_body() -> None:
+    resolved = [{**ALERTS[0], "state": "resolved", "value": None, "state_unknown": True},
+                {**ALERTS[1], "state": "resolved", "value": None}]
+    notification = build_notification(SUBSCRIPTION, resolved, notification_id(["a1", "a2"]))
+    message = render(notification, "alerts@example.com", "ops@example.com", 3)
+    assert json.loads(message["X-Tocsin-State-Unknown"]) == ["AAPL"]
+    text = message.get_body(("plain",)).get_content()
+    html = message.get_body(("html",)).get_content()
+    [aapl] = [line for line in text.splitlines() if line.startswith("- AAPL")]
+    [msft] = [line for line in text.splitlines() if line.startswith("- <MSFT>")]
+    assert "firing not on record" in aapl and "firing not on record" not in msft
+    assert html.count("firing not on record") == 1
+    assert "X-Tocsin-State-Unknown" not in render(_notification(), "alerts@example.com", "ops@example.com", 3)
+
+
 def test_starttls_with_login(certificate: tuple[Path, Path]) -> None:
     sink = MailSink(certificate=certificate, login=("alerts", "pa55word"))
     try:

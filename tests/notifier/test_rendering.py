@@ -38,6 +38,14 @@ def test_every_documented_variable_is_there_and_nothing_else() -> None:
                     "at 2026-01-01 00:00:00 UTC AAPL/MSFT firing False")
 
 
+def test_a_template_can_say_which_resolutions_have_no_record_of_their_firing() -> None:
+    resolved = sample_notification("resolved")
+    resolved["alerts"][1]["state_unknown"] = True
+    source = "{% for a in alerts %}{{ a.key }}{% if a.state_unknown %} (firing unknown){% endif %};{% endfor %}"
+    assert compile_template(source, LIMITS, "text").render(variables(resolved)) == "AAPL;MSFT (firing unknown);"
+    assert _render(source) == "AAPL;MSFT;"
+
+
 @pytest.mark.parametrize(("source", "line", "reason"), [
     ("ok\n{% for a in alerts %}\n{% for b in alerts %}\n{% for c in alerts %}{% endfor %}{% endfor %}{% endfor %}",
      4, "loops nested 3 deep: at most 2"),

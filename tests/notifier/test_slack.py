@@ -89,3 +89,19 @@ def test_slacks_refusals_are_classified(status: int, retryable: bool) -> None:
 def test_the_ssrf_guard_covers_slack_endpoints() -> None:
     attempt = SlackChannel(Settings(webhook_allow_hosts=[])).send(_notification(), _endpoint("http://127.0.0.1:9/x"))
     assert not attempt.ok and not attempt.retryable and "non-public" in (attempt.error or "")
+
+
+def unknown_resolution() -> dict:
+    """The sample resolution, AAPL's sent without a record of its firing (a Redis node lost the policy state)."""
+    resolved = sample_notification("resolved")
+    return {**resolved, "alerts": [{**resolved["alerts"][0], "state_unknown": True}, resolved["alerts"][1]]}
+
+
+@pytest.mark.parametrize("template", [None, "{{ state }}: {{ keys|join(', ') }}"])
+def test_a_resolution_without_a_record_of_its_firing_says_so_whatever_the_template(slack, template) -> None:
+    receiver, answer = slack
+    assert SlackChannel(SETTINGS).send(Notification.from_json(unknown_resolution()), _endpoint(receiver.url, template)).ok
+    [got] = receiver.received
+    context = got.json["blocks"][1]["elements"][0]["text"]
+    assert context == "Tocsin · notification sample-resolved · sequences AAPL 8, MSFT 4 · firing not on record: AAPL"
+    assert not answer.rejected

@@ -113,3 +113,14 @@ def test_a_throttled_teams_webhook_is_retried_after_its_retry_after() -> None:
     finally:
         receiver.close()
     assert not attempt.ok and attempt.retryable and attempt.retry_after_s == 3.0
+
+
+def test_a_resolution_without_a_record_of_its_firing_says_so_in_the_cards_last_line(teams) -> None:
+    receiver, answer = teams
+    resolved = sample_notification("resolved")
+    unknown = {**resolved, "alerts": [resolved["alerts"][0], {**resolved["alerts"][1], "state_unknown": True}]}
+    assert TeamsChannel(SETTINGS).send(Notification.from_json(unknown), _endpoint(receiver.url)).ok
+    [got] = receiver.received
+    assert shown(_card(got)["body"][-1]) == [
+        "Tocsin · notification sample-resolved · sequences AAPL 8, MSFT 4 · firing not on record: MSFT"]
+    assert not answer.rejected, answer.rejected

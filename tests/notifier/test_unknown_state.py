@@ -151,14 +151,15 @@ def test_a_firing_still_in_flight_from_before_the_loss_never_follows_its_resolut
 @pytest.mark.e2e
 def test_a_resolution_whose_state_was_lost_reaches_the_receiver_marked_and_logged(
         settings: Settings, redis_client: redis.Redis, owner, tmp_path: Path) -> None:
-    receiver = WebhookReceiver()
+    receiver, chat = WebhookReceiver(), WebhookReceiver()
     keys = RedisKeys(settings)
     try:
         with session_factory(settings.database_url)() as session:
             service = SubscriptionService(session, settings, redis_client, owner)
             hook = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url)).id
+            slack = service.create_endpoint(EndpointIn(kind="slack", target=chat.url)).id
             sid = service.create(SubscriptionIn(name="lost", condition="SUM(volume) OVER 1m > 100",
-                                                endpoint_ids=[hook])).id
+                                                endpoint_ids=[hook, slack])).id
         dispatcher = Dispatcher(settings)
         sink = RedisAlertSink(settings)
         with running(settings, tmp_path / "logs", ("worker", worker_args())):
@@ -173,14 +174,20 @@ def test_a_resolution_whose_state_was_lost_reaches_the_receiver_marked_and_logge
             time.sleep(settings.dispatcher_group_wait_ms / 1000)
             dispatcher.flush()
             [got] = receiver.wait_for(lambda r: r.json["state"] == "resolved")
+            [posted] = chat.wait_for(lambda r: r.json["text"].startswith("*RESOLVED"))
             records = DeliveryRecords(redis_client, keys)
-            logged = _eventually(lambda: [e for e in records.log(sid)
-                                          if e["outcome"] == "delivered" and e["state"] == "resolved"])
+
+            def both_resolutions_logged() -> list[dict] | None:
+                found = [e for e in records.log(sid) if e["outcome"] == "delivered" and e["state"] == "resolved"]
+                return found if len(found) == 2 else None
+            logged = _eventually(both_resolutions_logged)
     finally:
         receiver.close()
+        chat.close()
     [alert] = got.json["alerts"]
     assert alert["state_unknown"] is True and alert["key"] == "AAPL"
-    assert logged[0]["state_unknown"] == ["AAPL"]
+    assert posted.json["blocks"][-1]["elements"][0]["text"].endswith(" · firing not on record: AAPL")
+    assert [e["state_unknown"] for e in logged] == [["AAPL"], ["AAPL"]]  # the webhook's delivery and Slack's
     assert all("state_unknown" not in e for e in records.log(sid) if e["state"] == "firing")
 
 
