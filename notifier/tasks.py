@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import random
 import time
@@ -85,6 +86,23 @@ WAITED = Counter("tocsin_delivery_order_waits_total",
 ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
                      "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
+
+
+class StoreAway(Reject):
+    """A delivery put back on its queue because its records' store is away. Counted (``REQUEUED``) and logged once
+    per outage (``redis_outage``): Celery's own warning and traceback for every rejection are dropped
+    (:class:`QuietStoreAway`), or an outage would write one per queued delivery every
+    ``TOCSIN_DELIVERY_STORE_WAIT_S``."""
+
+
+class QuietStoreAway(logging.Filter):
+    """Drops Celery's log record of a :class:`StoreAway` rejection (``celery.app.trace``); any other passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StoreAway))
+
+
+logging.getLogger("celery.app.trace").addFilter(QuietStoreAway())
 
 
 @worker_ready.connect
@@ -248,7 +266,7 @@ def deliver(self: Task, notification: dict | None = None, endpoint_id: int | Non
             _outage().failed(exc)  # logged once per outage, not per delivery put back
             _outage().refresh()
             time.sleep(settings.delivery_store_wait_s)  # not a hot loop while Redis is away
-            raise Reject(exc, requeue=True) from exc
+            raise StoreAway(exc, requeue=True) from exc
         if isinstance(exc, redis.RedisError):  # during an attempt a recorded retry; here not even that was written
             STORE_BROKEN.inc()
             log.exception("delivery_store_error", endpoint_id=endpoint_id, notification=notification)
