@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 import redis
 from _pytest.mark import deselect_by_keyword, deselect_by_mark  # see pytest_collection_modifyitems
@@ -37,6 +38,10 @@ os.environ.setdefault("TOCSIN_LOG_LEVEL", "WARNING")
 # Argon2id at its production cost took ~0.3 s of every test that signs a user up and in (0.15 s a hash, as much a
 # check): the suite hashes with the cheapest parameters (tests/subscriptions/test_password_hashing.py: the default).
 os.environ.setdefault("TOCSIN_PASSWORD_HASHING", "cheapest-insecure")
+# Property tests have no deadline: an example that takes 250 ms beside another heavy job is no failure (a fresh
+# clone's run failed a block-summary property on hypothesis' default 200 ms), and a test may not time the machine.
+hypothesis.settings.register_profile("tocsin", deadline=None)
+hypothesis.settings.load_profile("tocsin")
 
 # A test that builds Settings() without its own database or data directory writes to a scratch directory, never
 # to the checkout's var/ (the local platform's, which `infra/up` uses): a runner test once created its first
