@@ -63,13 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Redis down: readiness reports it, and the catalog is published again on the next change.
         with web_sessions(settings)() as session, suppress(redis.RedisError):
             CatalogPublisher(session, settings, app.state.redis).republish()
-        sampler = (asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
-                   if settings.web_sampler else None)
+        sampler = asyncio.create_task(run_sampler(settings, app.state.redis, app.state.celery))
         yield
-        if sampler is not None:
-            sampler.cancel()
-            with suppress(asyncio.CancelledError):
-                await sampler
+        sampler.cancel()
+        with suppress(asyncio.CancelledError):
+            await sampler
         close_probes()
         app.state.redis.close()
         await app.state.account_bound.aclose()

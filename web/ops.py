@@ -228,9 +228,15 @@ def refresh_gauges(settings: Settings, client: redis.Redis) -> None:
 
 
 async def run_sampler(settings: Settings, client: redis.Redis, celery: Celery | None = None) -> None:
+    """Every sampling period: take the sample and let the dead man's switch judge it (``TOCSIN_WEB_SAMPLER``; one
+    process a period, under the sampler lock), then refresh this process's gauges, which every web process serves."""
+    if not settings.web_sampler:
+        log.warning("web_sampler_off", detail="this web process runs no dead man's switch: keep TOCSIN_WEB_SAMPLER on "
+                                              "in at least one, or nothing pages when evaluation stops")
     while True:
         try:
-            await run_in_threadpool(sample_once, settings, client, celery)
+            if settings.web_sampler:
+                await run_in_threadpool(sample_once, settings, client, celery)
             await run_in_threadpool(refresh_gauges, settings, client)
         except Exception as exc:  # noqa: BLE001 - sampling must not take the web app down
             log.warning("ops_sample_failed", error=str(exc))

@@ -76,6 +76,11 @@ RULE_SINCE = Gauge("tocsin_watchdog_firing_since_seconds", "Unix time the rule s
                    ["rule"])
 STREAM = {name: Gauge(f"tocsin_stream_{name}", f"Evaluator total: {name.replace('_', ' ')}")
           for name in STREAM_COUNTERS}
+JUDGED = Gauge("tocsin_watchdog_last_judged_timestamp_seconds",
+               "Unix time of the last sample a web process took and let the dead man's switch judge (0: none): alert "
+               "when it is minutes old, as nothing else pages while no web process samples")
+#: Sampling periods without a new sample after which the /ops banner says the dead man's switch is not watching.
+UNWATCHED_PERIODS = 5
 for _rule in RULES:  # every rule's series from the start, at 0, so an alert on them never meets an absent series
     RULE_FIRING.labels(_rule)
     RULE_SINCE.labels(_rule)
@@ -314,14 +319,24 @@ def watch(settings: Settings, client: redis.Redis, history: list[dict], celery: 
 
 
 def refresh_gauges(incidents: dict[str, dict], latest: dict[str, Any] | None) -> None:
-    """The rules' states and the evaluator's stream counters as Prometheus gauges, in every web process."""
+    """The rules' states, when they were last judged and the evaluator's stream counters as Prometheus gauges, in
+    every web process (those that do not sample too)."""
     for rule in RULES:
         incident = incidents.get(rule)
         RULE_FIRING.labels(rule).set(1 if incident else 0)
         RULE_SINCE.labels(rule).set(incident["since"] if incident else 0)
+    JUDGED.set(latest["t"] if latest else 0)
     if latest:
         for name, gauge in STREAM.items():
             gauge.set(latest.get(name, 0) or 0)
+
+
+def unwatched_since(latest: dict[str, Any] | None, settings: Settings, now: float) -> float | None:
+    """When the dead man's switch last judged a sample (0.0: never), if that is ``UNWATCHED_PERIODS`` sampling
+    periods ago or more: no web process samples (``TOCSIN_WEB_SAMPLER`` off in each, or sampling fails in each), so
+    nothing would page if the evaluator stopped. None while it watches."""
+    last = float(latest["t"]) if latest else 0.0
+    return last if now - last >= UNWATCHED_PERIODS * settings.dashboard_sample_s else None
 
 
 def banner(incidents: dict[str, dict]) -> list[dict]:

@@ -24,6 +24,7 @@ from subscriptions.service import SubscriptionService
 from tests.notifier.test_delivery import _eventually
 from tests.processes import running, worker_args
 from tests.users import api_client, new_user, sign_in
+from web.ops import sample_once
 from web.watchdog import RULES
 
 pytestmark = pytest.mark.e2e
@@ -121,3 +122,31 @@ def test_every_rule_has_its_series_before_the_first_sample() -> None:
     metrics = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     for rule in RULES:
         assert _firing(metrics, rule) == 0
+
+
+def _judged(metrics: str) -> float:
+    line = next(x for x in metrics.splitlines() if x.startswith("tocsin_watchdog_last_judged_timestamp_seconds "))
+    return float(line.split()[-1])
+
+
+def test_with_no_web_process_sampling_the_ops_page_and_metrics_say_nothing_watches(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """``TOCSIN_WEB_SAMPLER`` off in every web process left the dead man's switch silent, and so everything it
+    watches: the operators' page says so, and each web process serves when a sample was last judged."""
+    operator, _ = new_user(settings, role="operator")
+    settings = settings.model_copy(update={"web_sampler": False, "dashboard_sample_s": 0.2})
+    with api_client(settings) as api:
+        sign_in(api, operator.email)
+        assert "Dead man's switch not watching" in api.get("/ops").text
+        assert "no web process has judged a sample yet" in api.get("/ops/watchdog").text
+        assert _judged(api.get("/metrics").text) == 0
+        taken = sample_once(settings, redis_client)  # another web process, with its sampler on, takes one
+        assert taken is not None
+        assert "not watching" not in api.get("/ops/watchdog").text
+        _eventually(lambda: _judged(api.get("/metrics").text) == taken["t"], 30)  # this process's gauges follow
+
+        def unwatched_again() -> bool:
+            """no sample for five periods: nothing watches again"""
+            fragment = api.get("/ops/watchdog").text
+            return "Dead man's switch not watching" in fragment and "judged a sample since" in fragment
+        _eventually(unwatched_again, 30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import redis
@@ -15,15 +16,17 @@ from subscriptions.models import ROLES
 from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, RecordsDep, RedisDep, SettingsDep
 from web.ops import samples, stream_load, subscription_load
 from web.pages.common import Page, PagePrincipal, flash, render, take_flash
-from web.watchdog import banner, open_incidents
+from web.watchdog import banner, open_incidents, unwatched_since
 
 router = APIRouter(include_in_schema=False)
 
 
 def _supervision(client: redis.Redis, settings: Settings) -> dict:
-    """What the refreshed banner shows: the dead man's switch's incidents and the runner's restarts."""
+    """What the refreshed banner shows: the dead man's switch's incidents, whether it watches at all, and the
+    runner's restarts."""
     keys = RedisKeys(settings)
-    return {"incidents": banner(open_incidents(client, settings)), "restarts": recorded(client, keys)}
+    return {"incidents": banner(open_incidents(client, settings)), "restarts": recorded(client, keys),
+            "unwatched_since": unwatched_since(next(iter(samples(client, settings, 1)), None), settings, time.time())}
 
 
 def _operator(principal: PagePrincipal) -> None:
