@@ -91,6 +91,16 @@ local ttl, maxlen, history_length = ARGV[1], ARGV[2], ARGV[3]
 local seen, mark, firing, counters, history = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local call, stream, unpack = redis.call, KEYS[1], unpack
 local first, width = 9, 6
+-- Adds position i to the group named name, the groups' names kept in their first-seen order.
+local function append(groups, order, name, i)
+  local list = groups[name]
+  if list == nil then
+    list = {}
+    groups[name] = list
+    order[#order + 1] = name
+  end
+  list[#list + 1] = i
+end
 -- Which ids are new: per seen bucket, one SMISMEMBER of the call's ids (a repeat within the call counts once),
 -- and when asked one EXISTS of the earlier layout's marks of those not seen, looked at one by one only if any is
 -- there. Every id not seen joins its bucket's set, marked or not.
@@ -99,13 +109,7 @@ for i = first, #ARGV, width do
   local id, bucket = ARGV[i], ARGV[i + 1]
   if repeated[id] == nil then
     repeated[id] = true
-    local list = buckets[bucket]
-    if list == nil then
-      list = {}
-      buckets[bucket] = list
-      bucket_order[#bucket_order + 1] = bucket
-    end
-    list[#list + 1] = i
+    append(buckets, bucket_order, bucket, i)
   end
 end
 local new = {}
@@ -140,15 +144,8 @@ local order, entries = {}, {}
 local written = 0
 for i = first, #ARGV, width do
   if new[i] then
-    local sid, payload = ARGV[i + 2], ARGV[i + 5]
-    call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'alert', payload)
-    local list = entries[sid]
-    if list == nil then
-      list = {}
-      entries[sid] = list
-      order[#order + 1] = sid
-    end
-    list[#list + 1] = i
+    call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'alert', ARGV[i + 5])
+    append(entries, order, ARGV[i + 2], i)
     written = written + 1
   end
 end
@@ -223,6 +220,7 @@ def _records(frame: pd.DataFrame, kinds: pd.Series) -> list[Record]:
 
 
 def record_of(transition: Transition) -> Record:
+    """``transition`` as the script takes it (for the sink's ``write`` and the merged rank transitions)."""
     t = transition
     return t.alert_id, seen_bucket(t.evaluated_at), t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json()
 
@@ -246,8 +244,8 @@ class RedisAlertSink:
     A Lua script makes "seen?" and "record" atomic per transition, so a replayed micro-batch (after a
     crash between Redis and Spark's commit) adds nothing: the ids it stored are kept in a set per partition
     and ten minutes of evaluation time (``seen``, ``TOCSIN_SINK_DEDUPE_TTL_S`` after its last write), which a
-    call reads and extends once per set it touches, not once per transition. Per transition it writes the alert stream
-    entry; per subscription and call, its history entries, one HSET / HDEL of its firing hash at each key's
+    call reads and extends once per set it touches, not once per transition. Per transition it writes the
+    alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its firing hash at each key's
     last state, and one HINCRBY per state. It takes transitions in chunks (a script call blocks Redis
     while it runs), a slice's chunks in one pipelined round trip (:meth:`_record`), then the batch's
     stats in another. The script runs once per slot partition (``core.redis_schema``): its keys share
