@@ -225,8 +225,8 @@ class RedisKeys:
         return self._p(partition, "seen", "")
 
     def mark_prefix(self, partition: int) -> str:
-        """One key per stored alert id: the dedupe marks of the sink before ``seen`` sets (2026-11-29), still honoured
-        until they expire (``TOCSIN_SINK_DEDUPE_TTL_S`` after they were written), then never written or read."""
+        """One key per stored alert id: the dedupe marks of the sink before ``seen`` sets (2026-11-29). Never written
+        now; read only by the first batch a sink runs, the one batch that can replay a batch they recorded."""
         return self._p(partition, "alert", "")
 
     def firing_prefix(self, partition: int) -> str:
