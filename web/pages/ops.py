@@ -21,12 +21,16 @@ from web.watchdog import banner, open_incidents, unwatched_since
 router = APIRouter(include_in_schema=False)
 
 
-def _supervision(client: redis.Redis, settings: Settings) -> dict:
-    """What the refreshed banner shows: the dead man's switch's incidents, whether it watches at all, and the
-    runner's restarts."""
+def _latest(client: redis.Redis, settings: Settings) -> dict | None:
+    return next(iter(samples(client, settings, 1)), None)
+
+
+def _supervision(client: redis.Redis, settings: Settings, latest: dict | None) -> dict:
+    """What the refreshed banner shows: the dead man's switch's incidents, whether it watches at all (from the
+    ``latest`` sample), and the runner's restarts."""
     keys = RedisKeys(settings)
     return {"incidents": banner(open_incidents(client, settings)), "restarts": recorded(client, keys),
-            "unwatched_since": unwatched_since(next(iter(samples(client, settings, 1)), None), settings, time.time())}
+            "unwatched_since": unwatched_since(latest, settings, time.time())}
 
 
 def _operator(principal: PagePrincipal) -> None:
@@ -39,12 +43,12 @@ def ops_page(request: Request, principal: Page, session: DbDep, settings: Settin
              records: RecordsDep) -> HTMLResponse:
     _operator(principal)
     load = subscription_load(session)
-    return render(request, "ops.html", principal, load=load, streams=stream_load(load),
-                  latest=next(iter(samples(redis_client, settings, 1)), None),
+    latest = _latest(redis_client, settings)
+    return render(request, "ops.html", principal, load=load, streams=stream_load(load), latest=latest,
                   dead_letters=records.dead_letters(100), sample_s=settings.dashboard_sample_s,
                   invitation=take_flash(redis_client, RedisKeys(settings), principal).get("invitation"),
                   invitation_ttl=f"{settings.invitation_ttl_s // 3600} h",
-                  **_supervision(redis_client, settings))
+                  **_supervision(redis_client, settings, latest))
 
 
 @router.post("/ops/invitations")
@@ -63,7 +67,8 @@ def watchdog_fragment(request: Request, principal: Page, settings: SettingsDep, 
                       ) -> HTMLResponse:
     """The dead man's switch banner and the process restarts, refreshed in place."""
     _operator(principal)
-    return render(request, "_watchdog.html", principal, **_supervision(redis_client, settings))
+    return render(request, "_watchdog.html", principal,
+                  **_supervision(redis_client, settings, _latest(redis_client, settings)))
 
 
 @router.get("/ops/dead-letters", response_class=HTMLResponse)
