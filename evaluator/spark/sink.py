@@ -262,7 +262,6 @@ class RedisAlertSink:
         # Only the first batch a process runs can be one an earlier version stored with per-alert marks (replayed
         # after a crash before Spark's commit): its calls also look at those; later batches are new to every version.
         self.earlier_marks = True
-        self.sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-sender")
         self.stream = stream  # whose query: its clocks and batch ids are its own fields (``stream_stat``)
         self.keys = RedisKeys(settings)
         self.redis = make_redis(settings)
@@ -301,11 +300,12 @@ class RedisAlertSink:
                     raise
 
             sent = []
-            for records in slices():
-                if failed.is_set():
-                    break
-                sent.append(self.sender.submit(send, records))
-            return sum(future.result() for future in sent)  # the first failure is the one raised
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-sender") as sender:  # a batch's own thread
+                for records in slices():
+                    if failed.is_set():
+                        break
+                    sent.append(sender.submit(send, records))
+                return sum(future.result() for future in sent)  # the first failure is the one raised
         written = self.outage.ride_out(attempt)
         self.earlier_marks = False
         return written
