@@ -149,8 +149,8 @@ class Settings(BaseSettings):
     )
     sink_dedupe_ttl_s: int = Field(
         7 * 86_400, ge=3_600, description="how long the evaluator's sink remembers the ids of the alerts it stored "
-                                          "(per partition and ten minutes of evaluation time, after the set's last write): a batch "
-                                          "replayed within it adds nothing (docs/redis.md)"
+                                          "(per partition and ten minutes of evaluation time, after the set's last "
+                                          "write): a batch replayed within it adds nothing (docs/redis.md)"
     )
 
     # --- the local runner's supervision (devstack.run, docs/operations.md) ----------

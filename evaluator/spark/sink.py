@@ -219,9 +219,8 @@ def _records(frame: pd.DataFrame, kinds: pd.Series) -> list[Record]:
             for aid, sid, key, state, value, start, end, at, kind in zip(*columns, strict=True)]
 
 
-def record_of(transition: Transition) -> Record:
-    """``transition`` as the script takes it (for the sink's ``write`` and the merged rank transitions)."""
-    t = transition
+def record_of(t: Transition) -> Record:
+    """``t`` as the script takes it (for the sink's ``write`` and the merged rank transitions)."""
     return t.alert_id, seen_bucket(t.evaluated_at), t.subscription_id, t.key, _script_state(t.state, t.kind), t.to_json()
 
 
@@ -245,10 +244,10 @@ class RedisAlertSink:
     crash between Redis and Spark's commit) adds nothing: the ids it stored are kept in a set per partition
     and ten minutes of evaluation time (``seen``, ``TOCSIN_SINK_DEDUPE_TTL_S`` after its last write), which a
     call reads and extends once per set it touches, not once per transition. Per transition it writes the
-    alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its firing hash at each key's
-    last state, and one HINCRBY per state. It takes transitions in chunks (a script call blocks Redis
-    while it runs), a slice's chunks in one pipelined round trip (:meth:`_record`), then the batch's
-    stats in another. The script runs once per slot partition (``core.redis_schema``): its keys share
+    alert stream entry; per subscription and call, its history entries, one HSET / HDEL of its firing
+    hash at each key's last state, and one HINCRBY per state. It takes transitions in chunks (a script
+    call blocks Redis while it runs), a slice's chunks in one pipelined round trip (:meth:`_record`),
+    then the batch's stats in another. The script runs once per slot partition (``core.redis_schema``): its keys share
     the partition's hash tag, so it works on a Redis Cluster too.
     """
 
