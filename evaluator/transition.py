@@ -18,15 +18,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 State = Literal["firing", "resolved"]
 STATES: tuple[State, ...] = get_args(State)
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
+    """One edge. A named tuple, not a frozen dataclass: a first evaluation makes millions at once, and a frozen
+    dataclass's ``__init__`` (a ``setattr`` per field) cost 1.7 µs each against 0.46 µs (issue 33); the sink's rows
+    are these tuples as they are (``evaluator.spark.sink.shard_output``)."""
+
     alert_id: str
     subscription_id: int
     key: str

@@ -51,8 +51,9 @@ TRANSITIONS_SCHEMA = (
 CLOCK_STATE = "clock"  # an output row carrying a shard's last evaluated boundary, not a transition
 
 
-#: The columns of ``TRANSITIONS_SCHEMA``, in order.
+#: The columns of ``TRANSITIONS_SCHEMA``, in order: a :class:`Transition`'s fields.
 TRANSITION_COLUMNS = [field.split()[0] for field in TRANSITIONS_SCHEMA.split(", ")]
+assert tuple(TRANSITION_COLUMNS) == Transition._fields, "shard_output takes a transition as its row"
 
 
 def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
@@ -65,9 +66,8 @@ def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: in
                  ranked: Sequence[RankEntry] = ()) -> pd.DataFrame:
     """A shard's batch output in ``TRANSITIONS_SCHEMA``: its transitions (every row with its ``kind``), its rank
     entries (evaluator/rank.py, stamped with the shard), then its clock row. Built from tuples, not a dict per
-    transition: half the time at a few hundred thousand a batch."""
-    rows = [(t.alert_id, t.subscription_id, t.key, t.state, t.value, t.window_start, t.window_end, t.evaluated_at,
-             t.kind) for t in transitions]
+    transition (half the time at a few hundred thousand a batch): a transition is one, in the columns' order."""
+    rows: list[tuple] = list(transitions)
     rows += [replace(entry, shard=shard).to_row() for entry in ranked]
     clock = clock_record(shard, evaluated_at)
     rows.append(tuple(clock[column] for column in TRANSITION_COLUMNS))

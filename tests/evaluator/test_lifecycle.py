@@ -260,7 +260,7 @@ def test_transitions_written_before_kinds_still_load() -> None:
     t = Transition("a" * 32, 1, "A", "firing", 1.0, 0, 1_000, 1_000)
     assert "kind" not in t.to_dict() and '"kind"' not in t.to_json()  # a state transition's payload is unchanged
     assert Transition.from_dict(t.to_dict()) == t
-    crossing = replace(t, kind="crossing")
+    crossing = t._replace(kind="crossing")
     assert Transition.from_json(crossing.to_json()) == crossing
 
 
