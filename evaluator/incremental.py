@@ -126,6 +126,25 @@ class Members:
               & ((v < high) | ((v == high) & self.high_inclusive[members])))
         return ok.any(axis=1)
 
+    def accepting(self, members: np.ndarray, values: np.ndarray, where: np.ndarray) -> list[np.ndarray]:
+        """Per member of ``members``: the indices where ``where`` is set whose value it accepts (``holds``), in no
+        particular order. Found by binary search in those values sorted once, so a member costs a search per range
+        and its matches, not a test of every value: a first evaluation tests thousands of members at once."""
+        at = np.flatnonzero(where & ~np.isnan(values))
+        by_value = at[np.argsort(values[at], kind="stable")]
+        ordered = values[by_value]
+        low, high = self.low[members], self.high[members]
+        first = np.where(self.low_inclusive[members], np.searchsorted(ordered, low, "left"),
+                         np.searchsorted(ordered, low, "right"))
+        last = np.where(self.high_inclusive[members], np.searchsorted(ordered, high, "right"),
+                        np.searchsorted(ordered, high, "left"))
+        nothing = by_value[:0]
+        found = []
+        for starts, ends in zip(first.tolist(), last.tolist(), strict=True):
+            spans = [by_value[a:b] for a, b in zip(starts, ends, strict=True) if b > a]
+            found.append(nothing if not spans else spans[0] if len(spans) == 1 else np.unique(np.concatenate(spans)))
+        return found
+
     def holding(self, value: float) -> np.ndarray:
         """Per member: accepts ``value``."""
         return self.holds(np.arange(len(self)), np.full(len(self), value))
@@ -261,8 +280,13 @@ class GroupState:
         if dirty.size:
             flips += self._changed(ctx, dirty)
         started, scanned = time.perf_counter(), len(self.fresh)
-        for sid in sorted(self.fresh):
-            flips += self._full(ctx, sid)
+        fresh = sorted(self.fresh)
+        watching_all = [sid for sid in fresh if sid in self.everyone]
+        if watching_all:
+            flips += self._full(ctx, watching_all)
+        for sid in fresh:
+            if sid not in self.everyone:
+                flips += self._full_listed(ctx, sid)
         self.fresh.clear()
         if scanned:
             ctx.costs.measured("scan", time.perf_counter() - started, scanned * self.values.size)
@@ -339,24 +363,41 @@ class GroupState:
         now = name in spec.keys and ctx.owns(name) and spec.condition.holds(value)  # type: ignore[operator]  # listed
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
-    def _full(self, ctx: Context, sid: int) -> list[Flip]:
-        """A new or edited member against every key: a vectorised test over the values array."""
+    def _full(self, ctx: Context, sids: list[int]) -> list[Flip]:
+        """New or edited members that watch every key, against every key at once (``Members.accepting``)."""
         assert self.values is not None
-        ctx.work["full"] += 1
-        spec = self.everyone.get(sid) or self.restricted[sid]
-        if spec.keys is not None:
-            names = spec.keys | ctx.firing.get(sid, set())  # an edit may have left keys it no longer names
-            return [f for name in sorted(names) for f in self._one(ctx, sid, name, ctx.ids.get(name))]
+        ctx.work["full"] += len(sids)
         members = self.members
-        m = members.row[sid]
-        capacity = self.values.size
-        holds = members.holds(m, self.values)
-        was = np.zeros(capacity, dtype=bool)
-        firing = ctx.firing.get(sid, set())
-        was[[k for name in firing if (k := ctx.ids.get(name)) is not None]] = True
-        now = holds & ctx.known  # a key every key's member watches while it has data in the horizon
-        flips = [(self.order, sid, 0 if now[k] else 1, ctx.names[k] or "", _value(self.values[k]), self.window_ms)
-                 for k in np.flatnonzero(now != was).tolist()]
-        # a key it fired for when it listed keys, never seen (NO DATA): it has no id, and is no longer watched
-        return flips + [(self.order, sid, 1, name, _value(self.empty), self.window_ms)
-                        for name in sorted(firing) if name not in ctx.ids]
+        accepted = members.accepting(np.array([members.row[sid] for sid in sids], dtype=np.int64), self.values,
+                                     ctx.known)  # a key every key's member watches while it has data in the horizon
+        order, window, names, values = self.order, self.window_ms, ctx.names, self.values
+        marked = np.zeros(values.size, dtype=bool)  # set and cleared per member: no set operations (their sorts)
+        flips: list[Flip] = []
+        for sid, now in zip(sids, accepted, strict=True):
+            firing = ctx.firing.get(sid)
+            if firing:
+                was = np.array([k for name in firing if (k := ctx.ids.get(name)) is not None], dtype=np.int64)
+                marked[now] = True
+                lost = was[~marked[was]]
+                marked[now] = False
+                marked[was] = True
+                gained = now[~marked[now]]
+                marked[was] = False
+                flips += [(order, sid, 1, names[k] or "", _value(v), window)
+                          for k, v in zip(lost.tolist(), values[lost].tolist(), strict=True)]
+                # a key it fired for when it listed keys, never seen (NO DATA): it has no id, and is no longer watched
+                flips += [(order, sid, 1, name, _value(self.empty), window) for name in sorted(firing)
+                          if name not in ctx.ids]
+            else:
+                gained = now
+            flips += [(order, sid, 0, names[k] or "", v, window)  # accepted: never NaN
+                      for k, v in zip(gained.tolist(), values[gained].tolist(), strict=True)]
+        return flips
+
+    def _full_listed(self, ctx: Context, sid: int) -> list[Flip]:
+        """A new or edited member that lists its keys, key by key."""
+        ctx.work["full"] += 1
+        spec = self.restricted[sid]
+        assert spec.keys is not None
+        names = spec.keys | ctx.firing.get(sid, set())  # an edit may have left keys it no longer names
+        return [f for name in sorted(names) for f in self._one(ctx, sid, name, ctx.ids.get(name))]
