@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -17,8 +18,17 @@ from hypothesis import strategies as st
 
 from core.redis_schema import RedisKeys, seen_bucket, shard_clocks
 from core.settings import Settings
-from evaluator.spark.sink import CLOCK_STATE, RedisAlertSink, clock_record, frame_records, record_of, shard_output
-from evaluator.transition import Transition, alert_id
+from evaluator.rank import Rank, RankEntry
+from evaluator.spark.sink import (
+    CLOCK_STATE,
+    TRANSITION_COLUMNS,
+    RedisAlertSink,
+    clock_record,
+    frame_records,
+    record_of,
+    shard_output,
+)
+from evaluator.transition import STATES, Transition, alert_id
 from tests.examples import examples
 
 
@@ -65,6 +75,26 @@ def test_payloads_built_by_column_are_what_transition_to_json_writes(rows) -> No
     assert [r[5] for r in records] == [t.to_json() for t in transitions]
     assert [r[4] for r in records] == [state for _, _, state, _, _ in rows]  # what the script is told
     assert [r[1] for r in records] == [(at + 2) // 600_000 for _, _, _, _, at in rows]  # evaluated_at's ten minutes
+
+
+@hypothesis_settings(max_examples=examples(40), deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2**40), st.text(max_size=6), st.sampled_from(STATES),
+                          st.none() | st.floats(allow_infinity=False), st.integers(0, 2**50)), max_size=12),
+       st.lists(st.tuples(st.integers(1, 2**40), st.text(max_size=6), st.none() | st.floats(allow_infinity=False),
+                          st.booleans(), st.booleans()), max_size=4))
+def test_shard_output_is_the_frame_pandas_makes_of_its_rows(rows, ranks) -> None:
+    """Built column by column with the schema's types, the operator's output is what pandas infers from the same
+    rows: transitions (None values included), rank entries and the clock, types and order."""
+    transitions = [Transition(alert_id(sid, key, state, at), sid, key, state, value, at, at + 1, at + 2)
+                   for sid, key, state, value, at in rows]
+    entries = [RankEntry(0, sid, 5_000, 4_000, key, value, listed, Rank(3, top), out)
+               for sid, key, value, listed, top, out in ((*r, r[3]) for r in ranks)]
+    frame = shard_output(transitions, 4, 5_000, entries)
+    expected = pd.DataFrame.from_records(
+        [*transitions, *(replace(e, shard=4).to_row() for e in entries),
+         tuple(clock_record(4, 5_000).values())], columns=TRANSITION_COLUMNS)
+    expected["value"] = expected["value"].astype(float)  # pandas keeps a column of None alone as objects
+    pd.testing.assert_frame_equal(frame, expected)
 
 
 def test_a_crossing_is_counted_and_never_kept_as_firing(settings: Settings) -> None:
