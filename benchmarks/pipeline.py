@@ -526,6 +526,15 @@ def row_settings(base: Settings, name: str, mode: str, topic: str, cap: int) -> 
     })
 
 
+def handoff_left(settings: Settings, timeout_s: float = 900.0, stream: str = TRADES) -> float:
+    """Seconds until the sink's handoff (``evaluator.spark.handoff``) is empty: what of a burst it still stores
+    after the stream's last batch."""
+    client, key, started = redis.Redis.from_url(settings.redis_url), RedisKeys(settings).handoff(stream), time.monotonic()
+    while client.llen(key) and time.monotonic() - started < timeout_s:
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
 def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: float) -> dict:
     settings = row_settings(base, row.name, row.mode, row.topic, row.cap)
     install_catalog(settings, row.specs)
@@ -533,6 +542,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
     with Resources() as rss:
         throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s,
                                      stop_file(settings, TRADES))
+        handoff_s = handoff_left(settings)  # stored before the next row runs, and counted in this one's stats
     stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
         RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
     boundaries = max(stats.get("boundaries", 0), 1.0)
@@ -549,6 +559,7 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "batches": len(progress), "batch_rows": done / batches, "batch_ms": wall_ms / batches,
         # the first evaluation over the backlog: every match fires at once, the stream waits behind it
         "first_s": progress[0]["durationMs"].get("triggerExecution", 0) / 1000 if progress else float("nan"),
+        "handed_over": stats.get("handed_over", 0), "handoff_s": handoff_s,
         "transitions": stats.get("transitions", 0) / batches,
         "candidates": stats.get("candidates", 0) / boundaries, "matches": stats.get("matches", 0) / boundaries,
         "selectivity": stats.get("matches", 0) / boundaries * shards / (len(row.specs) * row.keys),
@@ -618,6 +629,8 @@ def two_stream_run(spark, base: Settings, row: TwoStreamRow, total_rows: int, ho
         drained = drain_all({"trades": (trades, total_rows, warm_up),
                              "hosts": (supervisor.queries()["hosts"], hosts_rows, min(row.cap, hosts_rows // 2))},
                             budget_s, {name: stop_file(settings, name) for name in (TRADES, "hosts")})
+        handoff_left(settings)
+        handoff_left(settings, stream="hosts")
     (trades_rate, trades_progress), (hosts_rate, hosts_progress) = drained["trades"], drained["hosts"]
     stats = _numbers(client.hgetall(keys.evaluator_stats))
     both = combined([trades_rate, hosts_rate])
@@ -738,6 +751,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
         producer.join(30)
         stop_between_batches(query, stop_file(settings, TRADES), 300)
         seen |= {p["batchId"]: p for p in query.recentProgress}
+        handoff_left(settings)  # its alerts are in the stream read below, and out of the next row's way
     at_end = _numbers(client.hgetall(stats_key))
     times = key_event_times(settings.kafka_bootstrap, settings.events_topic)
     latencies, from_first, from_last = [], [], []
@@ -1132,13 +1146,15 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
     tables = [(
         f"Sustained throughput (backlog drain), {args.rate:,} events per event-second, {args.seconds} event-seconds, "
         "local[2]; events/s = rows processed after the first batch / wall time of their batches; first batch s = "
-        "the first evaluation over the backlog (every match fires at once; the stream waits behind it)",
+        "the first evaluation over the backlog (every match fires at once; the stream waits behind it for what the "
+        "batch stores itself, TOCSIN_SINK_BATCH_TRANSITIONS); handed over = transitions stored after their batch, "
+        "by the sink's handoff; handoff left s = how long it still stored after the stream's last batch",
         ["row", "subscriptions", "keys", "events/s", "events done", "finished", "batches", "events/batch",
          "batch ms", "transitions/batch", "candidates/boundary", "matches/boundary", "selectivity %",
-         "peak RSS MB", "first batch s", "vs naive"],
+         "peak RSS MB", "first batch s", "handed over", "handoff left s", "vs naive"],
         [[r.name, f"{len(r.specs):,}", f"{r.keys:,}", x["rate"], x["events"], "yes" if x["finished"] else "budget",
           x["batches"], x["batch_rows"], x["batch_ms"], x["transitions"], x["candidates"], x["matches"],
-          100 * x["selectivity"], x["rss_mb"], x["first_s"],
+          100 * x["selectivity"], x["rss_mb"], x["first_s"], x["handed_over"], x["handoff_s"],
           x["rate"] / naive[id(r.specs)] if r.mode == "collective" and id(r.specs) in naive else float("nan")]
          for r in runs for x in [results[r.name]]],
     ), (

@@ -318,6 +318,15 @@ class RedisKeys:
         return self._k("inflight", "turn", self._o(owner_id), endpoint_id) if self.tagged else \
             self._k("inflight", "turn", endpoint_id)
 
+    def handoff(self, stream: str) -> str:
+        """The ids of a query's handoff pieces, oldest first (``evaluator.spark.handoff``); each piece is at
+        :meth:`handoff_piece`, in this list's slot (one script pops both)."""
+        name = self._k("handoff", stream)
+        return "{" + name + "}" if self.tagged else name
+
+    def handoff_piece(self, stream: str, piece_id: str) -> str:
+        return f"{self.handoff(stream)}:{piece_id}"
+
     def backtest(self, owner_id: int, job_id: str) -> str:
         """A backtest job's hash, in its owner's slot with :meth:`backtests_active` (one transaction admits a job)."""
         return self._k("backtest", self._o(owner_id), job_id)

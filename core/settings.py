@@ -147,6 +147,16 @@ class Settings(BaseSettings):
     evaluator_stop_timeout_s: float = Field(
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
+    sink_batch_transitions: int | None = Field(
+        100_000, ge=1, description="transitions a micro-batch stores itself before it ends; the rest, and the later "
+                                   "ones of their subscriptions, are stored after it from the handoff, in order, so "
+                                   "a burst (a first evaluation over a backlog) does not hold the stream "
+                                   "(docs/evaluator.md: the handoff); unset: a batch stores all of its own"
+    )
+    sink_handoff_max_transitions: int = Field(
+        4_000_000, ge=1, description="transitions the handoff holds at most: a batch that would take it past this "
+                                     "waits for it to drain first (a burst larger goes in whole into an empty one)"
+    )
     sink_dedupe_ttl_s: int = Field(
         7 * 86_400, ge=3_600, description="how long the evaluator's sink remembers the ids of the alerts it stored "
                                           "(per partition and ten minutes of evaluation time, after the set's last "

@@ -68,6 +68,8 @@ TOTALS = {
         "changed_keys": "(group, key) values that changed at evaluated boundaries (the incremental plan's work)",
         "explicit_keys": "Changed values checked against the firing sets (after a replay or a key appearing)",
         "transitions": "Transitions written to Redis",
+        "handed_over": "Transitions a batch handed over to be stored after it ends (a burst beyond "
+                       "TOCSIN_SINK_BATCH_TRANSITIONS, and the later ones of its subscriptions)",
         "restore_ms_total": "Milliseconds spent restoring shards (cache catch-up or rebuild)",
         "evaluate_ms_total": "Milliseconds spent ingesting panes and evaluating",
         "persist_ms_total": "Milliseconds spent writing shard change logs and snapshots",

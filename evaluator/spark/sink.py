@@ -17,9 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -43,6 +42,7 @@ from core.redis_schema import (
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.rank import RANK_STATE, RankEntry
+from evaluator.spark.handoff import Handoff
 from evaluator.spark.rank_sink import RankMerges
 from evaluator.transition import KINDS, STATES, Transition
 
@@ -66,6 +66,13 @@ def clock_record(shard: int, evaluated_at: int) -> dict[str, Any]:
             "window_start": 0, "window_end": 0, "evaluated_at": evaluated_at, "kind": "state"}
 
 
+def transition_frame(rows: Sequence[tuple]) -> pd.DataFrame:
+    """Rows in ``TRANSITIONS_SCHEMA``'s columns (transitions are such rows) as a frame of its types, column by
+    column: pandas' ``from_records`` inferred the types row by row, 1.8 µs a transition."""
+    return pd.DataFrame({name: np.array(list(map(itemgetter(i), rows)), dtype=_DTYPES[kind])
+                         for i, (name, kind) in enumerate(zip(TRANSITION_COLUMNS, _KINDS, strict=True))})
+
+
 def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: int,
                  ranked: Sequence[RankEntry] = ()) -> pd.DataFrame:
     """A shard's batch output in ``TRANSITIONS_SCHEMA``: its transitions (every row with its ``kind``), its rank
@@ -75,9 +82,7 @@ def shard_output(transitions: Sequence[Transition], shard: int, evaluated_at: in
     rows += [replace(entry, shard=shard).to_row() for entry in ranked]
     clock = clock_record(shard, evaluated_at)
     rows.append(tuple(clock[column] for column in TRANSITION_COLUMNS))
-    # column by column with the schema's types: pandas' from_records inferred them per row, 1.8 µs a transition
-    return pd.DataFrame({name: np.array(list(map(itemgetter(i), rows)), dtype=_DTYPES[kind])
-                         for i, (name, kind) in enumerate(zip(TRANSITION_COLUMNS, _KINDS, strict=True))})
+    return transition_frame(rows)
 
 
 def evaluated_through(stats: dict[str, str], shards: int, stream: str = TRADES) -> int | None:
@@ -194,13 +199,10 @@ def frame_records(frame: pd.DataFrame) -> list[Record]:
     return [record for part in frame_slices(frame, max(len(frame), 1)) for record in part]
 
 
-def frame_slices(frame: pd.DataFrame, size: int) -> Iterator[list[Record]]:
-    """:func:`frame_records` built ``size`` rows at a time, once every row's state and kind are checked.
+def checked_kinds(frame: pd.DataFrame) -> pd.Series:
+    """The frame's kinds (``state`` where it has none), once every row's state and kind are checked (ValueError).
 
-    Column-wise, without a :class:`Transition` per row: the frame has ``TRANSITIONS_SCHEMA``'s types, so
-    only the state needs checking (tests/evaluator/spark/test_sink.py checks the payloads against
-    ``Transition.to_json``).
-    """
+    The frame has ``TRANSITIONS_SCHEMA``'s types, so only these need checking."""
     bad = ~frame["state"].isin(STATES)
     if bad.any():
         raise ValueError(f"transition state {frame['state'][bad].iloc[0]!r} is none of {', '.join(STATES)}")
@@ -208,6 +210,16 @@ def frame_slices(frame: pd.DataFrame, size: int) -> Iterator[list[Record]]:
     unknown = ~kinds.isin(KINDS)
     if unknown.any():
         raise ValueError(f"transition kind {kinds[unknown].iloc[0]!r} is none of {', '.join(KINDS)}")
+    return kinds
+
+
+def frame_slices(frame: pd.DataFrame, size: int) -> Iterator[list[Record]]:
+    """:func:`frame_records` built ``size`` rows at a time, once every row is checked (:func:`checked_kinds`).
+
+    Column-wise, without a :class:`Transition` per row (tests/evaluator/spark/test_sink.py checks the payloads
+    against ``Transition.to_json``).
+    """
+    kinds = checked_kinds(frame)
     for first in range(0, len(frame), size):
         yield _records(frame.iloc[first : first + size], kinds.iloc[first : first + size])
 
@@ -254,7 +266,9 @@ class RedisAlertSink:
     hash at each key's last state, and one HINCRBY per state. It takes transitions in chunks (a script
     call blocks Redis while it runs), a slice's chunks in one pipelined round trip (:meth:`_record`),
     then the batch's stats in another. The script runs once per slot partition (``core.redis_schema``): its keys share
-    the partition's hash tag, so it works on a Redis Cluster too.
+    the partition's hash tag, so it works on a Redis Cluster too. A batch stores up to
+    ``TOCSIN_SINK_BATCH_TRANSITIONS`` itself and hands the rest over, to be stored after it in order
+    (``evaluator.spark.handoff``).
     """
 
     STREAM_MAXLEN = 1_000_000
@@ -277,11 +291,38 @@ class RedisAlertSink:
         self.outage.ride_out(lambda: check_eviction(self.redis, "sink"))  # a node that may drop alerts: refuse
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
         self.ranks = RankMerges(self.redis, self.keys, self.outage, stream, shard_ids)
+        self.batch_transitions = settings.sink_batch_transitions
+        self.handoff = Handoff(self.redis, self.keys, stream, self.outage, TRANSITION_COLUMNS, self._store,
+                               self._report, settings.sink_handoff_max_transitions)
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
         transitions = [Transition.from_dict(row) for row in rows]
         return self._record(lambda: [[record_of(t) for t in transitions]])
+
+    def _store(self, transitions: pd.DataFrame) -> int:
+        """Record a frame's transitions (the handoff's pieces are stored this way too); how many were new."""
+        return self._record(lambda: frame_slices(transitions, self.SLICE))
+
+    def _report(self, fields: Mapping[str, Any], written: int) -> None:
+        """Write stats fields (a stored piece's clocks) and count the transitions stored."""
+        def write() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            if fields:
+                pipe.hset(self.keys.evaluator_stats, mapping=cast("dict[FieldT, EncodableT]", dict(fields)))
+            pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
+            pipe.execute()
+        self.outage.ride_out(write)
+
+    def _split(self, transitions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The transitions this batch stores itself, and those it hands over (``evaluator.spark.handoff``): those
+        of subscriptions with some waiting, and those beyond ``TOCSIN_SINK_BATCH_TRANSITIONS`` of the rest."""
+        waiting = self.handoff.waiting()
+        later = (transitions["subscription_id"].isin(waiting).to_numpy() if waiting.size
+                 else np.zeros(len(transitions), dtype=bool))
+        if self.batch_transitions is not None:
+            later[np.flatnonzero(~later)[self.batch_transitions:]] = True
+        return transitions[~later], transitions[later]
 
     def _record(self, slices: Callable[[], Iterable[Sequence[Record]]]) -> int:
         """Run the scripts that record the transitions of ``slices()``, in order; how many were new.
@@ -336,22 +377,32 @@ class RedisAlertSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         frame: pd.DataFrame = batch.toPandas()  # runs the whole micro-batch: not the sink's own time
         started = time.perf_counter()
+        self.handoff.check()  # its thread failed: fail this batch, where it can be seen
         is_clock, is_rank = frame["state"] == CLOCK_STATE, frame["state"] == RANK_STATE
         clock_of = {int(shard): int(at) for shard, at in  # a clock row carries its shard as the subscription id
                     zip(frame.loc[is_clock, "subscription_id"], frame.loc[is_clock, "evaluated_at"], strict=True)}
-        clocks: dict[FieldT, EncodableT] = {stream_stat(self.stream, shard_clock_field(shard)): at
-                                            for shard, at in clock_of.items()}
+        clocks = {stream_stat(self.stream, shard_clock_field(shard)): at for shard, at in clock_of.items()}
         ranked, save_ranks = self.ranks.merge(frame.loc[is_rank, TRANSITION_COLUMNS], clock_of)
-        transitions = frame[~is_clock & ~is_rank]
-        written = self._record(lambda: chain(frame_slices(transitions, self.SLICE), [[record_of(t) for t in ranked]]))
-        save_ranks()  # only once their transitions are recorded (evaluator.spark.rank_sink)
-        # The clocks only after the alerts: a shard's clock says its alerts up to there are stored.
+        transitions = frame.loc[~is_clock & ~is_rank, TRANSITION_COLUMNS]
+        if ranked:
+            transitions = pd.concat([transitions, transition_frame(ranked)], ignore_index=True)
+        checked_kinds(transitions)  # a bad row fails the batch before any of it is stored or handed over
+        now, later = self._split(transitions)
+        written = self._store(now)
+        # The clocks only after the alerts: a shard's clock says its alerts up to there are stored. While the
+        # handoff holds any, they go with its last piece and are reported once it is stored.
+        handed = self.handoff.put(later, clocks)
+        save_ranks()  # only once their transitions are recorded or handed over (evaluator.spark.rank_sink)
         def stats() -> None:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(self.keys.evaluator_stats, mapping={stream_stat(self.stream, "last_batch_id"): batch_id,
-                                                          stream_stat(self.stream, "last_batch_at"): time.time(),
-                                                          **clocks})
+            fields: dict[str, EncodableT] = {stream_stat(self.stream, "last_batch_id"): batch_id,
+                                             stream_stat(self.stream, "last_batch_at"): time.time()}
+            if not handed:
+                fields.update(clocks)
+            pipe.hset(self.keys.evaluator_stats, mapping=cast("dict[FieldT, EncodableT]", fields))
             pipe.hincrby(self.keys.evaluator_stats, "transitions", written)
+            if len(later):
+                pipe.hincrby(self.keys.evaluator_stats, "handed_over", len(later))
             pipe.hincrbyfloat(self.keys.evaluator_stats, "sink_ms_total", (time.perf_counter() - started) * 1000)
             pipe.execute()
         self.outage.ride_out(stats)

@@ -139,6 +139,11 @@ def assert_matches_oracle(run: Settings, events: list, last: int) -> None:
     assert {spec_id for spec_id, *_ in expected} == {s.id for s in SPECS}
     assert set(alert_set(run)) == expected
     assert len(got) == len(expected)  # no duplicates
+    times: dict[tuple[int, str], list[int]] = {}
+    for t in got:
+        times.setdefault((t["subscription_id"], t["key"]), []).append(t["evaluated_at"])
+    for (sid, key), each in times.items():  # each alert's transitions stored in the order they were evaluated
+        assert each == sorted(each), f"subscription {sid}'s alerts on {key} stored out of order"
     by_id = {s.id: s for s in SPECS}
     ranked = rank_oracle(events, [s for s in SPECS if s.condition.rank is not None], last, run.pane_ms, HORIZON)
     for t in got:  # values and window extents are exact
