@@ -16,7 +16,10 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   (start-up, and the first evaluations where every match fires at once) over the
   wall time of the batches that processed them, from Spark's progress
   (``benchmarks/progress.py``); *first batch s* times that first evaluation
-  apart. ``--budget`` wall seconds after the warm-up, then
+  apart, *handed over* counts the transitions the sink's handoff stored after their batch
+  (``evaluator.spark.handoff``: a burst beyond ``TOCSIN_SINK_BATCH_TRANSITIONS``), and *handoff
+  left s* how long it still stored after the stream's last batch (the next row waits for it).
+  ``--budget`` wall seconds after the warm-up, then
   the row says "budget". Rows: collective at each ``--subscriptions``, naive at
   ``--naive``, collective at other caps (``--sweep-caps``: the batch-size
   trade-off), a high-selectivity mix (``--high-selectivity``: thresholds at the

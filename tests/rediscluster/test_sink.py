@@ -106,3 +106,25 @@ def test_rank_merges_keep_each_state_in_its_subscriptions_slot(cluster_settings:
         assert [(t["key"], t["state"]) for t in _stream(cluster_client, keys.history(sid))] == [("B", "firing")]
     sink(batch, 0)  # type: ignore[arg-type]
     assert sum(cluster_client.xlen(stream) for stream in keys.alerts_streams) == len(SUBSCRIPTIONS)
+
+
+def test_a_burst_handed_over_is_stored_on_the_cluster_in_order(cluster_settings: Settings,
+                                                              cluster_client: redis.Redis) -> None:
+    """The handoff's list and pieces share a slot (written in one transaction, popped by one script), and what it
+    stores after the batch lands in every partition as the batch would have stored it."""
+    keys = RedisKeys(cluster_settings)
+    cluster: RedisCluster = cluster_client  # type: ignore[assignment]
+    assert cluster.keyslot(keys.handoff("trades")) == cluster.keyslot(keys.handoff_piece("trades", "x"))
+    sink = RedisAlertSink(cluster_settings.model_copy(update={"sink_batch_transitions": 3}))
+    sink.handoff.PIECE = 5  # several pieces
+    batch = [transition(sid, key, "firing", 60_000) for sid in SUBSCRIPTIONS for key in ("A", "B")]
+    later = [transition(sid, "A", "resolved", 61_000) for sid in SUBSCRIPTIONS]
+    sink(Batch([*batch, clock_record(0, 60_000), clock_record(1, 60_000)]), 0)  # type: ignore[arg-type]
+    sink(Batch([*later, clock_record(0, 61_000), clock_record(1, 61_000)]), 1)  # type: ignore[arg-type]
+    assert sink.handoff.drained(60)
+    for sid in SUBSCRIPTIONS:
+        assert _stream(cluster_client, keys.history(sid)) == [t for t in batch + later if t["subscription_id"] == sid]
+        assert set(cluster_client.hgetall(keys.firing(sid))) == {"B"}
+    assert shard_clocks(cluster_client.hgetall(keys.evaluator_stats)) == [61_000, 61_000]
+    assert not cluster_client.exists(keys.handoff("trades"))
+    sink.handoff.stop()
