@@ -122,6 +122,7 @@ class Handoff:
             if piece is not None:
                 self._count(piece.frame, 1)
             self.pieces += 1
+        WAITING.labels(stream).set(self.rows)  # served from the start, not only after a first burst
         if self.pieces:
             log.info("handoff_resumed", stream=stream, transitions=self.rows)
         self._thread = threading.Thread(target=self._run, name=f"sink-handoff-{stream}", daemon=True)
