@@ -294,7 +294,8 @@ def measure_sink(work: Path, transitions: int, batches: int) -> tuple[float, flo
     port = free_port()
     server = start_redis(port, work / "redis", work / "redis.log")
     try:
-        settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix="capacity-sink")
+        settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix="capacity-sink",
+                            sink_batch_transitions=None)  # every transition stored by its batch: no handoff
         sink = RedisAlertSink(settings)
         client = redis.Redis.from_url(settings.redis_url)
         frames = [batch_frame(transitions, 10_000, 5_000, b) for b in range(batches + 1)]

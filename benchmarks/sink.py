@@ -3,7 +3,8 @@
     python benchmarks/sink.py            # prints one table
     python benchmarks/sink.py --quick    # smoke run
 
-A Redis server of its own; each row hands ``RedisAlertSink`` a frame shaped as the operator's output
+A Redis server of its own (every transition stored by its batch: ``TOCSIN_SINK_BATCH_TRANSITIONS`` unset, so
+no handoff); each row hands ``RedisAlertSink`` a frame shaped as the operator's output
 (``TRANSITIONS_SCHEMA`` rows plus one clock row per shard) through a stand-in for Spark's DataFrame
 whose ``toPandas`` returns it, so the time is the sink's own: building the payloads and its Redis
 round trips; *CPU* counts this process and the Redis server, which other jobs on the machine do not
@@ -130,7 +131,8 @@ def main() -> None:
     rows = []
     try:
         for i, (transitions, subscriptions, batches) in enumerate(shapes):
-            settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix=f"bench-sink-{i}")
+            settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix=f"bench-sink-{i}",
+                                sink_batch_transitions=None)  # every transition stored by its batch: no handoff
             rows.append(run(settings, transitions, subscriptions, batches))
     finally:
         server.stop()
