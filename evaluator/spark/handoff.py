@@ -83,11 +83,9 @@ class Piece:
         return out.getvalue().to_pybytes()
 
     @classmethod
-    def from_bytes(cls, blob: bytes, columns: list[str]) -> Piece:
-        table = pa.ipc.open_stream(blob).read_all()
-        report = json.loads((table.schema.metadata or {}).get(_META, b"null"))
-        frame = table.to_pandas() if table.num_columns else pd.DataFrame(columns=columns)
-        return cls(frame, report)
+    def from_bytes(cls, blob: bytes) -> Piece:
+        table = pa.ipc.open_stream(blob).read_all()  # a piece with no rows still has the frame's columns
+        return cls(table.to_pandas(), json.loads((table.schema.metadata or {}).get(_META, b"null")))
 
 
 class Handoff:
@@ -97,13 +95,13 @@ class Handoff:
     new; ``report`` writes a stored batch's stats fields with that count.
     """
 
-    PIECE = 50_000  # rows per piece: a few MB in Redis each
+    PIECE = 50_000  # rows per piece: ~1.5 MB in Redis each
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, stream: str, outage: Outage, columns: list[str],
+    def __init__(self, client: redis.Redis, keys: RedisKeys, stream: str, outage: Outage,
                  store: Callable[[pd.DataFrame], int], report: Callable[[dict[str, Any], int], None],
                  most: int) -> None:
         self.client, self.keys, self.stream, self.outage = client, keys, stream, outage
-        self.columns, self.store, self.report, self.most = columns, store, report, most
+        self.store, self.report, self.most = store, report, most
         self.list = keys.handoff(stream)
         self.pop = client.register_script(_POP)
         self._changed = threading.Condition()
@@ -204,7 +202,7 @@ class Handoff:
         key = self.keys.handoff_piece(self.stream, piece_id.decode() if isinstance(piece_id, bytes) else piece_id)
         blob = self.outage.ride_out(lambda: self.client.get(key))
         assert blob is None or isinstance(blob, bytes), "the sink's client does not decode replies"
-        return None if blob is None else Piece.from_bytes(blob, self.columns)
+        return None if blob is None else Piece.from_bytes(blob)
 
     def _pieces(self) -> Iterator[tuple[str, Piece | None]]:
         """The oldest piece, as long as there is one (None: its blob is gone, a crash between the two pops)."""

@@ -292,8 +292,8 @@ class RedisAlertSink:
         self.script = self.redis.register_script(_RECORD_TRANSITIONS)
         self.ranks = RankMerges(self.redis, self.keys, self.outage, stream, shard_ids)
         self.batch_transitions = settings.sink_batch_transitions
-        self.handoff = Handoff(self.redis, self.keys, stream, self.outage, TRANSITION_COLUMNS, self._store,
-                               self._report, settings.sink_handoff_max_transitions)
+        self.handoff = Handoff(self.redis, self.keys, stream, self.outage, self._store, self._report,
+                               settings.sink_handoff_max_transitions)
 
     def write(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Record transitions given as their fields (see ``Transition.from_dict``); returns how many were new."""
