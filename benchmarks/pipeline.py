@@ -81,6 +81,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -538,14 +539,48 @@ def handoff_left(settings: Settings, timeout_s: float = 900.0, stream: str = TRA
     return time.monotonic() - started
 
 
+class AdmissionWatch:
+    """When a row's shards had admitted every new subscription (``evaluator.admission``): ``stats:evaluator`` read
+    four times a second while the row drains; ``done_at`` is the first reading with every shard reported and none
+    waiting (epoch seconds)."""
+
+    def __init__(self, settings: Settings, shards: int, stream: str = TRADES) -> None:
+        self.client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.key, self.prefix, self.shards = RedisKeys(settings).evaluator_stats, f"admission_waiting:{stream}:", shards
+        self.done_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            waiting = [int(v) for f, v in text_hash(self.client.hgetall(self.key)).items() if f.startswith(self.prefix)]
+            if len(waiting) >= self.shards and not sum(waiting):
+                self.done_at = time.time()
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def after(self, progress: list[dict]) -> float:
+        """Seconds from the row's first batch's start to every subscription admitted."""
+        if not progress or self.done_at is None:
+            return float("nan")
+        started = datetime.fromisoformat(progress[0]["timestamp"].replace("Z", "+00:00")).timestamp()
+        return self.done_at - started
+
+
 def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: float) -> dict:
     settings = row_settings(base, row.name, row.mode, row.topic, row.cap)
     install_catalog(settings, row.specs)
     print(f"{row.name} ...", file=sys.stderr, flush=True)
     with Resources() as rss:
+        admission = AdmissionWatch(settings, base.spark_shuffle_partitions)
         throughput, progress = drain(build_query(spark, settings), total_rows, min(row.cap, total_rows // 2), budget_s,
                                      stop_file(settings, TRADES))
         handoff_s = handoff_left(settings)  # stored before the next row runs, and counted in this one's stats
+        admission.close()
     stats = {k: float(v) for k, v in text_hash(redis.Redis.from_url(settings.redis_url, decode_responses=True).hgetall(
         RedisKeys(settings).evaluator_stats)).items() if _is_number(v)}
     boundaries = max(stats.get("boundaries", 0), 1.0)
@@ -562,6 +597,8 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "batches": len(progress), "batch_rows": done / batches, "batch_ms": wall_ms / batches,
         # the first evaluation over the backlog: every match fires at once, the stream waits behind it
         "first_s": progress[0]["durationMs"].get("triggerExecution", 0) / 1000 if progress else float("nan"),
+        "longest_s": max((p["durationMs"].get("triggerExecution", 0) / 1000 for p in progress), default=float("nan")),
+        "admitted_s": admission.after(progress),
         "handed_over": stats.get("handed_over", 0), "handoff_s": handoff_s,
         "transitions": stats.get("transitions", 0) / batches,
         "candidates": stats.get("candidates", 0) / boundaries, "matches": stats.get("matches", 0) / boundaries,
@@ -1149,15 +1186,19 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
     tables = [(
         f"Sustained throughput (backlog drain), {args.rate:,} events per event-second, {args.seconds} event-seconds, "
         "local[2]; events/s = rows processed after the first batch / wall time of their batches; first batch s = "
-        "the first evaluation over the backlog (every match fires at once; the stream waits behind it for what the "
-        "batch stores itself, TOCSIN_SINK_BATCH_TRANSITIONS); handed over = transitions stored after their batch, "
-        "by the sink's handoff; handoff left s = how long it still stored after the stream's last batch",
+        "the first batch, where every subscription is new over the backlog (each shard evaluates up to "
+        "TOCSIN_EVALUATOR_ADMISSION_TRANSITIONS of their first transitions a batch, the rest wait; the batch stores "
+        "up to TOCSIN_SINK_BATCH_TRANSITIONS itself); longest batch s = the stream's longest wait; admitted after s = "
+        "from the first batch's start to every subscription admitted; handed over = transitions stored after their "
+        "batch, by the sink's handoff; handoff left s = how long it still stored after the stream's last batch",
         ["row", "subscriptions", "keys", "events/s", "events done", "finished", "batches", "events/batch",
          "batch ms", "transitions/batch", "candidates/boundary", "matches/boundary", "selectivity %",
-         "peak RSS MB", "first batch s", "handed over", "handoff left s", "vs naive"],
+         "peak RSS MB", "first batch s", "longest batch s", "admitted after s", "handed over", "handoff left s",
+         "vs naive"],
         [[r.name, f"{len(r.specs):,}", f"{r.keys:,}", x["rate"], x["events"], "yes" if x["finished"] else "budget",
           x["batches"], x["batch_rows"], x["batch_ms"], x["transitions"], x["candidates"], x["matches"],
-          100 * x["selectivity"], x["rss_mb"], x["first_s"], x["handed_over"], x["handoff_s"],
+          100 * x["selectivity"], x["rss_mb"], x["first_s"], x["longest_s"], x["admitted_s"], x["handed_over"],
+          x["handoff_s"],
           x["rate"] / naive[id(r.specs)] if r.mode == "collective" and id(r.specs) in naive else float("nan")]
          for r in runs for x in [results[r.name]]],
     ), (

@@ -28,7 +28,7 @@ the adapters.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -99,7 +99,8 @@ class Backtest:
             judge, shape, cells = RecordPanes(settings, (0,)), StreamShape(TRADES, ATTRIBUTES), False
         else:
             judge, shape, cells = StreamRecordPanes(settings, (0,), schema), StreamShape.of(schema), True
-        config = ShardConfig.live(settings, judge.attributes, partitions)
+        # one subscription over history, from its first boundary: nothing to admit later (evaluator.admission)
+        config = replace(ShardConfig.live(settings, judge.attributes, partitions), admission_transitions=None)
         return cls(spec, config, judge, start_ms=start_ms, clock_tolerance_ms=settings.clock_tolerance_ms,
                    optional=shape.optional, cells=cells)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from evaluator.admission import Admission
 from evaluator.aggregates import AGGREGATES, Columns
 from evaluator.comparators import Range
 from evaluator.expr import ARITHMETIC, BinOp, Expr, Num, Term, combine
@@ -170,6 +171,10 @@ class Members:
         return key[flip], member[flip], now[flip], total
 
 
+#: New members watching every key are admitted in slices of this many: each slice's matches are found at once (one
+#: sort of the values), and the batch's budget may end inside it.
+ADMISSION_SLICE = 1024
+
 # (group order, subscription, 0 firing / 1 resolved, key, value, window): sorted, the transitions' order
 Flip = tuple[str, int, int, str, float | None, int]
 
@@ -191,6 +196,7 @@ class Context:
     owns: Callable[[str], bool]  # the keys this shard evaluates (a listed key is watched by its shard only)
     work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("changed", "candidates", "full", "explicit", "scans"), 0))
+    admission: Admission | None = None  # new members wait for it (None: every one is evaluated at once)
 
 
 @dataclass
@@ -279,18 +285,59 @@ class GroupState:
             self.values = np.concatenate([self.values, np.full(capacity - self.values.size, self.empty)])
         if dirty.size:
             flips += self._changed(ctx, dirty)
-        started, scanned = time.perf_counter(), len(self.fresh)
-        fresh = sorted(self.fresh)
+        started = time.perf_counter()
+        fresh, new = self._due(ctx.admission)
         watching_all = [sid for sid in fresh if sid in self.everyone]
         if watching_all:
             flips += self._full(ctx, watching_all)
         for sid in fresh:
             if sid not in self.everyone:
                 flips += self._full_listed(ctx, sid)
-        self.fresh.clear()
+        self.fresh = set(self._admit(ctx, new, flips)) if new else set()
+        scanned = len(fresh) + len(new) - len(self.fresh)
         if scanned:
             ctx.costs.measured("scan", time.perf_counter() - started, scanned * self.values.size)
         return flips
+
+    def _due(self, admission: Admission | None) -> tuple[list[int], list[int]]:
+        """The members to evaluate in full now, and the new ones that wait for admission (in id order)."""
+        fresh = sorted(self.fresh)
+        if admission is None or not admission.limited:
+            return fresh, []
+        return [sid for sid in fresh if not admission.waits(sid)], [sid for sid in fresh if admission.waits(sid)]
+
+    def _admit(self, ctx: Context, new: list[int], flips: list[Flip]) -> list[int]:
+        """New members evaluated in full while the batch's admission budget lasts (``evaluator.admission``), their
+        flips added to ``flips``; returns those left waiting. Members watching every key go in slices, each
+        slice's matches found at once and admitted up to the budget."""
+        admission = ctx.admission
+        assert admission is not None
+        waiting: list[int] = []
+        watching_all = [sid for sid in new if sid in self.everyone]
+        for i in range(0, len(watching_all), ADMISSION_SLICE):
+            part = watching_all[i : i + ADMISSION_SLICE]
+            flips += self._full(ctx, [sid for sid in part if not admission.waits(sid)])  # see the listed below
+            part = [sid for sid in part if admission.waits(sid)]
+            if not part or not admission.open:
+                waiting += part
+                continue
+            accepted = self._accepting(ctx, part)
+            n = admission.take([a.size for a in accepted])
+            flips += self._full(ctx, part[:n], accepted[:n])
+            admission.admit(part[:n], sum(a.size for a in accepted[:n]))
+            waiting += part[n:]
+        for sid in new:
+            if sid in self.everyone:
+                continue
+            if not admission.waits(sid):  # its subscription's other member was admitted at this boundary
+                flips += self._full_listed(ctx, sid)
+            elif admission.open:
+                listed = self._full_listed(ctx, sid)
+                flips += listed
+                admission.admit([sid], len(listed))
+            else:
+                waiting.append(sid)
+        return waiting
 
     def _changed(self, ctx: Context, ids: np.ndarray) -> list[Flip]:
         assert self.values is not None
@@ -363,13 +410,22 @@ class GroupState:
         now = name in spec.keys and ctx.owns(name) and spec.condition.holds(value)  # type: ignore[operator]  # listed
         return [] if now == was else [(self.order, sid, 0 if now else 1, name, _value(value), self.window_ms)]
 
-    def _full(self, ctx: Context, sids: list[int]) -> list[Flip]:
-        """New or edited members that watch every key, against every key at once (``Members.accepting``)."""
+    def _accepting(self, ctx: Context, sids: list[int]) -> list[np.ndarray]:
+        """Per member watching every key: the key ids it accepts (a key is watched while it has data in the
+        horizon)."""
         assert self.values is not None
-        ctx.work["full"] += len(sids)
         members = self.members
-        accepted = members.accepting(np.array([members.row[sid] for sid in sids], dtype=np.int64), self.values,
-                                     ctx.known)  # a key every key's member watches while it has data in the horizon
+        return members.accepting(np.array([members.row[sid] for sid in sids], dtype=np.int64), self.values, ctx.known)
+
+    def _full(self, ctx: Context, sids: list[int], accepted: list[np.ndarray] | None = None) -> list[Flip]:
+        """New or edited members that watch every key, against every key at once (``Members.accepting``), or
+        against the matches found already (``accepted``)."""
+        assert self.values is not None
+        if not sids:
+            return []
+        ctx.work["full"] += len(sids)
+        if accepted is None:
+            accepted = self._accepting(ctx, sids)
         order, window, names, values = self.order, self.window_ms, ctx.names, self.values
         marked = np.zeros(values.size, dtype=bool)  # set and cleared per member: no set operations (their sorts)
         flips: list[Flip] = []

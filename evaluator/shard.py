@@ -71,13 +71,14 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from core.settings import Settings
+from evaluator.admission import Admission
 from evaluator.aggregates import AGGREGATES, Aggregation, PaneAggregate
 from evaluator.catalog import Catalog
 from evaluator.collective import CollectiveIndexes
@@ -112,6 +113,8 @@ class ShardConfig:
     #: MIN/MAX block summaries span this many panes (``panestore.BlockExtremes``; 0: none): a window's extreme
     #: that left it is recomputed from its blocks and the panes at its ends, not from all its panes.
     block_panes: int = 64
+    #: New subscriptions' first transitions a batch admits at most (``evaluator.admission``; None: all at once).
+    admission_transitions: int | None = None
 
     @property
     def block_ms(self) -> int | None:
@@ -130,6 +133,7 @@ class ShardConfig:
             collective=settings.evaluator_mode == "collective",
             value_retention_ms=settings.quantile_max_window_ms,
             tuple_max_events=settings.tuple_max_events,
+            admission_transitions=settings.evaluator_admission_transitions,
         )
 
 
@@ -227,6 +231,7 @@ class Delta:
     stale: bool = True  # the next boundary must be evaluated (see ShardEvaluator.stale)
     lifecycle: dict | None = None  # the lifecycle records this batch changed (evaluator/lifecycle.py Tracker.export)
     ranks: dict[int, list] = field(default_factory=dict)  # the rank lists sent this batch: sid -> [(key, value, listed)]
+    admitted: list[int] = field(default_factory=list)  # subscriptions admitted this batch (evaluator/admission.py)
 
     def to_bytes(self) -> bytes:
         meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
@@ -236,6 +241,7 @@ class Delta:
             "dropped": self.dropped_subscriptions, "stale": self.stale,
             **({"lifecycle": self.lifecycle} if self.lifecycle is not None else {}),
             **({"ranks": self.ranks} if self.ranks else {}),
+            **({"admitted": self.admitted} if self.admitted else {}),
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -259,6 +265,7 @@ class Delta:
             meta.get("stale", True),
             meta.get("lifecycle"),
             _rank_lists(meta.get("ranks", {})),
+            meta.get("admitted", []),
         )
 
 
@@ -283,6 +290,8 @@ class BatchStats:
     plans: dict[str, int] = field(default_factory=dict)  # boundaries evaluated per plan
     rank_moved: int = 0  # (book, key) moves: keys whose windows changed, in each rank book
     rank_sent: int = 0  # rank entries sent (evaluator/rank.py)
+    admitted: int = 0  # new subscriptions admitted (evaluator/admission.py)
+    waiting: int = 0  # new subscriptions waiting for admission after the batch
 
 
 class _Columns:
@@ -396,6 +405,7 @@ class ShardEvaluator:
         # Which keys this shard evaluates: a listed key is watched without data (NO DATA), by its own shard only.
         # The Spark operator sets the hash partitioning's; a lone shard owns every key.
         self.owns: Callable[[str], bool] = _everything
+        self.admission = Admission(config.admission_transitions if self._incremental else None)
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -556,6 +566,7 @@ class ShardEvaluator:
         delta = Delta(PaneRows.empty(len(self.config.attributes)), dict(self.progress), None, None)
         transitions: list[Transition] = []
         self._sync()
+        self.admission.start_batch()
         self._refresh(catalog, delta)
         watermark = self.watermark
         if watermark is not None:
@@ -574,8 +585,13 @@ class ShardEvaluator:
             if self.evaluated_at is not None and self.evaluated_at < last:  # nothing can change up to last
                 self._apply_until(last)
                 self.evaluated_at = last
+        if self.admission.waiting:
+            self.stale = True  # the next batch's first boundary is evaluated: it admits the next of them
         delta.evaluated_at, delta.applied_until, delta.stale = self.evaluated_at, self.applied_until, self.stale
         delta.lifecycle = self.lifecycle.export()
+        delta.admitted = list(self.admission.admitted_now)
+        stats.admitted += len(delta.admitted)
+        stats.waiting += len(self.admission.waiting)
         return transitions, delta
 
     def _next_boundary(self) -> int | None:
@@ -624,6 +640,7 @@ class ShardEvaluator:
             self._ranks = {}
             for spec in catalog.subscriptions:
                 self._upsert(spec)
+            self.admission.rebuilt(sid for sid in self._of_spec if sid > 0)
             self._rank_sent = {sid: sent for sid, sent in self._rank_sent.items() if sid in self._ranks}
             active = set(self._of_spec)  # the subscriptions and their internal lifecycle members
             gone = [sid for sid in self.firing if sid not in active]
@@ -633,6 +650,7 @@ class ShardEvaluator:
             for change in changes:
                 for sid in change.removals:
                     self._remove(sid)
+                    self.admission.drop(sid)
                     gone += [sid, aux_id(sid)]
                 for spec in change.upserts:
                     self._upsert(spec)
@@ -665,6 +683,8 @@ class ShardEvaluator:
             state = self._states[key] = GroupState(spec.condition, _order(key))
         state.add(spec)
         self._of_spec[spec.id] = key
+        if spec.id > 0:
+            self.admission.follow(spec.id)
         for name in spec.keys or ():
             self._restricted_names[name] = self._restricted_names.get(name, 0) + 1
         self._restricted_ids = None
@@ -978,9 +998,12 @@ class ShardEvaluator:
                                                  np.zeros(capacity - self._known_before.size, dtype=bool)])
         ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
                       self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
-                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns)
+                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns, admission=self.admission)
         flips: list[Flip] = []
-        for state in self._states.values():
+        states: Iterable[GroupState] = self._states.values()
+        if self.admission.waiting:  # admitted in the groups' order: the same whatever order they were built in
+            states = sorted(states, key=lambda state: state.order)
+        for state in states:
             flips += state.evaluate(ctx, running.take_dirty(state.windows))
         stats.changed_keys += ctx.work["changed"]
         stats.candidates += ctx.work["candidates"]
@@ -1127,6 +1150,7 @@ class ShardEvaluator:
         for sid, key, state in delta.changes:
             self._set_state(sid, key, state)
         self.lifecycle.apply(delta.lifecycle)
+        self.admission.replayed(delta.admitted)
         self._unsynced = True
         self._books = {}  # the windows moved without them: rebuilt when next needed
         self._rank_sent.update(delta.ranks)
@@ -1160,7 +1184,8 @@ class ShardEvaluator:
         parts = self.running.to_parts()
         meta = {"progress": self.progress, "evaluated_at": self.evaluated_at, "applied_until": self.applied_until,
                 "firing": {sid: sorted(keys) for sid, keys in self.firing.items()}, "stale": self.stale,
-                "lifecycle": self.lifecycle.to_json(), **({"rank_sent": self._rank_sent} if self._rank_sent else {})}
+                "lifecycle": self.lifecycle.to_json(), **({"rank_sent": self._rank_sent} if self._rank_sent else {}),
+                "admitted": self.admission.to_json()}
         parts += [self.values.to_bytes(), self.pending.to_bytes(), json.dumps(meta).encode()]
         return join_parts(parts)
 
@@ -1181,6 +1206,7 @@ class ShardEvaluator:
         shard.stale = meta.get("stale", True)
         shard.lifecycle.apply(meta.get("lifecycle"))
         shard._rank_sent = _rank_lists(meta.get("rank_sent", {}))
+        shard.admission.restore(meta.get("admitted"))
         shard.starts = np.unique(shard.running.store.live.starts)
         shard._trusted = False
         return shard

@@ -36,6 +36,7 @@ from core.redis_outage import Outage, is_transient
 from core.redis_schema import RedisKeys
 from core.settings import get_settings
 from core.stream_names import TRADES
+from evaluator.spark.counters import admission_waiting
 from evaluator.spark.graceful import hold, wait_between_batches
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader
@@ -49,6 +50,8 @@ log = structlog.get_logger("evaluator")
 INPUT_RATE = Gauge("tocsin_evaluator_input_rows_per_second", "Kafka records per second into the evaluator")
 BATCH_SECONDS = Gauge("tocsin_evaluator_batch_seconds", "Duration of the last micro-batch")
 BATCH_ID = Gauge("tocsin_evaluator_batch_id", "Id of the last micro-batch")
+ADMISSION_WAITING = Gauge("tocsin_evaluator_admission_waiting", "New subscriptions not admitted yet, summed over the "
+                          "stream's shards after their last batch (TOCSIN_EVALUATOR_ADMISSION_TRANSITIONS)", ["stream"])
 #: Totals the shard operator and the sink keep in Redis (they run in Spark's Python workers).
 TOTALS = {
     name: Gauge(f"tocsin_evaluator_{name}", help_text)
@@ -75,6 +78,7 @@ TOTALS = {
         "persist_ms_total": "Milliseconds spent writing shard change logs and snapshots",
         "shard_host_failures": "Shard batches their shard host could not run (none could start, or it died): run "
                                "in the Python worker instead, from the state store",
+        "subscriptions_admitted": "New subscriptions admitted by the shards (each shard admits for its own keys)",
     }.items()
 }
 
@@ -227,6 +231,8 @@ def _publish_progress(query: StreamingQuery, stats: redis.Redis, keys: RedisKeys
     totals = stats.hgetall(keys.evaluator_stats)
     for name, gauge in TOTALS.items():
         gauge.set(float(totals.get(name.encode(), 0)))
+    for stream, waiting in admission_waiting(totals).items():
+        ADMISSION_WAITING.labels(stream=stream).set(waiting)
     progress = query.lastProgress
     if not progress or progress["batchId"] == last_batch:
         return last_batch

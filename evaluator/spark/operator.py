@@ -42,7 +42,7 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.shard import ShardConfig
 from evaluator.spark.catalog_source import shared_catalog_source
-from evaluator.spark.counters import add_totals
+from evaluator.spark.counters import add_totals, admission_waiting_field
 from evaluator.spark.parse import NO_PARTITION, pane_rows
 from evaluator.spark.registry import checkpoint_of
 from evaluator.spark.shard_host import run_on_host
@@ -145,8 +145,9 @@ class ShardProcessor(StatefulProcessor):
             "invalid_events_dropped": stats.invalid_events, "boundaries": stats.boundaries,
             "candidates": stats.candidates, "matches": stats.matches, f"shard_restore_{how}": 1,
             "changed_keys": stats.changed_keys, "explicit_keys": stats.explicit_keys,
-            "shard_host_failures": host_failures,
+            "shard_host_failures": host_failures, "subscriptions_admitted": stats.admitted,
         })
+        pipe.hset(keys.evaluator_stats, admission_waiting_field(self.job.stream_name, shard), stats.waiting)
         # evaluate: the step and the previews, and the rest of the task's wait on its host (the rows' transfer)
         for stage, seconds in (("restore", restore_s), ("evaluate", ran - opened - result.restore_s),
                                ("persist", persisted - ran)):

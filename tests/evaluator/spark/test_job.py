@@ -226,3 +226,42 @@ def test_a_batch_compiles_no_new_code(spark, settings: Settings) -> None:
         assert compilations(spark) == compiled
     finally:
         stop_query(query, settings)
+
+
+def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: Settings) -> None:
+    """Each shard admits one new subscription a batch (a budget of one first transition): the four are admitted
+    over four batches, each fires once for every key, and the waiting count goes up, is seen, and goes to 0."""
+    from evaluator.spark.__main__ import ADMISSION_WAITING, _publish_progress  # the driver's metrics
+
+    settings = settings.model_copy(update={"evaluator_admission_transitions": 1})
+    ensure_topics(settings)
+    publish_catalog(settings, *(SubscriptionSpec(sid, parse_condition("COUNT(*) OVER 1m >= 1")) for sid in range(1, 5)))
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = RedisKeys(settings)
+    base = recent_base()
+    query = build_query(spark, settings)
+    try:
+        with EventPublisher(settings) as publisher:
+            for key in ("K1", "K2", "K3", "K4"):
+                publisher.publish(Event(key=key, ts=base, price=10, volume=1))
+            publisher.heartbeat(base + 4_000)  # past the allowed delay: the pane at base is evaluated
+        wait(query, lambda: transitions(settings))
+        _publish_progress(query, client, keys, -1)
+        assert ADMISSION_WAITING.labels(stream="trades")._value.get() > 0
+        for second in range(5, 30):
+            if {t["subscription_id"] for t in transitions(settings)} == {1, 2, 3, 4} and not sum(
+                    int(v) for f, v in client.hgetall(keys.evaluator_stats).items() if f.startswith("admission_waiting")):
+                break
+            with EventPublisher(settings) as publisher:  # a batch each: each shard admits the next
+                publisher.heartbeat(base + second * 1_000)
+            query.processAllAvailable()
+        _publish_progress(query, client, keys, -1)
+    finally:
+        stop_query(query, settings)
+    got = transitions(settings)
+    assert sorted((t["subscription_id"], t["key"]) for t in got) == [(s, k) for s in range(1, 5)
+                                                                     for k in ("K1", "K2", "K3", "K4")]
+    assert all(t["state"] == "firing" for t in got)
+    assert len({t["evaluated_at"] for t in got}) >= 4, "admitted over (at least) four batches"
+    assert ADMISSION_WAITING.labels(stream="trades")._value.get() == 0
+    assert int(client.hget(keys.evaluator_stats, "subscriptions_admitted")) == 4 * settings.spark_shuffle_partitions
