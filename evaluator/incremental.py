@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,6 +175,23 @@ class Members:
 #: sort of the values), and the batch's budget may end inside it.
 ADMISSION_SLICE = 1024
 
+
+def _by_owner(sid: int) -> tuple[int, bool]:
+    """A subscription's members side by side, in subscription id order (its second member has the negated id)."""
+    return abs(sid), sid < 0
+
+
+def _slices(order: list[int]) -> Iterator[list[int]]:
+    """``order`` in slices of about ``ADMISSION_SLICE``, none separating a subscription's two members."""
+    start = 0
+    while start < len(order):
+        end = min(start + ADMISSION_SLICE, len(order))
+        while end < len(order) and abs(order[end]) == abs(order[end - 1]):
+            end += 1
+        yield order[start:end]
+        start = end
+
+
 # (group order, subscription, 0 firing / 1 resolved, key, value, window): sorted, the transitions' order
 Flip = tuple[str, int, int, str, float | None, int]
 
@@ -240,7 +257,9 @@ class GroupState:
         self.by_key: dict[str, set[int]] = {}
         self.values: np.ndarray | None = None  # None: not computed yet (a new group)
         self.fresh: set[int] = set()  # members to evaluate in full at the next boundary (new or edited)
+        self.waiting: set[int] = set()  # new members not admitted yet (evaluator.admission): not evaluated at all
         self._members: Members | None = None
+        self._waiting_rows: tuple[Members, np.ndarray] | None = None  # the members' rows that wait, as a mask
 
     def __len__(self) -> int:
         return len(self.everyone) + len(self.restricted)
@@ -272,6 +291,9 @@ class GroupState:
                 if not named:
                     del self.by_key[key]
         self.fresh.discard(sid)
+        if sid in self.waiting:
+            self.waiting.discard(sid)
+            self._waiting_rows = None
 
     def evaluate(self, ctx: Context, dirty: np.ndarray) -> list[Flip]:
         """The flips at this boundary; updates ``values`` for the keys in ``dirty`` (all keys if new)."""
@@ -286,58 +308,65 @@ class GroupState:
         if dirty.size:
             flips += self._changed(ctx, dirty)
         started = time.perf_counter()
-        fresh, new = self._due(ctx.admission)
+        fresh = self._due(ctx.admission)
         watching_all = [sid for sid in fresh if sid in self.everyone]
         if watching_all:
             flips += self._full(ctx, watching_all)
         for sid in fresh:
             if sid not in self.everyone:
                 flips += self._full_listed(ctx, sid)
-        self.fresh = set(self._admit(ctx, new, flips)) if new else set()
-        scanned = len(fresh) + len(new) - len(self.fresh)
-        if scanned:
-            ctx.costs.measured("scan", time.perf_counter() - started, scanned * self.values.size)
+        self.fresh = set()
+        admitted = self._admit(ctx, flips) if self.waiting and ctx.admission is not None and ctx.admission.open else 0
+        if fresh or admitted:
+            ctx.costs.measured("scan", time.perf_counter() - started, (len(fresh) + admitted) * self.values.size)
         return flips
 
-    def _due(self, admission: Admission | None) -> tuple[list[int], list[int]]:
-        """The members to evaluate in full now, and the new ones that wait for admission (in id order)."""
-        fresh = sorted(self.fresh)
-        if admission is None or not admission.limited:
-            return fresh, []
-        return [sid for sid in fresh if not admission.waits(sid)], [sid for sid in fresh if admission.waits(sid)]
+    def _due(self, admission: Admission | None) -> list[int]:
+        """The members to evaluate in full now, in id order; new ones the admission holds back join ``waiting``.
+        Costs the fresh members, not the waiting ones: a batch whose budget is spent passes them by."""
+        fresh = self.fresh - self.waiting if self.waiting else self.fresh
+        if admission is not None and admission.limited:
+            new = {sid for sid in fresh if admission.waits(sid)}
+            if new:
+                self.waiting |= new
+                self._waiting_rows = None
+                fresh = fresh - new
+        return sorted(fresh)
 
-    def _admit(self, ctx: Context, new: list[int], flips: list[Flip]) -> list[int]:
-        """New members evaluated in full while the batch's admission budget lasts (``evaluator.admission``), their
-        flips added to ``flips``; returns those left waiting. Members watching every key go in slices, each
-        slice's matches found at once and admitted up to the budget."""
+    def _admit(self, ctx: Context, flips: list[Flip]) -> int:
+        """Waiting members evaluated in full while the batch's admission budget lasts (``evaluator.admission``),
+        in subscription id order, a subscription's two members together; their flips are added to ``flips``.
+        Returns how many were admitted. They go in slices, each slice's matches found at once (members watching
+        every key) and admitted up to the budget."""
         admission = ctx.admission
         assert admission is not None
-        waiting: list[int] = []
-        watching_all = [sid for sid in new if sid in self.everyone]
-        for i in range(0, len(watching_all), ADMISSION_SLICE):
-            part = watching_all[i : i + ADMISSION_SLICE]
-            flips += self._full(ctx, [sid for sid in part if not admission.waits(sid)])  # see the listed below
-            part = [sid for sid in part if admission.waits(sid)]
-            if not part or not admission.open:
-                waiting += part
-                continue
-            accepted = self._accepting(ctx, part)
-            n = admission.take([a.size for a in accepted])
-            flips += self._full(ctx, part[:n], accepted[:n])
-            admission.admit(part[:n], sum(a.size for a in accepted[:n]))
-            waiting += part[n:]
-        for sid in new:
-            if sid in self.everyone:
-                continue
-            if not admission.waits(sid):  # its subscription's other member was admitted at this boundary
-                flips += self._full_listed(ctx, sid)
-            elif admission.open:
-                listed = self._full_listed(ctx, sid)
-                flips += listed
-                admission.admit([sid], len(listed))
-            else:
-                waiting.append(sid)
-        return waiting
+        admitted: list[int] = []
+        for part in _slices(sorted(self.waiting, key=_by_owner)):
+            if not admission.open:
+                break
+            everyone = [sid for sid in part if sid in self.everyone]
+            accepted = dict(zip(everyone, self._accepting(ctx, everyone), strict=True)) if everyone else {}
+            listed = {sid: self._full_listed(ctx, sid) for sid in part if sid not in accepted}
+            counts = [accepted[sid].size if sid in accepted else len(listed[sid]) for sid in part]
+            n = admission.take(counts)
+            while 0 < n < len(part) and abs(part[n]) == abs(part[n - 1]):
+                n += 1  # a subscription's second member is admitted with it
+            chosen = [sid for sid in part[:n] if sid in accepted]
+            flips += self._full(ctx, chosen, [accepted[sid] for sid in chosen])
+            for sid in part[:n]:
+                flips += listed.get(sid, ())
+            admission.admit(part[:n], sum(counts[:n]))
+            admitted += part[:n]
+        self.waiting.difference_update(admitted)
+        self._waiting_rows = None
+        return len(admitted)
+
+    def _waiting_mask(self, members: Members) -> np.ndarray:
+        """Per member row: waiting for admission (cached while neither the members nor the waiting change)."""
+        if self._waiting_rows is None or self._waiting_rows[0] is not members:
+            waiting = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+            self._waiting_rows = (members, np.isin(members.sids, waiting))
+        return self._waiting_rows[1]
 
     def _changed(self, ctx: Context, ids: np.ndarray) -> list[Flip]:
         assert self.values is not None
@@ -364,6 +393,8 @@ class GroupState:
             members = self.members
             fresh = np.zeros(len(members), dtype=bool)
             fresh[[members.row[s] for s in self.fresh if s in members.row]] = True
+            if self.waiting:
+                fresh |= self._waiting_mask(members)
             r = np.flatnonzero(regular)
             key, member, now, candidates = members.flips(old[r], new[r])
             ctx.work["candidates"] += candidates
@@ -387,7 +418,7 @@ class GroupState:
         if self.restricted:
             for k, name in self._named_moved(ctx, ids[moved & ctx.restricted[ids]]):
                 for sid in self.by_key[name]:
-                    if sid not in self.fresh:
+                    if sid not in self.fresh and sid not in self.waiting:
                         flips += self._one(ctx, sid, name, k)
         return flips
 
