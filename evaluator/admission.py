@@ -33,6 +33,7 @@ class Admission:
         self.admitted: set[int] = set()
         self.waiting: set[int] = set()  # known to the shard, not admitted yet
         self.admitted_now: list[int] = []  # this batch's, in order (a delta's)
+        self.dropped_now: list[int] = []  # admitted ones deleted or paused this batch (a delta's, before its admits)
         self._left: int | None = limit
         self._admit_known = False  # restored from a snapshot written before admission: what it knew was admitted
 
@@ -46,7 +47,7 @@ class Admission:
         return self._left is None or self._left > 0
 
     def start_batch(self) -> None:
-        self._left, self.admitted_now = self.limit, []
+        self._left, self.admitted_now, self.dropped_now = self.limit, [], []
 
     def waits(self, sid: int) -> bool:
         return owner(sid) not in self.admitted
@@ -79,21 +80,26 @@ class Admission:
             self.waiting.add(sid)
 
     def drop(self, sid: int) -> None:
-        """Deleted or paused: if it comes back, it is new again."""
-        self.admitted.discard(sid)
+        """Deleted or paused (as the catalog stands after the batch's changes): if it comes back, it is new again."""
+        if sid in self.admitted:
+            self.admitted.discard(sid)
+            self.dropped_now.append(sid)
         self.waiting.discard(sid)
 
     def rebuilt(self, sids: Iterable[int]) -> None:
         """The catalog was read whole (a new or restored shard): ``sids`` is everything it evaluates."""
         known = set(sids)
+        self.dropped_now += sorted(self.admitted - known)
         self.admitted &= known
         self.waiting = known - self.admitted
         self._admit_known = False
 
     # -- persisting ---------------------------------------------------------------------------------------
 
-    def replayed(self, admitted: Iterable[int]) -> None:
-        """Another copy of the shard admitted these in a batch this copy replays."""
+    def replayed(self, admitted: Iterable[int], dropped: Iterable[int] = ()) -> None:
+        """Another copy of the shard dropped, then admitted, these in a batch this copy replays."""
+        for sid in dropped:
+            self.admitted.discard(sid)
         for sid in admitted:
             self.admitted.add(sid)
             self.waiting.discard(sid)

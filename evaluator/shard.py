@@ -232,6 +232,7 @@ class Delta:
     lifecycle: dict | None = None  # the lifecycle records this batch changed (evaluator/lifecycle.py Tracker.export)
     ranks: dict[int, list] = field(default_factory=dict)  # the rank lists sent this batch: sid -> [(key, value, listed)]
     admitted: list[int] = field(default_factory=list)  # subscriptions admitted this batch (evaluator/admission.py)
+    unadmitted: list[int] = field(default_factory=list)  # admitted ones deleted or paused this batch (before those)
 
     def to_bytes(self) -> bytes:
         meta = json.dumps({  # changes as three columns: one JSON list of numbers, two strings (fast to read back)
@@ -242,6 +243,7 @@ class Delta:
             **({"lifecycle": self.lifecycle} if self.lifecycle is not None else {}),
             **({"ranks": self.ranks} if self.ranks else {}),
             **({"admitted": self.admitted} if self.admitted else {}),
+            **({"unadmitted": self.unadmitted} if self.unadmitted else {}),
         }).encode()
         return struct.pack("<I", len(meta)) + meta + self.rows.to_bytes()
 
@@ -266,6 +268,7 @@ class Delta:
             meta.get("lifecycle"),
             _rank_lists(meta.get("ranks", {})),
             meta.get("admitted", []),
+            meta.get("unadmitted", []),
         )
 
 
@@ -589,7 +592,7 @@ class ShardEvaluator:
             self.stale = True  # the next batch's first boundary is evaluated: it admits the next of them
         delta.evaluated_at, delta.applied_until, delta.stale = self.evaluated_at, self.applied_until, self.stale
         delta.lifecycle = self.lifecycle.export()
-        delta.admitted = list(self.admission.admitted_now)
+        delta.admitted, delta.unadmitted = list(self.admission.admitted_now), list(self.admission.dropped_now)
         stats.admitted += len(delta.admitted)
         stats.waiting += len(self.admission.waiting)
         return transitions, delta
@@ -650,11 +653,13 @@ class ShardEvaluator:
             for change in changes:
                 for sid in change.removals:
                     self._remove(sid)
-                    self.admission.drop(sid)
                     gone += [sid, aux_id(sid)]
                 for spec in change.upserts:
                     self._upsert(spec)
                     gone.append(aux_id(spec.id))  # an edit may have dropped its internal member
+            for sid in dict.fromkeys(sid for change in changes for sid in change.removals):
+                if sid not in self._of_spec:  # net of the changes: paused and resumed in one catch-up stays admitted
+                    self.admission.drop(sid)
             gone = [sid for sid in dict.fromkeys(gone) if sid not in self._of_spec
                     and (sid in self.firing or self.lifecycle.has(sid))]
         self._catalog = catalog
@@ -1150,7 +1155,7 @@ class ShardEvaluator:
         for sid, key, state in delta.changes:
             self._set_state(sid, key, state)
         self.lifecycle.apply(delta.lifecycle)
-        self.admission.replayed(delta.admitted)
+        self.admission.replayed(delta.admitted, delta.unadmitted)
         self._unsynced = True
         self._books = {}  # the windows moved without them: rebuilt when next needed
         self._rank_sent.update(delta.ranks)
