@@ -42,6 +42,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from core.settings import Settings
@@ -92,6 +93,27 @@ def shard_clocks(stats: dict[str, str], stream: str = TRADES) -> list[int]:
     """Every shard's last evaluated boundary of ``stream``'s query, from the ``stats:evaluator`` hash."""
     prefix = stream_stat(stream, "shard_")
     return [int(v) for k, v in stats.items() if k.startswith(prefix) and k.endswith("_evaluated_at")]
+
+
+#: ``stats:evaluator`` fields ``admission_waiting:<stream>:<shard>``: new subscriptions each shard has not admitted
+#: yet after its last batch (``evaluator.admission``; written by the shard operator).
+ADMISSION_WAITING = "admission_waiting"
+
+
+def admission_waiting_field(stream: str, shard: int) -> str:
+    return f"{ADMISSION_WAITING}:{stream}:{shard}"
+
+
+def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
+    """Per stream, the subscriptions its shards have not admitted yet (summed: each shard admits for its keys), from
+    a ``stats:evaluator`` reply (fields as bytes or text)."""
+    waiting: dict[str, int] = {}
+    for name, value in fields.items():
+        kind, _, rest = (name.decode() if isinstance(name, bytes) else name).partition(":")
+        if kind == ADMISSION_WAITING:
+            stream = rest.rpartition(":")[0]
+            waiting[stream] = waiting.get(stream, 0) + int(value)
+    return waiting
 
 
 def stream_stat(stream: str, field: str) -> str:

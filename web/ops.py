@@ -37,6 +37,7 @@ from core.redis_schema import (
     QUERY_FAILING,
     QUERY_STARTED_AT,
     RedisKeys,
+    admission_waiting,
     celery_queue_keys,
     shard_clocks,
     stream_stat,
@@ -154,6 +155,8 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "candidates": _number(evaluator, "candidates"),
         "matches": _number(evaluator, "matches"),
         "transitions": _number(evaluator, "transitions"),
+        # new subscriptions the shards have not admitted yet (evaluator/admission.py), every stream's
+        "admission_waiting": sum(admission_waiting(evaluator).values()),
         "queued": broker.llen(queue),
         "unacked": broker.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),

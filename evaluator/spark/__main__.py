@@ -33,10 +33,9 @@ from core.logs import configure_logging
 from core.metrics import serve_metrics
 from core.redis_client import make_redis
 from core.redis_outage import Outage, is_transient
-from core.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys, admission_waiting
 from core.settings import get_settings
 from core.stream_names import TRADES
-from evaluator.spark.counters import admission_waiting
 from evaluator.spark.graceful import hold, wait_between_batches
 from evaluator.spark.job import build_query
 from evaluator.spark.registry import RegistryReader

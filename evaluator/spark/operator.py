@@ -38,11 +38,12 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from core.gc_policy import apply_gc_policy, settle_after_task
+from core.redis_schema import admission_waiting_field
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.shard import ShardConfig
 from evaluator.spark.catalog_source import shared_catalog_source
-from evaluator.spark.counters import add_totals, admission_waiting_field
+from evaluator.spark.counters import add_totals
 from evaluator.spark.parse import NO_PARTITION, pane_rows
 from evaluator.spark.registry import checkpoint_of
 from evaluator.spark.shard_host import run_on_host
