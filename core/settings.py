@@ -24,7 +24,8 @@ WELL_KNOWN_SECRET_KEYS = frozenset({"5CNBWChqml949lvwExqZltCAmZPQUeheru11a5sYlL0
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOCSIN_", env_file=".env", extra="ignore")
+    # "null" sets an optional setting to none: the only way to unset one whose default is a value
+    model_config = SettingsConfigDict(env_prefix="TOCSIN_", env_file=".env", extra="ignore", env_parse_none_str="null")
 
     # --- Kafka ---------------------------------------------------------------
     kafka_bootstrap: str = Field(
@@ -648,6 +649,8 @@ class Settings(BaseSettings):
         env = {}
         for name, value in self.model_dump(mode="json").items():
             if value is None:
+                if type(self).model_fields[name].default is not None:
+                    env[f"TOCSIN_{name.upper()}"] = "null"  # unset where the default is a value: the child unsets it
                 continue
             secret = getattr(self, name)
             if isinstance(secret, SecretStr):

@@ -37,7 +37,8 @@ Everything is read by one settings object, `Settings` in `core/settings.py` (pyd
 environment variables or a `.env` file in the working directory. The local runner (`infra/up`), the tests and
 `docker-compose.yml` configure the same code the same way, and a process passes its settings to the processes it
 starts (`Settings.to_env`). Values are parsed as pydantic parses them: numbers and booleans (`true`/`false`) as
-text, lists and objects as JSON (`TOCSIN_WEBHOOK_ALLOW_HOSTS='["127.0.0.1"]'`). An invalid value stops the process
+text, lists and objects as JSON (`TOCSIN_WEBHOOK_ALLOW_HOSTS='["127.0.0.1"]'`), and `null` unsets a setting whose type
+admits none (`TOCSIN_SINK_BATCH_TRANSITIONS=null`). An invalid value stops the process
 at start-up with the setting's name and what is wrong. Where a setting's behaviour needs more than a line, the
 description names the page that explains it ([docs/](.)).
 
