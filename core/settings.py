@@ -153,13 +153,13 @@ class Settings(BaseSettings):
                                    "of new subscriptions (100,000 over a backlog fire millions at once) is spread over "
                                    "batches, in id order, so the stream and the subscriptions already evaluated never "
                                    "wait behind it; one waiting starts at the boundary of the batch that admits it "
-                                   "(docs/evaluator.md: admission); unset: every new subscription at once"
+                                   "(docs/evaluator.md: admission); null: every new subscription at once"
     )
     sink_batch_transitions: int | None = Field(
         100_000, ge=1, description="transitions a micro-batch stores itself before it ends; the rest, and the later "
                                    "ones of their subscriptions, are stored after it from the handoff, in order, so "
                                    "a burst (a first evaluation over a backlog) does not hold the stream "
-                                   "(docs/evaluator.md: the handoff); unset: a batch stores all of its own"
+                                   "(docs/evaluator.md: the handoff); null: a batch stores all of its own"
     )
     sink_handoff_max_transitions: int = Field(
         4_000_000, ge=1, description="transitions the handoff holds at most: a batch that would take it past this "
