@@ -12,4 +12,3 @@ def add_totals(pipe: redis.client.Pipeline, keys: RedisKeys, counts: dict[str, i
     for name, n in counts.items():
         if n:
             pipe.hincrby(keys.evaluator_stats, name, n)
-
