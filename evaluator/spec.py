@@ -149,14 +149,17 @@ class Condition:
 
     def _check_substream(self) -> None:
         """Normalise ``where`` (sorted, values sorted and distinct; also from its JSON lists) and check it."""
-        where = tuple(sorted((str(dimension), tuple(sorted({str(v) for v in values})))
-                             for dimension, values in self.where))
-        dimensions = [dimension for dimension, _ in where]
-        if len(set(dimensions)) != len(dimensions):
-            raise ValueError("a dimension is filtered at most once (list its values: dim IN ('a', 'b'))")
-        if any(not values for _, values in where):
-            raise ValueError("a dimension filter needs at least one value")
-        object.__setattr__(self, "where", where)
+        if self.where:  # most conditions have none: a catalog's decode skips the sorting
+            where = tuple(sorted((str(dimension), tuple(sorted({str(v) for v in values})))
+                                 for dimension, values in self.where))
+            dimensions = [dimension for dimension, _ in where]
+            if len(set(dimensions)) != len(dimensions):
+                raise ValueError("a dimension is filtered at most once (list its values: dim IN ('a', 'b'))")
+            if any(not values for _, values in where):
+                raise ValueError("a dimension filter needs at least one value")
+            object.__setattr__(self, "where", where)
+        else:
+            object.__setattr__(self, "where", ())
         if self.key_prefix is not None and not self.key_prefix:
             raise ValueError("a key prefix is not empty")
 
@@ -201,8 +204,8 @@ class Condition:
         if self.no_data and (self.events is not None or self.aggregate.value != "COUNT" or self.low is not None
                              or self.high != 0 or not self.high_inclusive or self.ranges):
             raise ValueError("NO DATA is COUNT(*) <= 0 over a time window")
-        for term in self.terms:
-            if self.events is not None and not AGGREGATES[term.aggregate].tuple_windows:
+        for term in self.terms if self.events is not None else ():
+            if not AGGREGATES[term.aggregate].tuple_windows:
                 raise ValueError(f"{term.aggregate} is over a time window only, not over LAST n EVENTS")
 
     @property
