@@ -96,7 +96,7 @@ from benchmarks.progress import batch_end_s, combined, drain, drain_all
 from benchmarks.report import add_markdown_option, markdown_run, percentiles, print_tables
 from core import cli
 from core.redis_replies import text_entries, text_hash
-from core.redis_schema import ADMISSION_WAITING, RedisKeys
+from core.redis_schema import RedisKeys, admission_waiting_by_shard
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import Attribute, RecordLimits, StreamSchema, StreamValidator, topic_name
@@ -546,7 +546,7 @@ class AdmissionWatch:
 
     def __init__(self, settings: Settings, shards: int, stream: str = TRADES) -> None:
         self.client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-        self.key, self.prefix, self.shards = RedisKeys(settings).evaluator_stats, f"{ADMISSION_WAITING}:{stream}:", shards
+        self.key, self.stream, self.shards = RedisKeys(settings).evaluator_stats, stream, shards
         self.done_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -554,8 +554,8 @@ class AdmissionWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.25):
-            waiting = [int(v) for f, v in text_hash(self.client.hgetall(self.key)).items() if f.startswith(self.prefix)]
-            if len(waiting) >= self.shards and not sum(waiting):
+            waiting = admission_waiting_by_shard(self.client.hgetall(self.key)).get(self.stream, {})
+            if len(waiting) >= self.shards and not sum(waiting.values()):
                 self.done_at = time.time()
                 return
 

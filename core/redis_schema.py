@@ -104,16 +104,21 @@ def admission_waiting_field(stream: str, shard: int) -> str:
     return f"{ADMISSION_WAITING}:{stream}:{shard}"
 
 
-def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
-    """Per stream, the subscriptions its shards have not admitted yet (summed: each shard admits for its keys), from
-    a ``stats:evaluator`` reply (fields as bytes or text)."""
-    waiting: dict[str, int] = {}
+def admission_waiting_by_shard(fields: Mapping[Any, Any]) -> dict[str, dict[int, int]]:
+    """Per stream and shard, the subscriptions not admitted yet after the shard's last batch, from a
+    ``stats:evaluator`` reply (fields as bytes or text): every shard that reported is listed, 0 or not."""
+    waiting: dict[str, dict[int, int]] = {}
     for name, value in fields.items():
         kind, _, rest = (name.decode() if isinstance(name, bytes) else name).partition(":")
         if kind == ADMISSION_WAITING:
-            stream = rest.rpartition(":")[0]
-            waiting[stream] = waiting.get(stream, 0) + int(value)
+            stream, _, shard = rest.rpartition(":")
+            waiting.setdefault(stream, {})[int(shard)] = int(value)
     return waiting
+
+
+def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
+    """Per stream, the subscriptions its shards have not admitted yet (summed: each shard admits for its keys)."""
+    return {stream: sum(shards.values()) for stream, shards in admission_waiting_by_shard(fields).items()}
 
 
 def stream_stat(stream: str, field: str) -> str:
@@ -215,6 +220,11 @@ class RedisKeys:
     def rank_waiting(self, stream: str) -> str:
         """The rank subscriptions of ``stream``'s query whose state holds lists waiting for a shard (a set of ids)."""
         return self._k("rank-waiting", stream)
+
+    def admission_waiting(self, stream: str, shard: int) -> str:
+        """The subscriptions one shard of ``stream``'s query has not admitted yet (a set of ids; ``evaluator.admission``;
+        written by ``evaluator.spark.waiting``, read by a subscription's page)."""
+        return self._k("admission", "waiting", stream, shard)
 
     def alerts_stream_of(self, partition: int) -> str:
         """The alert stream of one partition (the dispatcher reads them all, in the ``notifier`` group)."""
