@@ -195,6 +195,11 @@ class SubstreamShard:
             del self.views[view]
         return transitions, delta
 
+    def waiting(self) -> frozenset[int]:
+        """The subscriptions this shard has not admitted yet (``evaluator.admission``), over every view."""
+        return frozenset(sid for evaluator in (self.base, *self.views.values())
+                         for sid in evaluator.admission.waiting if sid > 0)
+
     def take_ranked(self) -> list[RankEntry]:
         """The batch's rank entries (evaluator/rank.py), base first, then view by view."""
         return [entry for evaluator in (self.base, *self.views.values()) for entry in evaluator.take_ranked()]

@@ -27,6 +27,7 @@ from evaluator.shard import BatchStats, ShardConfig
 from evaluator.spark.catalog_source import CatalogSource, shared_catalog_source
 from evaluator.spark.parse import shard_of
 from evaluator.spark.sink import shard_output
+from evaluator.spark.waiting import write_waiting
 from evaluator.streams import StreamShape, refusal
 from evaluator.substreams import SubstreamDelta, SubstreamShard
 
@@ -151,6 +152,8 @@ class ShardRunner:
         _COPIES[self._key(shard)] = shard_copy
         while len(_COPIES) > _COPIES_KEPT:  # copies of queries that stopped would otherwise stay forever
             del _COPIES[next(iter(_COPIES))]
+        write_waiting(source.redis, source.outage, source.keys, job.stream_name, shard, self._key(shard),
+                      shard_copy.waiting(), continued=how == "cached")
         answer_previews(source, shard, shard_copy, job.stream_name, job.shape)
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         output = shard_output(transitions, shard, shard_copy.evaluated_at or 0, shard_copy.take_ranked())

@@ -16,6 +16,7 @@ from evaluator.admission import Admission
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.shard import BatchStats, Delta, ShardConfig, ShardEvaluator
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
+from evaluator.substreams import SubstreamShard
 from evaluator.transition import Transition
 from tests.evaluator.test_shard import ATTRS, PANE, pane_rows
 
@@ -158,6 +159,25 @@ def test_a_burst_is_spread_over_batches_and_the_admitted_are_never_held_back() -
     assert [w for _, w, _ in per_batch[:11]] == [200 - 20 * i for i in range(1, 11)] + [0]
     assert max(n for _, _, n in per_batch) <= 1_000 + 50
     assert all(shard.firing[sid] == set(keys) for sid in range(2, 202))
+
+
+def test_a_substream_shard_lists_what_waits_in_every_view() -> None:
+    """``SubstreamShard.waiting`` (what a subscription's page is told): every subscription a batch has not admitted
+    yet, in the whole stream's evaluator and in a key prefix's view, and nothing once all are."""
+    shard = SubstreamShard(replace(CONFIG, admission_transitions=100))
+    keys = [f"s{i}" for i in range(50)]
+    catalog = Catalog(1, tuple(SubscriptionSpec(i, Condition(Aggregate.COUNT, None, 2_000, low=0.0,
+                                                             key_prefix="s" if i % 2 else None))
+                               for i in range(1, 21)))
+    admitted: set[int] = set()
+    for second in range(1, 20):
+        _, delta = shard.step(pane_rows([(k, second * 1_000 - 500, 1.0, 1.0) for k in keys]),
+                              {0: second * 1_000}, catalog)
+        admitted |= {*delta.base.admitted, *(sid for view in delta.views.values() for sid in view.admitted)}
+        assert shard.waiting() == frozenset(range(1, 21)) - admitted, second
+        if second == 1:
+            assert shard.views and {5, 6, 7, 8} <= shard.waiting()  # the view (odd ids) and the base (even) wait
+    assert admitted == set(range(1, 21)) and not shard.waiting()
 
 
 def test_an_unlimited_shard_admits_at_once_and_a_limit_set_later_holds_back_only_what_is_new() -> None:

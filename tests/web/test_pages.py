@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+import redis
+
+from core.redis_schema import RedisKeys, admission_waiting_field
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from tests.users import api_client, new_user, sign_in
@@ -47,6 +51,33 @@ def test_subscription_form_edit_fragments_and_delete(settings: Settings) -> None
         assert browser.post(f"/subscriptions/{sid}/explode").status_code == 404
         assert browser.post(f"/subscriptions/{sid}/delete").headers["hx-redirect"] == "/"
         assert browser.get(f"/subscriptions/{sid}", headers=HTML).status_code == 404
+
+
+def test_a_subscription_waiting_for_admission_says_so_instead_of_no_key(settings: Settings) -> None:
+    """A shard that has not admitted the subscription yet (evaluator/admission.py) evaluates nothing for it: its page
+    and the API say it waits, on how many shards, and not that no key is in the condition."""
+    user, token = new_user(settings)
+    client, keys = redis.Redis.from_url(settings.redis_url), RedisKeys(settings)
+    with api_client(settings, token) as api, api_client(settings) as browser:
+        sid = api.post("/api/subscriptions", json={"name": "x", "condition": "COUNT(*) OVER 1m > 1"}).json()["id"]
+        sign_in(browser, user.email)
+        client.hset(keys.evaluator_stats, mapping={admission_waiting_field(TRADES, 0): 7,
+                                                   admission_waiting_field(TRADES, 1): 0})
+        client.sadd(keys.admission_waiting(TRADES, 0), sid + 1, sid)
+        page = browser.get(f"/subscriptions/{sid}/firing").text
+        assert "Not evaluated yet on 1 of 2 shards" in page and "on the shards that evaluate it" in page
+        assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"] == {
+            "waiting_shards": 1, "shards": 2, "waiting": True}
+        client.hset(keys.evaluator_stats, admission_waiting_field(TRADES, 1), 1)
+        client.sadd(keys.admission_waiting(TRADES, 1), sid)
+        page = browser.get(f"/subscriptions/{sid}/firing").text
+        assert "2 of 2 shards" in page and "No key is in the condition" not in page
+        client.srem(keys.admission_waiting(TRADES, 0), sid)  # admitted on shard 0; another still waits there
+        client.delete(keys.admission_waiting(TRADES, 1))
+        client.hset(keys.evaluator_stats, admission_waiting_field(TRADES, 1), 0)
+        page = browser.get(f"/subscriptions/{sid}/firing").text
+        assert "Not evaluated yet" not in page and "No key is in the condition right now." in page
+        assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["waiting"] is False
 
 
 def test_pages_of_another_user_are_not_found(settings: Settings) -> None:

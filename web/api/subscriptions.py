@@ -12,6 +12,7 @@ from subscriptions.errors import FieldError
 from subscriptions.models import Subscription
 from subscriptions.schemas import MuteIn, SubscriptionIn, SubscriptionOut
 from subscriptions.streams import stream_of
+from web.admission import admission_status
 from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, ServiceDep
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
@@ -86,10 +87,13 @@ def delivery_log(
 
 @router.get("/{subscription_id}/firing")
 def firing_keys(subscription_id: IdPath, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
-    """Keys currently in the condition, with the transition that put them there (keys of the subscription's stream)."""
+    """Keys currently in the condition, with the transition that put them there (keys of the subscription's stream);
+    ``admission``: on how many of its stream's shards it still waits for its first evaluation (nothing fires there)."""
     subscription = service.get(subscription_id)
-    return {"subscription_id": subscription_id, "stream": stream_of(subscription),
-            "firing": AlertViews(redis_client, keys).firing(subscription_id)}
+    stream = stream_of(subscription)
+    return {"subscription_id": subscription_id, "stream": stream,
+            "firing": AlertViews(redis_client, keys).firing(subscription_id),
+            "admission": admission_status(redis_client, keys, stream, subscription_id).to_dict()}
 
 
 @router.get("/{subscription_id}/alerts")

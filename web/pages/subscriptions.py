@@ -21,6 +21,7 @@ from subscriptions.policy import AlertPolicy
 from subscriptions.schemas import SubscriptionIn
 from subscriptions.service import SubscriptionService, checked_condition, stream_schema
 from subscriptions.streams import StreamService, stream_of
+from web.admission import admission_status
 from web.conditions import stream_choices
 from web.deps import IdPath, KeysDep, RecordsDep, RedisDep, SettingsDep
 from web.pages.common import Page, PagePrincipal, PageService, form_errors, render
@@ -171,8 +172,9 @@ def subscription_page(request: Request, subscription_id: IdPath, principal: Page
 @router.get("/subscriptions/{subscription_id}/firing", response_class=HTMLResponse)
 def firing_fragment(request: Request, subscription_id: IdPath, principal: Page, service: PageService,
                     redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
-    service.get(subscription_id)
-    return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id))
+    subscription = service.get(subscription_id)
+    return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id),
+                  admission=admission_status(redis_client, keys, stream_of(subscription), subscription_id))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)

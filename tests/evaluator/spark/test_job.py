@@ -10,8 +10,9 @@ import redis
 from kafka import KafkaProducer
 
 from core.catalog_log import Appended, CatalogLog
-from core.redis_schema import RedisKeys, shard_clocks
+from core.redis_schema import RedisKeys, admission_waiting, admission_waiting_by_shard, shard_clocks
 from core.settings import Settings
+from core.stream_names import TRADES
 from devstack.patience import deadline
 from evaluator.catalog import Catalog, CatalogChange
 from evaluator.spark.job import build_query
@@ -230,8 +231,13 @@ def test_a_batch_compiles_no_new_code(spark, settings: Settings) -> None:
 
 def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: Settings) -> None:
     """Each shard admits one new subscription a batch (a budget of one first transition): the four are admitted
-    over four batches, each fires once for every key, and the waiting count goes up, is seen, and goes to 0."""
+    over four batches, each fires once for every key, and the waiting count goes up, is seen, and goes to 0; the
+    shards' sets of waiting ids (what a subscription's page reads) hold as many as they count, then none."""
     from evaluator.spark.__main__ import ADMISSION_WAITING, _publish_progress  # the driver's metrics
+    from web.admission import admission_status
+
+    def statuses() -> list:
+        return [admission_status(client, keys, TRADES, sid) for sid in range(1, 5)]
 
     settings = settings.model_copy(update={"evaluator_admission_transitions": 1})
     ensure_topics(settings)
@@ -246,11 +252,18 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
                 publisher.publish(Event(key=key, ts=base, price=10, volume=1))
             publisher.heartbeat(base + 4_000)  # past the allowed delay: the pane at base is evaluated
         wait(query, lambda: transitions(settings))
+        query.processAllAvailable()  # no batch runs while the counts and the sets are read
         _publish_progress(query, client, keys, -1)
         assert ADMISSION_WAITING.labels(stream="trades")._value.get() > 0
+        counted = admission_waiting(client.hgetall(keys.evaluator_stats))[TRADES]
+        early = statuses()
+        assert counted > 0 and sum(s.waiting_shards for s in early) == counted, early
+        fired = {t["subscription_id"] for t in transitions(settings)}
+        assert all(s.shards == settings.spark_shuffle_partitions for s in early)
+        assert all(early[sid - 1].waiting for sid in range(1, 5) if sid not in fired), (fired, early)
         for second in range(5, 30):
-            if {t["subscription_id"] for t in transitions(settings)} == {1, 2, 3, 4} and not sum(
-                    int(v) for f, v in client.hgetall(keys.evaluator_stats).items() if f.startswith("admission_waiting")):
+            if {t["subscription_id"] for t in transitions(settings)} == {1, 2, 3, 4} and not admission_waiting(
+                    client.hgetall(keys.evaluator_stats))[TRADES]:
                 break
             with EventPublisher(settings) as publisher:  # a batch each: each shard admits the next
                 publisher.heartbeat(base + second * 1_000)
@@ -265,3 +278,7 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
     assert len({t["evaluated_at"] for t in got}) >= 4, "admitted over (at least) four batches"
     assert ADMISSION_WAITING.labels(stream="trades")._value.get() == 0
     assert int(client.hget(keys.evaluator_stats, "subscriptions_admitted")) == 4 * settings.spark_shuffle_partitions
+    assert not any(s.waiting for s in statuses())
+    shards = admission_waiting_by_shard(client.hgetall(keys.evaluator_stats))[TRADES]
+    assert len(shards) == settings.spark_shuffle_partitions
+    assert not any(client.exists(keys.admission_waiting(TRADES, shard)) for shard in shards)

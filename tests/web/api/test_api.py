@@ -50,8 +50,9 @@ def test_create_list_update_pause_delete(api: TestClient, settings: Settings) ->
     assert api.post(f"/api/subscriptions/{sub['id']}/resume").json()["active"] is True
     assert len(published(settings).subscriptions) == 1
 
-    assert api.get(f"/api/subscriptions/{sub['id']}/firing").json() == {"subscription_id": sub["id"], "stream": "trades",
-                                                                         "firing": {}}
+    assert api.get(f"/api/subscriptions/{sub['id']}/firing").json() == {
+        "subscription_id": sub["id"], "stream": "trades", "firing": {},
+        "admission": {"waiting_shards": 0, "shards": 0, "waiting": False}}  # no shard has reported
     assert api.delete(f"/api/subscriptions/{sub['id']}").status_code == 204
     assert api.get(f"/api/subscriptions/{sub['id']}").status_code == 404
     assert published(settings).subscriptions == ()
