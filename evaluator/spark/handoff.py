@@ -17,7 +17,9 @@ its alerts up to there are stored.
 Bounded: a batch that would take the handoff past ``TOCSIN_SINK_HANDOFF_MAX_TRANSITIONS`` waits for it to drain
 first, so a stream that makes more transitions than Redis stores, batch after batch, is held back as before the
 handoff, rather than growing it without end. A failure of the thread other than Redis being away (which it rides
-out) fails the sink's next batch, so the query fails where it can be seen and its restart tries again.
+out) fails the sink's next batch, so the query fails where it can be seen and its restart tries again; the
+thread also tries again by itself, after a growing pause, so a stream with no next batch still gets its alerts
+stored once the cause is gone.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class Handoff:
     """
 
     PIECE = 50_000  # rows per piece: ~1.5 MB in Redis each
+    RETRY_FIRST_S = 1.0  # after a failure the thread tries again this much later, twice as late each time after
+    RETRY_MOST_S = 30.0
 
     def __init__(self, client: redis.Redis, keys: RedisKeys, stream: str, outage: Outage,
                  store: Callable[[pd.DataFrame], int], report: Callable[[dict[str, Any], int], None],
@@ -214,31 +218,50 @@ class Handoff:
             yield piece_id, self._read(piece_id)
 
     def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
+        """Store the pieces as they come. A failure is kept for the sink's next batch to raise, and the thread
+        tries again after a growing pause: a stream with no next batch (no new record) would otherwise keep its
+        evaluated alerts unstored until one comes; the first piece stored clears it."""
+        pause = self.RETRY_FIRST_S
+        while not self._stop.is_set():
+            try:
+                self._store_waiting()
+                pause = self.RETRY_FIRST_S
+            except Exception as exc:  # kept for the next batch to raise, and tried again
+                log.error("handoff_failed", stream=self.stream, error=repr(exc), retry_in_s=pause, exc_info=True)
                 with self._changed:
-                    if not self._changed.wait_for(lambda: self.pieces > 0 or self._stop.is_set(), 1.0):
-                        continue
-                stored = 0
-                for piece_id, piece in self._pieces():
-                    stored += 1
-                    written = self.store(piece.frame) if piece is not None and not piece.frame.empty else 0
-                    if piece is not None and piece.report is not None:
-                        self.report(piece.report, written)
-                    elif written:
-                        self.report({}, written)
-                    piece_key = self.keys.handoff_piece(self.stream, piece_id)
-                    self.outage.ride_out(partial(self._pop, piece_id, piece_key))
-                    with self._changed:
-                        if piece is not None:
-                            self._count(piece.frame, -1)
-                        self.pieces -= 1
-                        self._changed.notify_all()
-                if not stored:  # counted by a batch still writing them: it notifies once they are in
-                    with self._changed:
-                        self._changed.wait(0.05)
-        except BaseException as exc:
-            log.error("handoff_failed", stream=self.stream, error=repr(exc), exc_info=True)
+                    self.failure = exc
+                    self._changed.notify_all()
+                self._stop.wait(pause)
+                pause = min(2 * pause, self.RETRY_MOST_S)
+            except BaseException as exc:
+                with self._changed:
+                    self.failure = exc
+                    self._changed.notify_all()
+                raise
+
+    def _store_waiting(self) -> None:
+        """Wait up to a second for pieces, then store every one waiting, oldest first."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self.pieces > 0 or self._stop.is_set(), 1.0):
+                return
+        stored = 0
+        for piece_id, piece in self._pieces():
+            stored += 1
+            written = self.store(piece.frame) if piece is not None and not piece.frame.empty else 0
+            if piece is not None and piece.report is not None:
+                self.report(piece.report, written)
+            elif written:
+                self.report({}, written)
+            piece_key = self.keys.handoff_piece(self.stream, piece_id)
+            self.outage.ride_out(partial(self._pop, piece_id, piece_key))
             with self._changed:
-                self.failure = exc
+                if piece is not None:
+                    self._count(piece.frame, -1)
+                self.pieces -= 1
+                if self.failure is not None:
+                    log.info("handoff_recovered", stream=self.stream, after=repr(self.failure))
+                    self.failure = None
                 self._changed.notify_all()
+        if not stored:  # counted by a batch still writing them: it notifies once they are in
+            with self._changed:
+                self._changed.wait(0.05)

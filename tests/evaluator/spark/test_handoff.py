@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pandas as pd
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from core.redis_schema import RedisKeys, shard_clocks
 from core.settings import Settings
+from devstack.patience import deadline
 from evaluator.spark.sink import RedisAlertSink, clock_record
 from evaluator.transition import Transition, alert_id
 from tests.evaluator.spark.test_sink import Batch
@@ -149,6 +151,32 @@ def test_a_batch_waits_while_the_handoff_is_at_its_bound(settings: Settings) -> 
     second.join(60)
     assert not second.is_alive() and sink.handoff.drained(60)
     assert state_of(settings, {1, 2, 3, 4}) == run(own(settings), batches)
+    sink.handoff.stop()
+
+
+def test_a_failed_handoff_tries_again_by_itself_when_no_batch_comes(settings: Settings) -> None:
+    """A quiet stream has no next batch to fail: the thread stores the burst once the cause is gone, and the
+    failure it kept meanwhile (for a next batch to raise) is cleared."""
+    settings = own(settings, sink_batch_transitions=1)
+    batches: list[Rows] = [[(1, "A", True), (1, "B", True), (2, "C", False)]]
+    sink = RedisAlertSink(settings)
+    sink.handoff.RETRY_FIRST_S = 0.05
+    store, failures = sink.handoff.store, []
+
+    def flaky(frame: pd.DataFrame) -> int:
+        if len(failures) < 3:
+            failures.append(frame)
+            raise RuntimeError("Redis refused the script (OOM)")
+        return store(frame)
+    sink.handoff.store = flaky
+    sink(Batch(batch_rows(batches[0], 0)), 0)  # type: ignore[arg-type]
+    end = deadline(60)
+    while sink.handoff.pieces and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not sink.handoff.pieces, "stored without another batch"
+    assert len(failures) == 3
+    sink.handoff.check()  # nothing to raise any more
+    assert state_of(settings, {1, 2}) == run(own(settings), batches)
     sink.handoff.stop()
 
 
