@@ -12,8 +12,9 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from core.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys, admission_waiting_field
 from core.settings import Settings
+from core.stream_names import TRADES
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from ingest.kafka import ensure_topics
@@ -142,14 +143,23 @@ def _sign_in(page: Page, server: str, email: str) -> None:
 
 
 def test_the_alert_history_shows_a_new_alert_without_a_reload(server: str, page: Page, settings: Settings) -> None:
-    """It said "No alerts." beside a firing key until the page was reloaded; it follows new alerts now."""
+    """It said "No alerts." beside a firing key until the page was reloaded; it follows new alerts now. Before its
+    admission (evaluator/admission.py) it says it is not evaluated yet, and that goes once a shard admits it."""
     user, token = new_user(settings)
     with api_client(settings, token) as api:
         sid = api.post("/api/subscriptions", json={"name": "Volume", "condition": "SUM(volume) OVER 5m > 2e6"}).json()["id"]
+    client, keys = redis.Redis.from_url(settings.redis_url), RedisKeys(settings)
+    client.hset(keys.evaluator_stats, mapping={admission_waiting_field(TRADES, 0): 1, admission_waiting_field(TRADES, 1): 0})
+    client.sadd(keys.admission_waiting(TRADES, 0), sid)
     _sign_in(page, server, user.email)
     page.goto(f"{server}/subscriptions/{sid}")
     expect(page.locator("#history")).to_contain_text("No alerts.")
     page.evaluate("window.notReloaded = true")
+    expect(page.locator("#admission-waiting")).to_contain_text("Not evaluated yet on 1 of 2 shards", timeout=30_000)
+    client.delete(keys.admission_waiting(TRADES, 0))
+    client.hset(keys.evaluator_stats, admission_waiting_field(TRADES, 0), 0)
+    expect(page.locator("#admission-waiting")).to_have_count(0, timeout=30_000)
+    expect(page.locator("#firing")).to_contain_text("No key is in the condition right now.")
     at = int(time.time() * 1000)
     RedisAlertSink(settings).write([
         {"alert_id": alert_id(sid, "AAPL", "firing", at), "subscription_id": sid, "key": "AAPL", "state": "firing",
