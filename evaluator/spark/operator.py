@@ -149,7 +149,8 @@ class ShardProcessor(StatefulProcessor):
             "shard_host_failures": host_failures, "subscriptions_admitted": stats.admitted,
         })
         pipe.hset(keys.evaluator_stats, admission_waiting_field(self.job.stream_name, shard), stats.waiting)
-        # evaluate: the step and the previews, and the rest of the task's wait on its host (the rows' transfer)
+        # evaluate: the step and the previews, and the rest of the task's wait on its host (starting it when it was
+        # not running, and the rows' transfer)
         for stage, seconds in (("restore", restore_s), ("evaluate", ran - opened - result.restore_s),
                                ("persist", persisted - ran)):
             pipe.hincrbyfloat(keys.evaluator_stats, f"{stage}_ms_total", round(seconds * 1000, 3))
@@ -158,8 +159,9 @@ class ShardProcessor(StatefulProcessor):
         pipe.hincrbyfloat(keys.evaluator_stats, f"restore_{how}_ms_total", round(restore_s * 1000, 3))
         pipe.hincrbyfloat(keys.evaluator_stats, "restore_state_ms_total", round((opened - started) * 1000, 3))
         pipe.hincrbyfloat(keys.evaluator_stats, "restore_log_read_ms_total", round(result.log_read_s * 1000, 3))
+        pipe.hincrbyfloat(keys.evaluator_stats, "shard_host_start_ms_total", round(result.connect_s * 1000, 3))
         pipe.hincrbyfloat(keys.evaluator_stats, "shard_host_transfer_ms_total",
-                          round(max(ran - opened - result.restore_s - result.evaluate_s, 0.0) * 1000, 3))
+                          round(max(ran - opened - result.restore_s - result.evaluate_s - result.connect_s, 0.0) * 1000, 3))
         pipe.hincrby(keys.evaluator_stats, "shard_batches", 1)
         source.outage.execute(pipe)
         yield result.output

@@ -159,7 +159,9 @@ def run_on_host(job: ShardJob, idle_s: float, shard: int, epoch: int, base_epoch
                 progress: dict[int, int], state: ShardState) -> BatchResult:
     """The batch, run by the shard's host; its reads of the state are answered from ``state``. Raises
     :class:`ShardHostError` if the batch failed there, OSError or EOFError if the host could not be reached."""
+    asked = time.perf_counter()
     with connect(job, shard, idle_s) as conn:
+        connect_s = time.perf_counter() - asked
         send(conn, {"op": "batch", "shard": shard, "epoch": epoch, "base_epoch": base_epoch,
                     "progress": {str(p): t for p, t in progress.items()}}, rows.to_bytes())
         while True:
@@ -172,7 +174,9 @@ def run_on_host(job: ShardJob, idle_s: float, shard: int, epoch: int, base_epoch
             elif op == "result":
                 output, delta, snapshot = blobs
                 assert output is not None
-                return BatchResult.of(header, pa.ipc.open_stream(output).read_all().to_pandas(), delta, snapshot)
+                result = BatchResult.of(header, pa.ipc.open_stream(output).read_all().to_pandas(), delta, snapshot)
+                result.connect_s = connect_s
+                return result
             else:
                 raise ShardHostError(f"shard {shard} failed in its host:\n{header.get('message')}")
 

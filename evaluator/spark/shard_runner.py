@@ -76,6 +76,7 @@ class BatchResult:
     log_read_s: float = 0.0  # of restore_s: reading the snapshot and the log entries
     restore_s: float = 0.0
     evaluate_s: float = 0.0  # the step and the previews
+    connect_s: float = 0.0  # reaching the shard's host, started first if it was not running (not sent by the host)
 
     def header(self) -> dict[str, Any]:
         """The small fields, as JSON-ready data (a shard host sends the output and the blobs apart)."""
