@@ -96,9 +96,10 @@ def test_a_host_keeps_its_copy_and_agrees_with_a_copy_in_this_process(busy: Sett
     job, local_job = job_for(busy, "hosted"), job_for(busy, "local")
     state, local_state = State(), State()
     forget_copies()
-    transitions = []
+    transitions, reached = [], []
     for i in range(6):
         result = hosted(job, state, i)
+        reached.append(result.connect_s)
         rows, progress = batch(i)
         local = ShardRunner(local_job).run(0, *local_state.clock, rows, progress, local_state)
         local_state.write(local)
@@ -109,6 +110,8 @@ def test_a_host_keeps_its_copy_and_agrees_with_a_copy_in_this_process(busy: Sett
         transitions += [(r["key"], r["state"]) for r in result.output.to_dict("records") if r["state"] != "clock"]
     assert transitions == [("A", "firing")]
     assert state.reads == 1, "the host read the state once: its first batch (an empty snapshot)"
+    # the first batch started the host (a new interpreter), the others only connected to it
+    assert reached[0] > max(reached[1:]), reached
 
 
 def test_a_host_answers_whichever_process_asks(busy: Settings) -> None:
