@@ -121,6 +121,25 @@ def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
     return {stream: sum(shards.values()) for stream, shards in admission_waiting_by_shard(fields).items()}
 
 
+#: ``stats:evaluator`` fields ``handoff_waiting:<stream>``: transitions a query's sink handed over to be stored after
+#: their batch and not stored yet (``evaluator.spark.handoff``; written by the handoff as it changes).
+HANDOFF_WAITING = "handoff_waiting"
+
+
+def handoff_waiting_field(stream: str) -> str:
+    return f"{HANDOFF_WAITING}:{stream}"
+
+
+def handoff_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
+    """Per stream, the transitions its handoff holds, from a ``stats:evaluator`` reply (fields as bytes or text)."""
+    waiting: dict[str, int] = {}
+    for name, value in fields.items():
+        kind, _, stream = (name.decode() if isinstance(name, bytes) else name).partition(":")
+        if kind == HANDOFF_WAITING:
+            waiting[stream] = int(value)
+    return waiting
+
+
 def stream_stat(stream: str, field: str) -> str:
     """A field of ``stats:evaluator`` for a declared stream's query (``trades`` keeps the plain field names, which
     readiness and the dashboards read): ``stream:<name>:<field>``."""

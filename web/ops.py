@@ -39,6 +39,7 @@ from core.redis_schema import (
     RedisKeys,
     admission_waiting,
     celery_queue_keys,
+    handoff_waiting,
     shard_clocks,
     stream_stat,
 )
@@ -157,6 +158,8 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "transitions": _number(evaluator, "transitions"),
         # new subscriptions the shards have not admitted yet (evaluator/admission.py), every stream's
         "admission_waiting": sum(admission_waiting(evaluator).values()),
+        # evaluated transitions a sink handed over to be stored after their batch (evaluator/spark/handoff.py)
+        "handoff_waiting": sum(handoff_waiting(evaluator).values()),
         "queued": broker.llen(queue),
         "unacked": broker.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),

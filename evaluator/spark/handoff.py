@@ -42,7 +42,7 @@ from prometheus_client import Gauge
 
 from core.redis_client import run_script
 from core.redis_outage import Outage
-from core.redis_schema import RedisKeys
+from core.redis_schema import RedisKeys, handoff_waiting_field
 
 log = structlog.get_logger("evaluator")
 
@@ -125,6 +125,7 @@ class Handoff:
                 self._count(piece.frame, 1)
             self.pieces += 1
         WAITING.labels(stream).set(self.rows)  # served from the start, not only after a first burst
+        self._publish()
         if self.pieces:
             log.info("handoff_resumed", stream=stream, transitions=self.rows)
         self._thread = threading.Thread(target=self._run, name=f"sink-handoff-{stream}", daemon=True)
@@ -164,6 +165,7 @@ class Handoff:
             self.outage.ride_out(write)
         with self._changed:
             self._changed.notify_all()
+        self._publish()
         return True
 
     def check(self) -> None:
@@ -183,6 +185,12 @@ class Handoff:
         with self._changed:
             self._changed.notify_all()
         self._thread.join()
+
+    def _publish(self) -> None:
+        """The transitions waiting, in ``stats:evaluator`` for the operators' dashboard (the gauge is this process's)."""
+        rows = self.rows
+        self.outage.ride_out(lambda: self.client.hset(self.keys.evaluator_stats, handoff_waiting_field(self.stream),
+                                                      rows), self._stop)
 
     # -- the thread --------------------------------------------------------------------------------------------
 
@@ -262,6 +270,7 @@ class Handoff:
                     log.info("handoff_recovered", stream=self.stream, after=repr(self.failure))
                     self.failure = None
                 self._changed.notify_all()
+            self._publish()
         if not stored:  # counted by a batch still writing them: it notifies once they are in
             with self._changed:
                 self._changed.wait(0.05)

@@ -185,7 +185,8 @@ def test_the_ops_tiles_and_charts_read_true(server: str, page: Page, settings: S
     keys = RedisKeys(settings)
 
     client.hset(keys.evaluator_stats, mapping={"batch_seconds": 25_000,  # long labels: 25,000,000 ms
-                                               "admission_waiting:trades:0": 5, "admission_waiting:hosts:1": 2})
+                                               "admission_waiting:trades:0": 5, "admission_waiting:hosts:1": 2,
+                                               "handoff_waiting:trades": 40_000, "handoff_waiting:hosts": 2})
     _sample(settings, client)
     client.hset(keys.delivery_stats, mapping={"delivered": 3})  # every attempt of this period delivered
     time.sleep(0.05)
@@ -197,6 +198,7 @@ def test_the_ops_tiles_and_charts_read_true(server: str, page: Page, settings: S
     expect(page.locator("#charts .uplot")).to_have_count(6)
     expect(page.locator('#tiles [data-metric="success_rate"]')).to_have_text("100")
     expect(page.locator('#tiles [data-metric="admission_waiting"]')).to_have_text("7")  # summed over streams, shards
+    expect(page.locator('#tiles [data-metric="handoff_waiting"]')).to_have_text("40,002")  # summed over streams
     delivery = page.evaluate("(() => { const p = window.tocsinCharts.delivery;"
                              " return [p.scales.y.min, p.scales.y.max, p.axes[1]._size]; })()")
     assert delivery[:2] == [0, 100]
