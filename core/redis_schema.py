@@ -121,23 +121,26 @@ def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
     return {stream: sum(shards.values()) for stream, shards in admission_waiting_by_shard(fields).items()}
 
 
-#: ``stats:evaluator`` fields ``handoff_waiting:<stream>``: transitions a query's sink handed over to be stored after
-#: their batch and not stored yet (``evaluator.spark.handoff``; written by the handoff as it changes).
+#: ``stats:evaluator`` fields ``handoff_waiting:<stream>`` and ``handoff_stored:<stream>``: transitions a query's sink
+#: handed over to be stored after their batch and not stored yet, and a total of those stored since (both written
+#: by ``evaluator.spark.handoff`` as they change).
 HANDOFF_WAITING = "handoff_waiting"
+HANDOFF_STORED = "handoff_stored"
 
 
-def handoff_waiting_field(stream: str) -> str:
-    return f"{HANDOFF_WAITING}:{stream}"
+def handoff_field(kind: str, stream: str) -> str:
+    return f"{kind}:{stream}"
 
 
-def handoff_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:
-    """Per stream, the transitions its handoff holds, from a ``stats:evaluator`` reply (fields as bytes or text)."""
-    waiting: dict[str, int] = {}
+def handoff_counts(fields: Mapping[Any, Any], kind: str) -> dict[str, int]:
+    """Per stream, the handoff's ``kind`` count (:data:`HANDOFF_WAITING` or :data:`HANDOFF_STORED`), from a
+    ``stats:evaluator`` reply (fields as bytes or text)."""
+    counts: dict[str, int] = {}
     for name, value in fields.items():
-        kind, _, stream = (name.decode() if isinstance(name, bytes) else name).partition(":")
-        if kind == HANDOFF_WAITING:
-            waiting[stream] = int(value)
-    return waiting
+        named, _, stream = (name.decode() if isinstance(name, bytes) else name).partition(":")
+        if named == kind:
+            counts[stream] = int(value)
+    return counts
 
 
 def stream_stat(stream: str, field: str) -> str:

@@ -333,7 +333,8 @@ class Settings(BaseSettings):
         30.0, gt=0, description="no heartbeat from the evaluator driver this long: not ready, and 'evaluator down'"
     )
     watchdog_stall_s: float = Field(
-        120.0, gt=0, description="shard clocks still this long while records arrive: 'evaluation stalled'"
+        120.0, gt=0, description="shard clocks still this long while records arrive: 'evaluation stalled'; a "
+                                 "sink's handoff holding alerts and storing none this long: 'storage'"
     )
     watchdog_startup_s: float = Field(
         300.0, gt=0, description="how long the job's first evaluation after a start may take before 'stalled'"

@@ -34,12 +34,14 @@ from core.evaluator_status import CATALOG_STUCK, CATALOG_STUCK_SINCE
 from core.redis_client import broker_client
 from core.redis_replies import text_hash
 from core.redis_schema import (
+    HANDOFF_STORED,
+    HANDOFF_WAITING,
     QUERY_FAILING,
     QUERY_STARTED_AT,
     RedisKeys,
     admission_waiting,
     celery_queue_keys,
-    handoff_waiting,
+    handoff_counts,
     shard_clocks,
     stream_stat,
 )
@@ -158,8 +160,10 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "transitions": _number(evaluator, "transitions"),
         # new subscriptions the shards have not admitted yet (evaluator/admission.py), every stream's
         "admission_waiting": sum(admission_waiting(evaluator).values()),
-        # evaluated transitions a sink handed over to be stored after their batch (evaluator/spark/handoff.py)
-        "handoff_waiting": sum(handoff_waiting(evaluator).values()),
+        # evaluated transitions a sink handed over to be stored after their batch (evaluator/spark/handoff.py), and
+        # a total of those it stored since: the dead man's switch's progress signal
+        "handoff_waiting": sum(handoff_counts(evaluator, HANDOFF_WAITING).values()),
+        "handoff_stored": sum(handoff_counts(evaluator, HANDOFF_STORED).values()),
         "queued": broker.llen(queue),
         "unacked": broker.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),

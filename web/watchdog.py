@@ -3,7 +3,7 @@
 An alerting platform's worst failure is silence, and a silent evaluator writes
 nothing that could trip an alert of its own. So the web app's sampler (one
 process at a time, under the sampler lock) judges every dashboard sample
-against seven rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
+against eight rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
 
 - ``stalled``: the slowest shard's clock has not moved for ``watchdog_stall_s``
   (``watchdog_startup_s`` after the job starts) while records kept arriving (the
@@ -29,6 +29,8 @@ against seven rules, like Prometheus' ``absent()`` and Alertmanager's watchdog:
   than ``clock_tolerance_ms`` (``core.clock_ahead``): their windows wait for the clock, so that
   producer's alerts come late by its lead. The detail names each stream with its partition (seen by the
   evaluator) or publisher token (seen by the web app).
+- ``storage``: for ``watchdog_stall_s`` a sink's handoff (``evaluator.spark.handoff``) has held evaluated
+  alerts without storing any of them (its stored total did not move): they reach nobody until it does.
 
 The rules are pure functions of the samples (``evaluate``). An incident opens
 when a rule starts firing and closes when it stops; each opening and closing is
@@ -65,7 +67,7 @@ from subscriptions.paging import operator_mailboxes
 
 log = structlog.get_logger("watchdog")
 
-RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream", "clock")
+RULES = ("stalled", "degraded", "restarting", "down", "catalog", "stream", "clock", "storage")
 #: Counters of records the evaluator did not turn into on-time events (``stats:evaluator``); missing means 0.
 REFUSAL_COUNTERS = ("late_events_dropped", "future_events_refused", "future_heartbeats_refused", "dead_lettered")
 #: ``series_refused`` is not a refusal counter of its own: its events are in ``dead_lettered``.
@@ -223,6 +225,23 @@ def clock(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
                         "alerts come late by that much; fix the producer's clock)")
 
 
+def storage(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
+    """Alerts handed over to be stored after their batch, none of them stored for ``watchdog_stall_s``: every
+    sample since held some, and the handoff's stored total did not move (however much later batches add)."""
+    held = [s for s in samples if s.get("handoff_waiting") is not None]
+    since = None
+    for before, after in zip([None, *held], held, strict=False):
+        if not after["handoff_waiting"]:
+            since = None
+        elif since is None or (before is not None and after.get("handoff_stored") != before.get("handoff_stored")):
+            since = after["t"]
+    if since is None or now - since < settings.watchdog_stall_s:
+        return RuleStatus(False)
+    return RuleStatus(True, since, f"{held[-1]['handoff_waiting']} evaluated alerts wait to be stored and none was "
+                                   f"for {now - since:.0f} s: they reach nobody until they are (the evaluator's log "
+                                   "says why: handoff_failed)")
+
+
 def samples_needed(settings: Settings) -> int:
     """How many of the newest samples the rules look at: their longest span, within the history kept."""
     span = max(settings.watchdog_stall_s, settings.watchdog_startup_s, settings.watchdog_window_s,
@@ -240,6 +259,7 @@ def evaluate(samples: list[dict], starts: list[float], settings: Settings, now: 
         "catalog": catalog(samples, settings, now),
         "stream": stream(samples, starts, settings, now),
         "clock": clock(samples, settings, now),
+        "storage": storage(samples, settings, now),
     }
 
 

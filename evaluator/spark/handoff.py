@@ -42,7 +42,7 @@ from prometheus_client import Gauge
 
 from core.redis_client import run_script
 from core.redis_outage import Outage
-from core.redis_schema import RedisKeys, handoff_waiting_field
+from core.redis_schema import HANDOFF_STORED, HANDOFF_WAITING, RedisKeys, handoff_field
 
 log = structlog.get_logger("evaluator")
 
@@ -186,11 +186,14 @@ class Handoff:
             self._changed.notify_all()
         self._thread.join()
 
-    def _publish(self) -> None:
-        """The transitions waiting, in ``stats:evaluator`` for the operators' dashboard (the gauge is this process's)."""
-        rows = self.rows
-        self.outage.ride_out(lambda: self.client.hset(self.keys.evaluator_stats, handoff_waiting_field(self.stream),
-                                                      rows), self._stop)
+    def _publish(self, stored: int = 0) -> None:
+        """The transitions waiting, and ``stored`` more stored, in ``stats:evaluator``: the operators' dashboard and
+        the dead man's switch read them (the gauge is this process's)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.evaluator_stats, handoff_field(HANDOFF_WAITING, self.stream), self.rows)
+        if stored:
+            pipe.hincrby(self.keys.evaluator_stats, handoff_field(HANDOFF_STORED, self.stream), stored)
+        self.outage.execute(pipe, self._stop)
 
     # -- the thread --------------------------------------------------------------------------------------------
 
@@ -270,7 +273,7 @@ class Handoff:
                     log.info("handoff_recovered", stream=self.stream, after=repr(self.failure))
                     self.failure = None
                 self._changed.notify_all()
-            self._publish()
+            self._publish(0 if piece is None else len(piece.frame))
         if not stored:  # counted by a batch still writing them: it notifies once they are in
             with self._changed:
                 self._changed.wait(0.05)

@@ -7,7 +7,18 @@ from hypothesis import strategies as st
 
 from core.evaluator_status import evaluator_status
 from core.settings import Settings
-from web.watchdog import RuleStatus, changes, clock, degraded, down, evaluate, notification, restarting, stalled
+from web.watchdog import (
+    RuleStatus,
+    changes,
+    clock,
+    degraded,
+    down,
+    evaluate,
+    notification,
+    restarting,
+    stalled,
+    storage,
+)
 
 SETTINGS = Settings(watchdog_stall_s=60, watchdog_startup_s=300, watchdog_window_s=300, watchdog_max_refused_share=0.05,
                     watchdog_min_records=500, watchdog_restart_window_s=900, watchdog_max_restarts=3,
@@ -232,3 +243,30 @@ def test_clock_fires_while_a_source_dated_records_ahead_within_the_window_and_na
     history[-1]["clock_ahead"] = [{**fast, "at": now - SETTINGS.watchdog_window_s - 1}]
     assert not clock(history, SETTINGS, now).firing, "a source seen ahead before the window is no longer news"
     assert not clock(_samples(10), SETTINGS, now).firing
+
+
+def test_storage_fires_once_the_handoff_held_alerts_without_storing_any_for_the_stall_limit() -> None:
+    stuck = _samples(100, handoff_waiting=lambda i: 0 if i < 10 else 500 + i,  # handed over at sample 10 (t = 1020)
+                     handoff_stored=lambda i: 7)  # later batches add; nothing is stored
+    assert not storage(stuck[:40], SETTINGS, stuck[39]["t"]).firing  # 58 s
+    status = storage(stuck[:41], SETTINGS, stuck[40]["t"])
+    assert status.firing and status.since == 1_020.0 and "540 evaluated alerts wait to be stored" in status.detail
+    assert evaluate(stuck, [], SETTINGS, stuck[-1]["t"])["storage"].firing
+    stored = _samples(100, handoff_waiting=lambda i: 500 if i < 60 else 0, handoff_stored=lambda i: 0)
+    assert not storage(stored, SETTINGS, stored[-1]["t"]).firing  # stored in the end: it no longer fires
+    assert not storage(_samples(100), SETTINGS, 1_198.0).firing  # samples from before the handoff had the fields
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), min_size=2, max_size=120), st.integers(1, 14))
+def test_a_handoff_that_stores_something_every_so_often_never_fires_storage(batches: list, every: int) -> None:
+    """Batches add any amount, even more than is stored; the thread stores a piece at least every ``every``
+    samples (< 60 s apart) while it holds some."""
+    held, stored, counts = 0, 0, []
+    for i, (added, piece) in enumerate(batches):
+        if held and (piece or i % every == 0):
+            taken = min(held, piece or 1)
+            held, stored = held - taken, stored + taken
+        held += added
+        counts.append((held, stored))
+    history = _samples(len(counts), handoff_waiting=lambda i: counts[i][0], handoff_stored=lambda i: counts[i][1])
+    assert not storage(history, SETTINGS, history[-1]["t"]).firing

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from core.redis_schema import RedisKeys, handoff_waiting, shard_clocks
+from core.redis_schema import HANDOFF_STORED, HANDOFF_WAITING, RedisKeys, handoff_counts, shard_clocks
 from core.settings import Settings
 from devstack.patience import deadline
 from evaluator.spark.sink import RedisAlertSink, clock_record
@@ -57,8 +57,8 @@ def state_of(settings: Settings, sids: set[int]) -> dict:
                      client.hgetall(keys.firing(sid)), client.hgetall(keys.counters(sid))) for sid in sids}}
 
 
-def waiting_in_stats(settings: Settings) -> dict[str, int]:
-    return handoff_waiting(redis.Redis.from_url(settings.redis_url).hgetall(RedisKeys(settings).evaluator_stats))
+def handoff_in_stats(settings: Settings, kind: str = HANDOFF_WAITING) -> dict[str, int]:
+    return handoff_counts(redis.Redis.from_url(settings.redis_url).hgetall(RedisKeys(settings).evaluator_stats), kind)
 
 
 def run(settings: Settings, batches: list[Rows]) -> dict:
@@ -119,10 +119,12 @@ def test_a_batch_ends_before_its_burst_is_stored_and_clocks_wait_for_it(settings
     sink(Batch(batch_rows(second, 1)), 1)  # type: ignore[arg-type]
     now = state_of(settings, {1, 4})
     assert now["clocks"] == [] and len(now[1][1]) == 1 and len(now[4][1]) == 1  # 4: nothing of it waits
-    assert waiting_in_stats(settings) == {"trades": 4}  # what the operators' dashboard reads
+    assert handoff_in_stats(settings) == {"trades": 4}  # what the operators' dashboard reads
+    assert handoff_in_stats(settings, HANDOFF_STORED) == {}
     gate.set()
     assert sink.handoff.drained(60)
-    assert waiting_in_stats(settings) == {"trades": 0}
+    assert handoff_in_stats(settings) == {"trades": 0}
+    assert handoff_in_stats(settings, HANDOFF_STORED) == {"trades": 4}  # the dead man's switch's progress signal
     assert state_of(settings, {1, 2, 3, 4}) == run(own(settings), [first, second])
     assert sizes == [3, 1]  # the burst, then the later transition of subscription 1
     sink.handoff.stop()
