@@ -90,6 +90,15 @@ class Piece:
         return cls(table.to_pandas(), json.loads((table.schema.metadata or {}).get(_META, b"null")))
 
 
+def stop_thread(keys: RedisKeys, stream: str) -> None:
+    """Stop this process's thread storing ``stream``'s handoff, if it runs (its query stopped for good: the stream
+    was deleted), after the piece it is storing."""
+    with _RUNNING_LOCK:
+        running = _RUNNING.pop(keys.handoff(stream), None)
+    if running is not None:
+        running.stop()
+
+
 class Handoff:
     """One query's handoff and the thread that stores it (see the module doc).
 

@@ -43,12 +43,24 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from redis import RedisError
 
-from core.redis_schema import QUERY_FAILING, QUERY_STARTED_AT, stream_stat
+from core.redis_client import make_redis
+from core.redis_schema import (
+    HANDOFF_STORED,
+    HANDOFF_WAITING,
+    QUERY_FAILING,
+    QUERY_STARTED_AT,
+    RedisKeys,
+    admission_waiting_by_shard,
+    admission_waiting_field,
+    handoff_field,
+    stream_stat,
+)
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.streams import StreamSchema, topic_name
 from evaluator.spark.checkpoint_fs import CheckpointFiles, child
 from evaluator.spark.graceful import between_batches, hold, wait_between_batches
+from evaluator.spark.handoff import stop_thread
 from evaluator.spark.registry import STREAMS, RegistryReader, checkpoint_of, claim_checkpoint, text_of
 from evaluator.spark.source import stop_file
 from ingest.kafka import new_consumer
@@ -97,6 +109,8 @@ class DeletedCheckpoints:
         self.settings = settings
         self.streams = CheckpointFiles(spark, child(settings.checkpoint_location, STREAMS))
         self.due_at = 0.0
+        self.redis = make_redis(settings)
+        self.keys = RedisKeys(settings)
 
     def check(self, declared: Collection[str], now: float, left: bool) -> None:
         """``left``: a stream left the registry since the last check."""
@@ -115,10 +129,29 @@ class DeletedCheckpoints:
                 consumer.close()
             for name in undeclared:
                 if topic_name(name, self.settings) not in topics:
+                    self.forget_in_redis(name)
                     self.streams.delete(name)
                     log.info("stream_checkpoint_removed", stream=name, reason="the stream and its topic were deleted")
         except Exception as exc:  # noqa: BLE001 - Kafka or the file system not answering: checked again later
             log.warning("stream_checkpoints_not_checked", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+    def forget_in_redis(self, name: str) -> None:
+        """What the deleted stream's query left in Redis: its sink's handoff (alerts of subscriptions deleted with
+        the stream, which no query will store), its shards' sets of subscriptions awaiting admission, and their
+        counts in ``stats:evaluator``, which the operators' dashboard and the dead man's switch would count forever.
+        Before the checkpoint: a failure here leaves the stream to be checked again."""
+        stop_thread(self.keys, name)  # its query has stopped; its sink's thread would store them and count them
+        stats = self.keys.evaluator_stats
+        pieces = [text_of(p) for p in self.redis.lrange(self.keys.handoff(name), 0, -1)]
+        shards = admission_waiting_by_shard(self.redis.hgetall(stats)).get(name, {})
+        pipe = self.redis.pipeline(transaction=False)
+        for piece in pieces:
+            pipe.delete(self.keys.handoff_piece(name, piece))
+        pipe.delete(self.keys.handoff(name), *(self.keys.admission_waiting(name, shard) for shard in shards))
+        pipe.hdel(stats, handoff_field(HANDOFF_WAITING, name), handoff_field(HANDOFF_STORED, name),
+                  *(admission_waiting_field(name, shard) for shard in shards))
+        pipe.execute()
 
 
 class StreamSupervisor:

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from core.redis_schema import QUERY_STARTED_AT, RedisKeys, stream_stat
+from core.redis_schema import (
+    HANDOFF_STORED,
+    HANDOFF_WAITING,
+    QUERY_STARTED_AT,
+    RedisKeys,
+    admission_waiting_by_shard,
+    admission_waiting_field,
+    handoff_counts,
+    handoff_field,
+    stream_stat,
+)
 from core.settings import Settings
 from core.streams import Attribute, topic_name, trades_schema
 from evaluator.spark.checkpoint_fs import CheckpointFiles
@@ -135,13 +145,29 @@ def test_a_deleted_streams_checkpoint_is_removed_one_missing_from_the_registry_k
         spark, run: Settings, tmp_path: Path) -> None:
     """A stream deleted (its topic first, then its row) loses its checkpoint, whether the job saw it go or was down
     meanwhile; a stream whose topic is still there (Redis lost the registry) keeps its checkpoint until its topic
-    is gone too."""
+    is gone too. What its query left in Redis goes with its checkpoint: its handoff, its shards' admission sets and
+    their counts (the dashboard and the 'storage' rule would count them forever)."""
     run = run.model_copy(update={"stream_topic_prefix": f"{run.events_topic}.stream."})
     client, keys = redis.Redis.from_url(run.redis_url), RedisKeys(run)
     streams = tmp_path / "checkpoint" / "streams"
     for name in ("gone", "kept"):  # left by an earlier run of the job
         (streams / name / "offsets").mkdir(parents=True)
     ensure_topics(run, {topic_name("kept", run): 1, topic_name("live", run): 1})
+    for name in ("live", "kept"):  # a burst's handoff and admissions under way when the stream is deleted
+        client.rpush(keys.handoff(name), "p1")
+        client.set(keys.handoff_piece(name, "p1"), b"piece")
+        client.sadd(keys.admission_waiting(name, 1), 5)
+        client.hset(keys.evaluator_stats, mapping={admission_waiting_field(name, 1): 1, admission_waiting_field(name, 0): 0,
+                                                   handoff_field(HANDOFF_WAITING, name): 9,
+                                                   handoff_field(HANDOFF_STORED, name): 3})
+
+    def left_in_redis(name: str) -> dict:
+        stats = client.hgetall(keys.evaluator_stats)
+        return {"handoff": client.exists(keys.handoff(name), keys.handoff_piece(name, "p1")),
+                "admission": client.exists(keys.admission_waiting(name, 1)),
+                "admission counts": admission_waiting_by_shard(stats).get(name, {}),
+                "handoff counts": [handoff_counts(stats, kind).get(name) for kind in (HANDOFF_WAITING, HANDOFF_STORED)]}
+    nothing = {"handoff": 0, "admission": 0, "admission counts": {}, "handoff counts": [None, None]}
     clock = [0.0]
     supervisor = StreamSupervisor(spark, run, RegistryReader(client, keys, run), Starter(),  # type: ignore[arg-type]
                                   clock=lambda: clock[0], deleted=DeletedCheckpoints(spark, run))
@@ -157,6 +183,9 @@ def test_a_deleted_streams_checkpoint_is_removed_one_missing_from_the_registry_k
     supervisor.poll()
     assert not (streams / "live").exists() and "live" not in supervisor.queries()
     assert (streams / "kept" / "offsets").exists()
+    assert left_in_redis("live") == nothing
+    assert left_in_redis("kept") == {"handoff": 2, "admission": 1, "admission counts": {0: 0, 1: 1},
+                                     "handoff counts": [9, 3]}
 
     delete_topic(run, "kept")
     wait_until(lambda: topic_name("kept", run) not in topics(run), timeout_s=60)
@@ -166,3 +195,4 @@ def test_a_deleted_streams_checkpoint_is_removed_one_missing_from_the_registry_k
     clock[0] = 1.0 + MAX_BACKOFF_S
     supervisor.poll()
     assert not (streams / "kept").exists()
+    assert left_in_redis("kept") == nothing
