@@ -118,6 +118,7 @@ class Handoff:
         self.list = keys.handoff(stream)
         self.pop = client.register_script(_POP)
         self._changed = threading.Condition()
+        self._publishing = threading.Lock()
         self._waiting: Counter[int] = Counter()  # subscription id -> its transitions waiting
         self.rows = 0  # transitions waiting
         self.pieces = 0  # pieces waiting (a batch's clocks alone are one, with no rows)
@@ -198,11 +199,12 @@ class Handoff:
     def _publish(self, stored: int = 0) -> None:
         """The transitions waiting, and ``stored`` more stored, in ``stats:evaluator``: the operators' dashboard and
         the dead man's switch read them (the gauge is this process's)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(self.keys.evaluator_stats, handoff_field(HANDOFF_WAITING, self.stream), self.rows)
-        if stored:
-            pipe.hincrby(self.keys.evaluator_stats, handoff_field(HANDOFF_STORED, self.stream), stored)
-        self.outage.execute(pipe, self._stop)
+        with self._publishing:  # the batch's side and the thread's: the last to write read the count last
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(self.keys.evaluator_stats, handoff_field(HANDOFF_WAITING, self.stream), self.rows)
+            if stored:
+                pipe.hincrby(self.keys.evaluator_stats, handoff_field(HANDOFF_STORED, self.stream), stored)
+            self.outage.execute(pipe, self._stop)
 
     # -- the thread --------------------------------------------------------------------------------------------
 
@@ -277,12 +279,13 @@ class Handoff:
             with self._changed:
                 if piece is not None:
                     self._count(piece.frame, -1)
-                self.pieces -= 1
                 if self.failure is not None:
                     log.info("handoff_recovered", stream=self.stream, after=repr(self.failure))
                     self.failure = None
+            self._publish(0 if piece is None else len(piece.frame))  # before it counts as gone: drained() sees it
+            with self._changed:
+                self.pieces -= 1
                 self._changed.notify_all()
-            self._publish(0 if piece is None else len(piece.frame))
         if not stored:  # counted by a batch still writing them: it notifies once they are in
             with self._changed:
                 self._changed.wait(0.05)
