@@ -16,6 +16,7 @@ from typing import Any
 
 import pyspark
 import pytest
+import structlog
 import yaml
 from cryptography.fernet import Fernet
 
@@ -106,7 +107,18 @@ def resolves(target: str) -> bool:
     module, _, attribute = target.partition(":")
     if importlib.util.find_spec(module) is None:
         return False
-    return not attribute or hasattr(importlib.import_module(module), attribute)
+    return not attribute or hasattr(imported(module), attribute)
+
+
+def imported(module: str) -> Any:
+    """The module, imported without keeping what importing it configured: ``web.main`` sets up structlog for its
+    process (the tests' WARNING level, loggers cached), and every later test of this worker that captures an info
+    line (``structlog.testing.capture_logs``) saw none."""
+    saved = {k: list(v) if k == "processors" else v for k, v in structlog.get_config().items()}
+    try:
+        return importlib.import_module(module)
+    finally:
+        structlog.configure(**saved)
 
 
 def dockerfile_stages() -> dict[str, tuple[str, str]]:
