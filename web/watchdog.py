@@ -238,8 +238,8 @@ def storage(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
     if since is None or now - since < settings.watchdog_stall_s:
         return RuleStatus(False)
     return RuleStatus(True, since, f"{held[-1]['handoff_waiting']} evaluated alerts wait to be stored and none was "
-                                   f"for {now - since:.0f} s: they reach nobody until they are (the evaluator's log "
-                                   "says why: handoff_failed)")
+                                   f"for {now - since:.0f} s: they reach nobody until they are (handoff_failed in "
+                                   "the evaluator's log says why, unless the evaluator is down)")
 
 
 def samples_needed(settings: Settings) -> int:

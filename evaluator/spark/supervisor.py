@@ -135,7 +135,6 @@ class DeletedCheckpoints:
         except Exception as exc:  # noqa: BLE001 - Kafka or the file system not answering: checked again later
             log.warning("stream_checkpoints_not_checked", error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
-
     def forget_in_redis(self, name: str) -> None:
         """What the deleted stream's query left in Redis: its sink's handoff (alerts of subscriptions deleted with
         the stream, which no query will store), its shards' sets of subscriptions awaiting admission, and their
