@@ -150,6 +150,7 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
     deliveries = text_hash(client.hgetall(keys.delivery_stats))
     queue, unacked = celery_queue_keys(settings)
     broker = broker_client(settings) if settings.broker_url != settings.redis_url else client  # Celery's own Redis
+    waiting, stored = handoff_counts(evaluator, HANDOFF_WAITING), handoff_counts(evaluator, HANDOFF_STORED)
     sample: dict[str, Any] = {
         "t": round(now, 3),
         "batch_ms": round(_number(evaluator, "batch_seconds") * 1000, 1),
@@ -160,10 +161,10 @@ def collect_sample(settings: Settings, client: redis.Redis, previous: dict | Non
         "transitions": _number(evaluator, "transitions"),
         # new subscriptions the shards have not admitted yet (evaluator/admission.py), every stream's
         "admission_waiting": sum(admission_waiting(evaluator).values()),
-        # evaluated transitions a sink handed over to be stored after their batch (evaluator/spark/handoff.py), and
-        # a total of those it stored since: the dead man's switch's progress signal
-        "handoff_waiting": sum(handoff_counts(evaluator, HANDOFF_WAITING).values()),
-        "handoff_stored": sum(handoff_counts(evaluator, HANDOFF_STORED).values()),
+        # evaluated transitions a sink handed over to be stored after their batch (evaluator/spark/handoff.py); per
+        # stream with a total of those it stored since, the dead man's switch's progress signal
+        "handoff_waiting": sum(waiting.values()),
+        "handoff": {stream: [held, stored.get(stream, 0)] for stream, held in waiting.items()},
         "queued": broker.llen(queue),
         "unacked": broker.hlen(unacked),
         "dead_letters": client.hlen(keys.dead_letters),

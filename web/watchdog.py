@@ -226,20 +226,32 @@ def clock(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
 
 
 def storage(samples: list[dict], settings: Settings, now: float) -> RuleStatus:
-    """Alerts handed over to be stored after their batch, none of them stored for ``watchdog_stall_s``: every
-    sample since held some, and the handoff's stored total did not move (however much later batches add)."""
-    held = [s for s in samples if s.get("handoff_waiting") is not None]
-    since = None
-    for before, after in zip([None, *held], held, strict=False):
-        if not after["handoff_waiting"]:
-            since = None
-        elif since is None or (before is not None and after.get("handoff_stored") != before.get("handoff_stored")):
-            since = after["t"]
-    if since is None or now - since < settings.watchdog_stall_s:
+    """A stream's sink holding alerts handed over to be stored after their batch and storing none of them for
+    ``watchdog_stall_s``: every sample since held some, and its stored total did not move (however much later
+    batches add). Judged per stream: one that stores cannot hide another that does not."""
+    latest = (samples[-1].get("handoff") or {}) if samples else {}
+    found = []
+    for name in sorted(latest):
+        since = None
+        before: list | None = None
+        for sample in samples:
+            counts = (sample.get("handoff") or {}).get(name)
+            if counts is None:
+                continue
+            held, stored = counts
+            if not held:
+                since = None
+            elif since is None or (before is not None and stored != before[1]):
+                since = sample["t"]
+            before = counts
+        if since is not None and now - since >= settings.watchdog_stall_s:
+            found.append((since, f"stream {name}: {latest[name][0]} evaluated alerts wait to be stored and none was "
+                                 f"for {now - since:.0f} s"))
+    if not found:
         return RuleStatus(False)
-    return RuleStatus(True, since, f"{held[-1]['handoff_waiting']} evaluated alerts wait to be stored and none was "
-                                   f"for {now - since:.0f} s: they reach nobody until they are (handoff_failed in "
-                                   "the evaluator's log says why, unless the evaluator is down)")
+    return RuleStatus(True, min(since for since, _ in found),
+                      "; ".join(detail for _, detail in found) + " (they reach nobody until they are; handoff_failed "
+                      "in the evaluator's log says why, unless the evaluator is down)")
 
 
 def samples_needed(settings: Settings) -> int:

@@ -245,16 +245,24 @@ def test_clock_fires_while_a_source_dated_records_ahead_within_the_window_and_na
     assert not clock(_samples(10), SETTINGS, now).firing
 
 
-def test_storage_fires_once_the_handoff_held_alerts_without_storing_any_for_the_stall_limit() -> None:
-    stuck = _samples(100, handoff_waiting=lambda i: 0 if i < 10 else 500 + i,  # handed over at sample 10 (t = 1020)
-                     handoff_stored=lambda i: 7)  # later batches add; nothing is stored
+def _handoff(n: int, **streams) -> list[dict]:
+    """Samples whose ``handoff`` holds, per stream, ``f(i) -> (waiting, stored)``."""
+    return _samples(n, handoff=lambda i: {name: list(f(i)) for name, f in streams.items()})
+
+
+def test_storage_fires_once_a_streams_handoff_held_alerts_without_storing_any_for_the_stall_limit() -> None:
+    # trades: handed over at sample 10 (t = 1020), later batches add, nothing is stored; hosts stores all the while
+    stuck = _handoff(100, trades=lambda i: (0 if i < 10 else 500 + i, 7), hosts=lambda i: (1_000, i))
     assert not storage(stuck[:40], SETTINGS, stuck[39]["t"]).firing  # 58 s
     status = storage(stuck[:41], SETTINGS, stuck[40]["t"])
-    assert status.firing and status.since == 1_020.0 and "540 evaluated alerts wait to be stored" in status.detail
+    assert status.firing and status.since == 1_020.0
+    assert status.detail.startswith("stream trades: 540 evaluated alerts wait to be stored") and "hosts" not in status.detail
     assert evaluate(stuck, [], SETTINGS, stuck[-1]["t"])["storage"].firing
-    stored = _samples(100, handoff_waiting=lambda i: 500 if i < 60 else 0, handoff_stored=lambda i: 0)
+    both = _handoff(100, trades=lambda i: (5, 1), hosts=lambda i: (3, 2))
+    assert storage(both, SETTINGS, both[-1]["t"]).detail.count("stream ") == 2
+    stored = _handoff(100, trades=lambda i: (500 if i < 60 else 0, 0))
     assert not storage(stored, SETTINGS, stored[-1]["t"]).firing  # stored in the end: it no longer fires
-    assert not storage(_samples(100), SETTINGS, 1_198.0).firing  # samples from before the handoff had the fields
+    assert not storage(_samples(100), SETTINGS, 1_198.0).firing  # samples from before the handoff was sampled
 
 
 @given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), min_size=2, max_size=120), st.integers(1, 14))
@@ -268,5 +276,5 @@ def test_a_handoff_that_stores_something_every_so_often_never_fires_storage(batc
             held, stored = held - taken, stored + taken
         held += added
         counts.append((held, stored))
-    history = _samples(len(counts), handoff_waiting=lambda i: counts[i][0], handoff_stored=lambda i: counts[i][1])
+    history = _handoff(len(counts), trades=lambda i: counts[i])
     assert not storage(history, SETTINGS, history[-1]["t"]).firing
