@@ -104,16 +104,31 @@ def admission_waiting_field(stream: str, shard: int) -> str:
     return f"{ADMISSION_WAITING}:{stream}:{shard}"
 
 
-def admission_waiting_by_shard(fields: Mapping[Any, Any]) -> dict[str, dict[int, int]]:
-    """Per stream and shard, the subscriptions not admitted yet after the shard's last batch, from a
-    ``stats:evaluator`` reply (fields as bytes or text): every shard that reported is listed, 0 or not."""
-    waiting: dict[str, dict[int, int]] = {}
+#: ``stats:evaluator`` fields ``catalog_read_at:<stream>:<shard>``: when (unix seconds) the catalog the shard's last
+#: batch evaluated was read from Redis; a subscription saved later is not evaluated yet (written by the shard operator).
+CATALOG_READ_AT = "catalog_read_at"
+
+
+def catalog_read_field(stream: str, shard: int) -> str:
+    return f"{CATALOG_READ_AT}:{stream}:{shard}"
+
+
+def per_shard(fields: Mapping[Any, Any], kind: str) -> dict[str, dict[int, str]]:
+    """Per stream and shard, the ``<kind>:<stream>:<shard>`` fields of a ``stats:evaluator`` reply (fields and
+    values as bytes or text): every shard that reported is listed."""
+    found: dict[str, dict[int, str]] = {}
     for name, value in fields.items():
-        kind, _, rest = (name.decode() if isinstance(name, bytes) else name).partition(":")
-        if kind == ADMISSION_WAITING:
+        named, _, rest = (name.decode() if isinstance(name, bytes) else name).partition(":")
+        if named == kind:
             stream, _, shard = rest.rpartition(":")
-            waiting.setdefault(stream, {})[int(shard)] = int(value)
-    return waiting
+            found.setdefault(stream, {})[int(shard)] = value.decode() if isinstance(value, bytes) else str(value)
+    return found
+
+
+def admission_waiting_by_shard(fields: Mapping[Any, Any]) -> dict[str, dict[int, int]]:
+    """Per stream and shard, the subscriptions not admitted yet after the shard's last batch, 0 or not."""
+    return {stream: {shard: int(v) for shard, v in shards.items()}
+            for stream, shards in per_shard(fields, ADMISSION_WAITING).items()}
 
 
 def admission_waiting(fields: Mapping[Any, Any]) -> dict[str, int]:

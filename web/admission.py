@@ -1,41 +1,58 @@
-"""Whether a subscription still waits for its first evaluation (``evaluator.admission``).
+"""Whether a subscription is evaluated yet: its stream's shards have read it from the catalog, and admitted it.
 
-A burst of new subscriptions is admitted a share per micro-batch; until a shard admits one it evaluates nothing
-for it, so "no key is in the condition" would be untrue. Its page and the API say it waits, and on how many of
-the shards of its stream's query (each admits for its own keys).
+A shard evaluates a subscription from the first batch that reads it from the catalog, and, after a burst of new
+subscriptions, only once it admits it (``evaluator.admission``): until then "no key is in the condition" would
+be untrue. Its page and the API say it is not evaluated yet, why, and on how many of the shards of its stream's
+query (each reads the catalog and admits for its own keys).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from core.redis_schema import RedisKeys, admission_waiting_by_shard
+from core.redis_schema import ADMISSION_WAITING, CATALOG_READ_AT, RedisKeys, per_shard
 
 
 @dataclass(frozen=True)
 class AdmissionStatus:
-    """Of the shards of the stream's query that reported (``shards``), how many have not admitted it yet."""
+    """Of the shards of the stream's query that reported (``shards``): how many evaluated with a catalog read
+    before the subscription was last saved (``unread_shards``), and how many have not admitted it yet."""
 
     waiting_shards: int
     shards: int
+    unread_shards: int = 0
 
     @property
     def waiting(self) -> bool:
-        return self.waiting_shards > 0
+        """Not evaluated on some shard yet (or no shard of the stream's query has run a batch)."""
+        return self.waiting_shards > 0 or self.unread_shards > 0 or self.shards == 0
+
+    @property
+    def nowhere(self) -> bool:
+        """Not evaluated on any shard yet, as far as the counts tell."""
+        return max(self.waiting_shards, self.unread_shards) >= self.shards
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "waiting": self.waiting}
 
 
-def admission_status(client: Any, keys: RedisKeys, stream: str, subscription_id: int) -> AdmissionStatus:
-    """Read from the shards' counts in ``stats:evaluator``; only a shard that has some waiting is asked about this
-    subscription (its set, ``RedisKeys.admission_waiting``): in the steady state one read answers."""
-    shards = admission_waiting_by_shard(client.hgetall(keys.evaluator_stats)).get(stream, {})
-    busy = [shard for shard, waiting in sorted(shards.items()) if waiting]
+def admission_status(client: Any, keys: RedisKeys, stream: str, subscription_id: int,
+                     saved_at: datetime | None = None) -> AdmissionStatus:
+    """Read from the shards' fields in ``stats:evaluator``; only a shard that has some waiting is asked about this
+    subscription (its set, ``RedisKeys.admission_waiting``): in the steady state one read answers. ``saved_at``:
+    when the subscription was last saved (None: not judged)."""
+    fields = client.hgetall(keys.evaluator_stats)
+    counts = per_shard(fields, ADMISSION_WAITING).get(stream, {})
+    unread = 0
+    if saved_at is not None:
+        at = (saved_at if saved_at.tzinfo else saved_at.replace(tzinfo=UTC)).timestamp()  # SQLite drops the zone
+        unread = sum(float(read) < at for read in per_shard(fields, CATALOG_READ_AT).get(stream, {}).values())
+    busy = [shard for shard, waiting in sorted(counts.items()) if int(waiting)]
     if not busy:
-        return AdmissionStatus(0, len(shards))
+        return AdmissionStatus(0, len(counts), unread)
     pipe = client.pipeline(transaction=False)
     for shard in busy:
         pipe.sismember(keys.admission_waiting(stream, shard), subscription_id)
-    return AdmissionStatus(sum(bool(member) for member in pipe.execute()), len(shards))
+    return AdmissionStatus(sum(bool(member) for member in pipe.execute()), len(counts), unread)

@@ -38,7 +38,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from core.gc_policy import apply_gc_policy, settle_after_task
-from core.redis_schema import admission_waiting_field
+from core.redis_schema import admission_waiting_field, catalog_read_field
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.shard import ShardConfig
@@ -148,7 +148,8 @@ class ShardProcessor(StatefulProcessor):
             "changed_keys": stats.changed_keys, "explicit_keys": stats.explicit_keys,
             "shard_host_failures": host_failures, "subscriptions_admitted": stats.admitted,
         })
-        pipe.hset(keys.evaluator_stats, admission_waiting_field(self.job.stream_name, shard), stats.waiting)
+        pipe.hset(keys.evaluator_stats, mapping={admission_waiting_field(self.job.stream_name, shard): stats.waiting,
+                                                 catalog_read_field(self.job.stream_name, shard): result.catalog_read_at})
         # evaluate: the step and the previews, and the rest of the task's wait on its host (starting it when it was
         # not running, and the rows' transfer)
         for stage, seconds in (("restore", restore_s), ("evaluate", ran - opened - result.restore_s),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 
 import redis
 
-from core.redis_schema import RedisKeys, admission_waiting_field
+from core.redis_schema import RedisKeys, admission_waiting_field, catalog_read_field
 from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.spark.sink import RedisAlertSink
@@ -54,20 +55,24 @@ def test_subscription_form_edit_fragments_and_delete(settings: Settings) -> None
 
 
 def test_a_subscription_waiting_for_admission_says_so_instead_of_no_key(settings: Settings) -> None:
-    """A shard that has not admitted the subscription yet (evaluator/admission.py) evaluates nothing for it: its page
-    and the API say it waits, on how many shards, and not that no key is in the condition."""
+    """A shard that has not admitted the subscription yet (evaluator/admission.py), or whose last batch read the
+    catalog before it was saved, evaluates nothing for it: its page and the API say it waits, why and on how many
+    shards, and not that no key is in the condition."""
     user, token = new_user(settings)
     client, keys = redis.Redis.from_url(settings.redis_url), RedisKeys(settings)
     with api_client(settings, token) as api, api_client(settings) as browser:
         sid = api.post("/api/subscriptions", json={"name": "x", "condition": "COUNT(*) OVER 1m > 1"}).json()["id"]
         sign_in(browser, user.email)
+        read_later = time.time() + 3_600  # both shards evaluated with a catalog read after it was saved
         client.hset(keys.evaluator_stats, mapping={admission_waiting_field(TRADES, 0): 7,
-                                                   admission_waiting_field(TRADES, 1): 0})
+                                                   admission_waiting_field(TRADES, 1): 0,
+                                                   catalog_read_field(TRADES, 0): read_later,
+                                                   catalog_read_field(TRADES, 1): read_later})
         client.sadd(keys.admission_waiting(TRADES, 0), sid + 1, sid)
         page = browser.get(f"/subscriptions/{sid}/firing").text
         assert "Not evaluated yet on 1 of 2 shards" in page and "on the shards that evaluate it" in page
         assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"] == {
-            "waiting_shards": 1, "shards": 2, "waiting": True}
+            "waiting_shards": 1, "shards": 2, "unread_shards": 0, "waiting": True}
         client.hset(keys.evaluator_stats, admission_waiting_field(TRADES, 1), 1)
         client.sadd(keys.admission_waiting(TRADES, 1), sid)
         page = browser.get(f"/subscriptions/{sid}/firing").text
@@ -77,6 +82,17 @@ def test_a_subscription_waiting_for_admission_says_so_instead_of_no_key(settings
         client.hset(keys.evaluator_stats, admission_waiting_field(TRADES, 1), 0)
         page = browser.get(f"/subscriptions/{sid}/firing").text
         assert "Not evaluated yet" not in page and "No key is in the condition right now." in page
+        assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["waiting"] is False
+
+        # saved again (paused and resumed) after shard 1 last read the catalog: not evaluated there yet
+        api.post(f"/api/subscriptions/{sid}/pause")
+        api.post(f"/api/subscriptions/{sid}/resume")
+        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 1), time.time() - 3_600)
+        page = browser.get(f"/subscriptions/{sid}/firing").text
+        assert "Not evaluated yet on 1 of 2 shards:" in page and "saved after they last read the subscriptions" in page
+        assert "on the shards that evaluate it" in page
+        assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["unread_shards"] == 1
+        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 1), time.time() + 1)
         assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["waiting"] is False
 
 

@@ -174,7 +174,8 @@ def firing_fragment(request: Request, subscription_id: IdPath, principal: Page, 
                     redis_client: RedisDep, keys: KeysDep) -> HTMLResponse:
     subscription = service.get(subscription_id)
     return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id),
-                  admission=admission_status(redis_client, keys, stream_of(subscription), subscription_id))
+                  admission=admission_status(redis_client, keys, stream_of(subscription), subscription_id,
+                                             subscription.updated_at))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)

@@ -10,7 +10,14 @@ import redis
 from kafka import KafkaProducer
 
 from core.catalog_log import Appended, CatalogLog
-from core.redis_schema import RedisKeys, admission_waiting, admission_waiting_by_shard, shard_clocks
+from core.redis_schema import (
+    CATALOG_READ_AT,
+    RedisKeys,
+    admission_waiting,
+    admission_waiting_by_shard,
+    per_shard,
+    shard_clocks,
+)
 from core.settings import Settings
 from core.stream_names import TRADES
 from devstack.patience import deadline
@@ -241,6 +248,7 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
 
     settings = settings.model_copy(update={"evaluator_admission_transitions": 1})
     ensure_topics(settings)
+    published_at = time.time()
     publish_catalog(settings, *(SubscriptionSpec(sid, parse_condition("COUNT(*) OVER 1m >= 1")) for sid in range(1, 5)))
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     keys = RedisKeys(settings)
@@ -282,3 +290,5 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
     shards = admission_waiting_by_shard(client.hgetall(keys.evaluator_stats))[TRADES]
     assert len(shards) == settings.spark_shuffle_partitions
     assert not any(client.exists(keys.admission_waiting(TRADES, shard)) for shard in shards)
+    read_at = per_shard(client.hgetall(keys.evaluator_stats), CATALOG_READ_AT)[TRADES]  # a page's "saved after"
+    assert read_at.keys() == shards.keys() and all(float(at) >= published_at for at in read_at.values()), read_at

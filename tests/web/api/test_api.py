@@ -52,7 +52,7 @@ def test_create_list_update_pause_delete(api: TestClient, settings: Settings) ->
 
     assert api.get(f"/api/subscriptions/{sub['id']}/firing").json() == {
         "subscription_id": sub["id"], "stream": "trades", "firing": {},
-        "admission": {"waiting_shards": 0, "shards": 0, "waiting": False}}  # no shard has reported
+        "admission": {"waiting_shards": 0, "shards": 0, "unread_shards": 0, "waiting": True}}  # no shard has run
     assert api.delete(f"/api/subscriptions/{sub['id']}").status_code == 204
     assert api.get(f"/api/subscriptions/{sub['id']}").status_code == 404
     assert published(settings).subscriptions == ()
