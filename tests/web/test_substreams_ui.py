@@ -6,6 +6,7 @@ with a publisher token fire such a subscription, and its page shows it firing (i
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -188,7 +189,9 @@ def test_a_subscription_on_a_declared_stream_fires_on_records_published_over_htt
             expect(form_page.locator("#condition-check .condition-ok")).to_contain_text("MAX(cpu) OVER 10s > 90")
             form_page.get_by_role("button", name="Create subscription").click()
             expect(form_page.get_by_role("heading", name="Hot web hosts")).to_be_visible()
-            expect(form_page.locator("#firing")).to_contain_text("No key is in the condition right now.")
+            # nothing firing yet; the hosts query may not have read the new subscription yet (web/admission.py)
+            expect(form_page.locator("#firing")).to_contain_text(re.compile("No key is in the condition|Not evaluated yet"))
+            expect(form_page.locator("#firing tbody tr")).to_have_count(0)
 
             publish_hosts(server, token, settings)
             firing = form_page.locator("#firing tbody tr")  # the fragment is polled every 2 s

@@ -81,7 +81,7 @@ def test_sign_up_create_a_subscription_see_a_validation_error_and_the_listing(se
     expect(page.locator("#preview")).to_contain_text("The evaluator is not running yet")
     page.get_by_role("button", name="Create subscription").click()
     expect(page.get_by_role("heading", name="Tech volume")).to_be_visible()
-    expect(page.get_by_text("No key is in the condition right now.")).to_be_visible()
+    expect(page.locator("#admission-waiting")).to_contain_text("no shard of its stream's query has run a micro-batch")
 
     page.get_by_role("link", name="Subscriptions").click()
     row = page.locator("#subscriptions tbody tr")
