@@ -42,7 +42,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from core.settings import Settings
@@ -113,15 +113,21 @@ def catalog_read_field(stream: str, shard: int) -> str:
     return f"{CATALOG_READ_AT}:{stream}:{shard}"
 
 
-def per_shard(fields: Mapping[Any, Any], kind: str) -> dict[str, dict[int, str]]:
-    """Per stream and shard, the ``<kind>:<stream>:<shard>`` fields of a ``stats:evaluator`` reply (fields and
-    values as bytes or text): every shard that reported is listed."""
-    found: dict[str, dict[int, str]] = {}
+def _of_kind(fields: Mapping[Any, Any], kind: str) -> Iterator[tuple[str, str]]:
+    """``(rest, value)`` of each ``<kind>:<rest>`` field of a ``stats:evaluator`` reply (fields and values as bytes
+    or text)."""
     for name, value in fields.items():
         named, _, rest = (name.decode() if isinstance(name, bytes) else name).partition(":")
         if named == kind:
-            stream, _, shard = rest.rpartition(":")
-            found.setdefault(stream, {})[int(shard)] = value.decode() if isinstance(value, bytes) else str(value)
+            yield rest, value.decode() if isinstance(value, bytes) else str(value)
+
+
+def per_shard(fields: Mapping[Any, Any], kind: str) -> dict[str, dict[int, str]]:
+    """Per stream and shard, the ``<kind>:<stream>:<shard>`` fields: every shard that reported is listed."""
+    found: dict[str, dict[int, str]] = {}
+    for rest, value in _of_kind(fields, kind):
+        stream, _, shard = rest.rpartition(":")
+        found.setdefault(stream, {})[int(shard)] = value
     return found
 
 
@@ -149,13 +155,8 @@ def handoff_field(kind: str, stream: str) -> str:
 
 def handoff_counts(fields: Mapping[Any, Any], kind: str) -> dict[str, int]:
     """Per stream, the handoff's ``kind`` count (:data:`HANDOFF_WAITING` or :data:`HANDOFF_STORED`), from a
-    ``stats:evaluator`` reply (fields as bytes or text)."""
-    counts: dict[str, int] = {}
-    for name, value in fields.items():
-        named, _, stream = (name.decode() if isinstance(name, bytes) else name).partition(":")
-        if named == kind:
-            counts[stream] = int(value)
-    return counts
+    ``stats:evaluator`` reply."""
+    return {stream: int(value) for stream, value in _of_kind(fields, kind)}
 
 
 def stream_stat(stream: str, field: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from core.redis_schema import ADMISSION_WAITING, CATALOG_READ_AT, RedisKeys, per_shard
+from core.redis_schema import CATALOG_READ_AT, RedisKeys, admission_waiting_by_shard, per_shard
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,12 @@ def admission_status(client: Any, keys: RedisKeys, stream: str, subscription_id:
     subscription (its set, ``RedisKeys.admission_waiting``): in the steady state one read answers. ``saved_at``:
     when the subscription was last saved (None: not judged)."""
     fields = client.hgetall(keys.evaluator_stats)
-    counts = per_shard(fields, ADMISSION_WAITING).get(stream, {})
+    counts = admission_waiting_by_shard(fields).get(stream, {})
     unread = 0
     if saved_at is not None:
         at = (saved_at if saved_at.tzinfo else saved_at.replace(tzinfo=UTC)).timestamp()  # SQLite drops the zone
         unread = sum(float(read) < at for read in per_shard(fields, CATALOG_READ_AT).get(stream, {}).values())
-    busy = [shard for shard, waiting in sorted(counts.items()) if int(waiting)]
+    busy = [shard for shard, waiting in sorted(counts.items()) if waiting]
     if not busy:
         return AdmissionStatus(0, len(counts), unread)
     pipe = client.pipeline(transaction=False)
