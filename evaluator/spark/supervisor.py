@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from prometheus_client import Gauge
@@ -96,6 +97,29 @@ class _Stream:
     stopping: _Stopping | None = None
 
 
+def forget_in_redis(client: Any, keys: RedisKeys, name: str) -> None:
+    """What a deleted stream's query left in Redis (the stream is gone, or declared again under its name): its
+    sink's handoff (alerts of subscriptions deleted with the stream, which no query will store; this process's
+    thread storing it is stopped first), its shards' sets of subscriptions awaiting admission, and its fields in
+    ``stats:evaluator``: the shard clocks and batch fields (a successor with fewer shards would have its evaluated
+    time held back by the others' clocks) and the handoff and admission counts (the operators' dashboard and the
+    dead man's switch would count them forever)."""
+    stop_thread(keys, name)
+    stats = keys.evaluator_stats
+    pieces = [text_of(p) for p in client.lrange(keys.handoff(name), 0, -1)]
+    fields = client.hgetall(stats)
+    shards = admission_waiting_by_shard(fields).get(name, {})
+    ours = (stream_stat(name, "shard_"), stream_stat(name, "last_batch_"))
+    pipe = client.pipeline(transaction=False)
+    for piece in pieces:
+        pipe.delete(keys.handoff_piece(name, piece))
+    pipe.delete(keys.handoff(name), *(keys.admission_waiting(name, shard) for shard in shards))
+    pipe.hdel(stats, handoff_field(HANDOFF_WAITING, name), handoff_field(HANDOFF_STORED, name),
+              *(admission_waiting_field(name, shard) for shard in shards),
+              *(f for f in map(text_of, fields) if f.startswith(ours)))
+    pipe.execute()
+
+
 class DeletedCheckpoints:
     """Removes the checkpoints of deleted streams: a stream no longer declared whose topic is gone too (deleting a
     stream deletes its topic first, ``subscriptions.streams.StreamService.delete``). A stream merely missing from
@@ -129,28 +153,11 @@ class DeletedCheckpoints:
                 consumer.close()
             for name in undeclared:
                 if topic_name(name, self.settings) not in topics:
-                    self.forget_in_redis(name)
+                    forget_in_redis(self.redis, self.keys, name)  # first: a failure leaves it to be checked again
                     self.streams.delete(name)
                     log.info("stream_checkpoint_removed", stream=name, reason="the stream and its topic were deleted")
         except Exception as exc:  # noqa: BLE001 - Kafka or the file system not answering: checked again later
             log.warning("stream_checkpoints_not_checked", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-
-    def forget_in_redis(self, name: str) -> None:
-        """What the deleted stream's query left in Redis: its sink's handoff (alerts of subscriptions deleted with
-        the stream, which no query will store), its shards' sets of subscriptions awaiting admission, and their
-        counts in ``stats:evaluator``, which the operators' dashboard and the dead man's switch would count forever.
-        Before the checkpoint: a failure here leaves the stream to be checked again."""
-        stop_thread(self.keys, name)  # its query has stopped; its sink's thread would store them and count them
-        stats = self.keys.evaluator_stats
-        pieces = [text_of(p) for p in self.redis.lrange(self.keys.handoff(name), 0, -1)]
-        shards = admission_waiting_by_shard(self.redis.hgetall(stats)).get(name, {})
-        pipe = self.redis.pipeline(transaction=False)
-        for piece in pieces:
-            pipe.delete(self.keys.handoff_piece(name, piece))
-        pipe.delete(self.keys.handoff(name), *(self.keys.admission_waiting(name, shard) for shard in shards))
-        pipe.hdel(stats, handoff_field(HANDOFF_WAITING, name), handoff_field(HANDOFF_STORED, name),
-                  *(admission_waiting_field(name, shard) for shard in shards))
-        pipe.execute()
 
 
 class StreamSupervisor:
@@ -213,7 +220,7 @@ class StreamSupervisor:
         try:
             stop_file(self.settings, name).unlink(missing_ok=True)  # its last query's, or a killed job's
             if claim_checkpoint(self.spark, self.settings, name, held.incarnation):
-                self._forget_batches(name)
+                self._forget_predecessor(name)
             held.query = self.start(self.spark, self.settings, held.schema)
             held.started_at = now
         except Exception as exc:  # noqa: BLE001 - e.g. its topic is not there yet: retried with backoff
@@ -266,14 +273,10 @@ class StreamSupervisor:
         except RedisError as exc:
             log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def _forget_batches(self, name: str) -> None:
-        """Remove the shard clocks and batch fields a deleted stream's query left (its successor may have fewer
-        shards, whose clocks would otherwise hold the stream's evaluated time back)."""
+    def _forget_predecessor(self, name: str) -> None:
+        """Remove what the deleted stream's query left in Redis (:func:`forget_in_redis`) before its successor starts."""
         try:
-            ours = (stream_stat(name, "shard_"), stream_stat(name, "last_batch_"))
-            fields = [f for f in map(text_of, self.stats.hkeys(self.keys.evaluator_stats)) if f.startswith(ours)]
-            if fields:
-                self.stats.hdel(self.keys.evaluator_stats, *fields)
+            forget_in_redis(self.stats, self.keys, name)
         except RedisError as exc:
             log.warning("stream_query_state_not_recorded", stream=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 

@@ -103,7 +103,7 @@ def test_a_query_keeps_its_attribute_columns_and_only_appends(spark, run: Settin
 def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_forgotten(
         spark, run: Settings, tmp_path: Path) -> None:
     """Another row id under the same name is a stream deleted and declared again: its query restarts, its old
-    checkpoint and shard clocks are gone. The same id (a registry republished after Redis lost it) keeps them, and
+    checkpoint, shard clocks, handoff and admission sets are gone. The same id (a registry republished after Redis lost it) keeps them, and
     a checkpoint from before ids were published is claimed, not removed."""
     client, keys = redis.Redis.from_url(run.redis_url), RedisKeys(run)
     start = Starter()
@@ -116,7 +116,11 @@ def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_
     first = supervisor.queries()["s"]
     assert (checkpoint / "offsets" / "0").exists() and (checkpoint / "incarnation").read_text() == "7"
     client.hset(keys.evaluator_stats, mapping={stream_stat("s", "shard_3_evaluated_at"): 5,
-                                               stream_stat("s", "last_batch_id"): 9, "shard_0_evaluated_at": 1})
+                                               stream_stat("s", "last_batch_id"): 9, "shard_0_evaluated_at": 1,
+                                               admission_waiting_field("s", 3): 1, handoff_field(HANDOFF_WAITING, "s"): 2})
+    client.sadd(keys.admission_waiting("s", 3), 4)  # and what its burst left: alerts of subscriptions deleted with it
+    client.rpush(keys.handoff("s"), "p1")
+    client.set(keys.handoff_piece("s", "p1"), b"piece")
 
     publish_registry(client, keys, [trades_schema(run), schema("s")], {"s": 7})  # republished: nothing changes
     supervisor.poll()
@@ -128,6 +132,7 @@ def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_
     assert not (checkpoint / "offsets").exists() and (checkpoint / "incarnation").read_text() == "8"
     assert {k.decode() for k in client.hkeys(keys.evaluator_stats)} == {  # trades' clock kept
         "shard_0_evaluated_at", stream_stat("s", QUERY_STARTED_AT)}
+    assert not client.exists(keys.admission_waiting("s", 3), keys.handoff("s"), keys.handoff_piece("s", "p1"))
     identity = checkpoint_identity(stream_checkpoint(spark, run, "s"))
     assert identity == f"{run.checkpoint_location}/streams/s#8"  # executors' shard copies of #7 are not reused
 
