@@ -18,7 +18,8 @@ records themselves cannot be written (Redis unreachable, out of memory, failing 
 the task cannot record anything: it waits a moment
 and puts its message back on its queue (or, if even that fails, leaves it
 unacknowledged for the visibility timeout to restore), so the delivery runs again
-once Redis answers - at least once, never lost. Only if Redis refuses even the
+once Redis answers - at least once, never lost. An attempt that reached its receiver instead waits in its thread
+for Redis to take its records (``_Delivery.recorded``): put back, it would be sent again. Only if Redis refuses even the
 records of a failure for good is the task failed, logged with its whole notification
 (``delivery_store_error``, ``tocsin_delivery_store_errors_total``) for replay.
 A delivery whose endpoint was deleted, changed hands or changed (a rotated secret)
@@ -49,6 +50,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 import redis.exceptions as redis_errors
@@ -69,7 +71,7 @@ from notifier.attempt import Attempt
 from notifier.channels import EndpointView, channel_for, channels
 from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
-from notifier.order import DeliveryOrder, Turn, lost_after_s, places
+from notifier.order import DeliveryOrder, Turn, longest_sleep_s, lost_after_s, places
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
 from subscriptions.routing import endpoint_route
@@ -86,6 +88,8 @@ WAITED = Counter("tocsin_delivery_order_waits_total",
 ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
                      "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
+RECORD_WAITS = Counter("tocsin_delivery_record_waits_total",
+                       "Waits of an attempt, sent, for Redis to take its records (not put back: it would be sent again)")
 
 
 class StoreAway(Reject):
@@ -429,15 +433,39 @@ class _Delivery:
         try:
             attempt = channel.send(self.notification, endpoint)
         finally:
-            self.records.free_slot(self.endpoint_id, endpoint.owner_id, token,
-                                   None if attempt is None else attempt.latency_ms / 1000)
+            took_s = None if attempt is None else attempt.latency_ms / 1000
+            self.recorded(lambda: self.records.free_slot(self.endpoint_id, endpoint.owner_id, token, took_s))
         LATENCY.labels(endpoint.kind).observe(attempt.latency_ms / 1000)
         if attempt.ok:
-            self.records.delivered(self.payload, self.endpoint_id, endpoint.kind, attempt, self.number)
-            self.leave()
+            sent = attempt
+            self.recorded(lambda: self.records.delivered(self.payload, self.endpoint_id, endpoint.kind, sent,
+                                                         self.number))
+            self.recorded(self.leave)
             ATTEMPTS.labels(endpoint.kind, "delivered").inc()
             return "delivered"
         return self.failed(endpoint.kind, attempt)
+
+    def recorded(self, write: Callable[[], object]) -> None:
+        """``write`` what an attempt left to record, waiting out a store outage in this thread.
+
+        Put back on its queue instead (as a delivery that could not record its claim is), a delivery that reached
+        its receiver would run again with neither its final mark nor its claim written, and be sent twice: a Redis
+        Cluster node killed while a worker recorded a delivery did that (``test_node_loss``, in CI). Held at most
+        half the broker's visibility timeout, after which the broker would hand the message to another worker
+        anyway; then it is put back as before (at least once).
+        """
+        deadline = time.monotonic() + longest_sleep_s(self.settings)
+        while True:
+            try:
+                write()
+                return
+            except Exception as exc:
+                if not store_away(exc) or time.monotonic() >= deadline:
+                    raise
+                RECORD_WAITS.inc()
+                _outage().failed(exc)
+                _outage().refresh()
+                time.sleep(self.settings.delivery_store_wait_s)
 
     def dropped(self, kind: str, reason: str) -> str:
         """Never sent, for ``reason``: recorded, and out of its lines."""

@@ -451,6 +451,39 @@ def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis
     assert "StoreAway" not in log and "Traceback" not in log
 
 
+@pytest.mark.slow  # fault injection (Redis stopped), ~10 s: run in CI
+def test_a_delivery_whose_records_redis_loses_after_sending_waits_to_record_it_and_is_not_sent_again(
+        settings, service, tmp_path) -> None:
+    """Redis gone between the receiver's answer and the delivery's records, and back empty (a Redis Cluster node
+    without replica lost in that moment, as in ``test_node_loss``): the task was put back with neither its final
+    mark nor its claim written, and sent again once Redis answered (failed before: MSFT received twice). Now the
+    attempt waits in its thread for Redis to take its records."""
+    port = free_port()
+    store = start_redis(port, tmp_path / "store")
+    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
+                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+    try:
+        with _delivering(settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
+            def lose_the_store(got) -> None:
+                if got.json["alerts"][0]["key"] == "MSFT":
+                    store.stop()  # before the receiver answers: the worker's records after the send find no Redis
+
+            receiver.on_receive = lose_the_store
+            _send(celery, _notification(subscription_id, "MSFT"), endpoint)
+            receiver.wait_for(lambda r: True, timeout_s=30, count=2)
+            time.sleep(2)  # the worker finds Redis away (several tries at 0.2 s)
+            store = start_redis(port, tmp_path / "store")  # empty: the claim and the first delivery's marks are gone
+            records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True),
+                                      RedisKeys(settings))
+            _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
+            time.sleep(1)  # a copy put back would be sent by now
+    finally:
+        store.stop()
+    assert [r.json["alerts"][0]["key"] for r in receiver.received] == ["AAPL", "MSFT"]
+    log = (tmp_path / "logs" / "worker.log").read_text()
+    assert "redis_outage" in log and "Traceback" not in log
+
+
 @pytest.mark.slow  # fault injection (the broker refuses), ~10 s: run in CI
 def test_a_delivery_whose_broker_refuses_its_retry_is_put_back_not_lost(settings, service, redis_client,
                                                                        tmp_path) -> None:
