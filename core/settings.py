@@ -149,7 +149,7 @@ class Settings(BaseSettings):
         90.0, gt=0, description="how long the runner waits for the evaluator to stop by itself before killing it"
     )
     evaluator_admission_transitions: int | None = Field(
-        200_000, ge=1, description="new subscriptions' first transitions each shard admits per micro-batch: a burst "
+        500_000, ge=1, description="new subscriptions' first transitions each shard admits per micro-batch: a burst "
                                    "of new subscriptions (100,000 over a backlog fire millions at once) is spread over "
                                    "batches, in id order, so the stream and the subscriptions already evaluated never "
                                    "wait behind it; one waiting starts at the boundary of the batch that admits it "
