@@ -104,13 +104,14 @@ def admission_waiting_field(stream: str, shard: int) -> str:
     return f"{ADMISSION_WAITING}:{stream}:{shard}"
 
 
-#: ``stats:evaluator`` fields ``catalog_read_at:<stream>:<shard>``: when (unix seconds) the catalog the shard's last
-#: batch evaluated was read from Redis; a subscription saved later is not evaluated yet (written by the shard operator).
-CATALOG_READ_AT = "catalog_read_at"
+#: ``stats:evaluator`` fields ``catalog_version:<stream>:<shard>``: the version of the catalog the shard's last batch
+#: evaluated (written by the shard operator); a subscription last changed at a later version is not evaluated there
+#: yet. Versions, not times: the web hosts' and the executors' clocks need not agree.
+CATALOG_READ_VERSION = "catalog_version"
 
 
 def catalog_read_field(stream: str, shard: int) -> str:
-    return f"{CATALOG_READ_AT}:{stream}:{shard}"
+    return f"{CATALOG_READ_VERSION}:{stream}:{shard}"
 
 
 def _of_kind(fields: Mapping[Any, Any], kind: str) -> Iterator[tuple[str, str]]:

@@ -124,6 +124,9 @@ class Subscription(Base):
     policy: Mapped[dict] = mapped_column(JSON, default=dict)  # subscriptions.policy.AlertPolicy
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    # The catalog version of its last change (None: made before versions were kept here): a shard that evaluated an
+    # older catalog has not evaluated it as it is (web.admission)
+    catalog_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     endpoints: Mapped[list[Endpoint]] = relationship(secondary=subscription_endpoints, lazy="selectin")
 
 

@@ -88,6 +88,8 @@ class CatalogPublisher:
     def commit_change(self, subscription: Subscription, removed: bool = False) -> None:
         """Commit the session's change to ``subscription`` with a new catalog version, then publish that change."""
         version = self._bump()
+        if not removed:
+            subscription.catalog_version = version  # its page tells the shards that have read it (web.admission)
         if subscription.active and not removed:
             change = CatalogChange(version, upserts=(subscription_spec(subscription),))
         else:

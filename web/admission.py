@@ -9,16 +9,15 @@ query (each reads the catalog and admits for its own keys).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from core.redis_schema import CATALOG_READ_AT, RedisKeys, admission_waiting_by_shard, per_shard
+from core.redis_schema import CATALOG_READ_VERSION, RedisKeys, admission_waiting_by_shard, per_shard
 
 
 @dataclass(frozen=True)
 class AdmissionStatus:
-    """Of the shards of the stream's query that reported (``shards``): how many evaluated with a catalog read
-    before the subscription was last saved (``unread_shards``), and how many have not admitted it yet."""
+    """Of the shards of the stream's query that reported (``shards``): how many evaluated a catalog older than the
+    subscription's last change (``unread_shards``), and how many have not admitted it yet."""
 
     waiting_shards: int
     shards: int
@@ -39,16 +38,16 @@ class AdmissionStatus:
 
 
 def admission_status(client: Any, keys: RedisKeys, stream: str, subscription_id: int,
-                     saved_at: datetime | None = None) -> AdmissionStatus:
+                     changed_at: int | None = None) -> AdmissionStatus:
     """Read from the shards' fields in ``stats:evaluator``; only a shard that has some waiting is asked about this
-    subscription (its set, ``RedisKeys.admission_waiting``): in the steady state one read answers. ``saved_at``:
-    when the subscription was last saved (None: not judged)."""
+    subscription (its set, ``RedisKeys.admission_waiting``): in the steady state one read answers. ``changed_at``:
+    the catalog version of the subscription's last change (``Subscription.catalog_version``; None: not judged),
+    against the version each shard's last batch evaluated: versions, so no two hosts' clocks are compared."""
     fields = client.hgetall(keys.evaluator_stats)
     counts = admission_waiting_by_shard(fields).get(stream, {})
     unread = 0
-    if saved_at is not None:
-        at = (saved_at if saved_at.tzinfo else saved_at.replace(tzinfo=UTC)).timestamp()  # SQLite drops the zone
-        unread = sum(float(read) < at for read in per_shard(fields, CATALOG_READ_AT).get(stream, {}).values())
+    if changed_at is not None:
+        unread = sum(int(read) < changed_at for read in per_shard(fields, CATALOG_READ_VERSION).get(stream, {}).values())
     busy = [shard for shard, waiting in sorted(counts.items()) if waiting]
     if not busy:
         return AdmissionStatus(0, len(counts), unread)

@@ -99,7 +99,6 @@ class CatalogSource:
         self.keep = settings.catalog_snapshot_every
         self._catalog = Catalog.empty()
         self._checked = 0.0
-        self.read_at = 0.0  # when (unix seconds) the catalog held was last read up to what was published then
         self._reported: object = _UNREPORTED  # the problem last written to the stats, by this worker
         self._stuck_since: float | None = None  # when this worker found itself stuck (unix seconds)
         self._asserted = 0.0  # when it last wrote its mark
@@ -139,11 +138,8 @@ class CatalogSource:
         now = time.monotonic()
         if now - self._checked >= self.refresh_s:
             self._checked = now
-            asked = time.time()
             reached = self.outage.ride_out(lambda: reach(self.catalog_log, self._catalog, self.keep))
             self._catalog = reached.catalog
-            if reached.problem is None:  # holds everything published before ``asked``
-                self.read_at = asked
             self.outage.ride_out(lambda: self._report(reached))
         return self._catalog
 

@@ -149,7 +149,7 @@ class ShardProcessor(StatefulProcessor):
             "shard_host_failures": host_failures, "subscriptions_admitted": stats.admitted,
         })
         pipe.hset(keys.evaluator_stats, mapping={admission_waiting_field(self.job.stream_name, shard): stats.waiting,
-                                                 catalog_read_field(self.job.stream_name, shard): result.catalog_read_at})
+                                                 catalog_read_field(self.job.stream_name, shard): result.catalog_version})
         # evaluate: the step and the previews, and the rest of the task's wait on its host (starting it when it was
         # not running, and the rows' transfer)
         for stage, seconds in (("restore", restore_s), ("evaluate", ran - opened - result.restore_s),

@@ -77,13 +77,13 @@ class BatchResult:
     restore_s: float = 0.0
     evaluate_s: float = 0.0  # the step and the previews
     connect_s: float = 0.0  # reaching the shard's host, started first if it was not running (not sent by the host)
-    catalog_read_at: float = 0.0  # when the catalog it evaluated was read (CatalogSource.read_at)
+    catalog_version: int = 0  # of the catalog it evaluated: every change up to it is in (web.admission)
 
     def header(self) -> dict[str, Any]:
         """The small fields, as JSON-ready data (a shard host sends the output and the blobs apart)."""
         return {"epoch": self.epoch, "base_epoch": self.base_epoch, "how": self.how, "stats": asdict(self.stats),
                 "log_read_s": self.log_read_s, "restore_s": self.restore_s, "evaluate_s": self.evaluate_s,
-                "catalog_read_at": self.catalog_read_at}
+                "catalog_version": self.catalog_version}
 
     @classmethod
     def of(cls, header: dict[str, Any], output: pd.DataFrame, delta: bytes | None,
@@ -161,7 +161,7 @@ class ShardRunner:
         # The shard's clock travels with its output, so the sink reports it once the alerts are stored.
         output = shard_output(transitions, shard, shard_copy.evaluated_at or 0, shard_copy.take_ranked())
         return BatchResult(output, epoch, base_epoch, blob, snapshot, how, stats, log_read, restored - started,
-                           time.perf_counter() - restored, catalog_read_at=source.read_at)
+                           time.perf_counter() - restored, catalog_version=catalog.version)
 
 
 def answer_previews(source: CatalogSource, shard: int, shard_copy: SubstreamShard, stream: str,

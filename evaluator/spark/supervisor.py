@@ -46,6 +46,7 @@ from redis import RedisError
 
 from core.redis_client import make_redis
 from core.redis_schema import (
+    CATALOG_READ_VERSION,
     HANDOFF_STORED,
     HANDOFF_WAITING,
     QUERY_FAILING,
@@ -53,7 +54,9 @@ from core.redis_schema import (
     RedisKeys,
     admission_waiting_by_shard,
     admission_waiting_field,
+    catalog_read_field,
     handoff_field,
+    per_shard,
     stream_stat,
 )
 from core.settings import Settings
@@ -102,13 +105,15 @@ def forget_in_redis(client: Any, keys: RedisKeys, name: str) -> None:
     sink's handoff (alerts of subscriptions deleted with the stream, which no query will store; this process's
     thread storing it is stopped first), its shards' sets of subscriptions awaiting admission, and its fields in
     ``stats:evaluator``: the shard clocks and batch fields (a successor with fewer shards would have its evaluated
-    time held back by the others' clocks) and the handoff and admission counts (the operators' dashboard and the
-    dead man's switch would count them forever)."""
+    time held back by the others' clocks), the handoff and admission counts (the operators' dashboard and the
+    dead man's switch would count them forever) and the catalog versions its shards read (a shard the successor
+    does not have would keep its subscriptions "not evaluated yet" on their pages)."""
     stop_thread(keys, name)
     stats = keys.evaluator_stats
     pieces = [text_of(p) for p in client.lrange(keys.handoff(name), 0, -1)]
     fields = client.hgetall(stats)
     shards = admission_waiting_by_shard(fields).get(name, {})
+    read = per_shard(fields, CATALOG_READ_VERSION).get(name, {})
     ours = (stream_stat(name, "shard_"), stream_stat(name, "last_batch_"))
     pipe = client.pipeline(transaction=False)
     for piece in pieces:
@@ -116,6 +121,7 @@ def forget_in_redis(client: Any, keys: RedisKeys, name: str) -> None:
     pipe.delete(keys.handoff(name), *(keys.admission_waiting(name, shard) for shard in shards))
     pipe.hdel(stats, handoff_field(HANDOFF_WAITING, name), handoff_field(HANDOFF_STORED, name),
               *(admission_waiting_field(name, shard) for shard in shards),
+              *(catalog_read_field(name, shard) for shard in read),
               *(f for f in map(text_of, fields) if f.startswith(ours)))
     pipe.execute()
 

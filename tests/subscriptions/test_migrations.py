@@ -72,3 +72,33 @@ def test_token_names_widen_to_200_keeping_rows_and_never_reusing_ids(database: s
                                                  f"values ({'1, ' if user else ''}:name, 'h9', 'p', current_timestamp) "
                                                  "returning id"), {"name": "n" * 200}).scalar_one()
                 assert new_id == 4, (table, new_id)  # 3 was deleted before the upgrade: never handed out again
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_catalog_version_is_added_empty_and_dropped_keeping_rows_and_never_reusing_ids(database: str,
+                                                                                      tmp_path: Path) -> None:
+    """0007 adds ``subscriptions.catalog_version`` (NULL on rows from before: not judged) in place, and its downgrade
+    drops it the same way: on SQLite neither recreates the table, which would forget AUTOINCREMENT's high-water mark."""
+    with (nullcontext(f"sqlite:///{tmp_path / 'old.db'}") if database == "sqlite" else postgres_database()) as url:
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            command.upgrade(alembic_config(connection), "0006_name_lengths")
+            connection.execute(text("insert into users (id, email, password_hash, role, created_at) "
+                                    "values (1, 'a@example.com', 'x', 'user', current_timestamp)"))
+            for n in (1, 2):
+                connection.execute(text("insert into subscriptions (owner_id, name, condition, condition_spec, active, "
+                                        f"policy, created_at, updated_at) values (1, 's{n}', 'c', '{{}}', true, "
+                                        "'{}', current_timestamp, current_timestamp)"))
+            connection.execute(text("delete from subscriptions where id = 2"))
+        engine.dispose()
+        migrate(engine_for(url))
+        assert _differences(url) == []
+        with engine_for(url).begin() as connection:
+            assert connection.execute(text("select id, catalog_version from subscriptions")).all() == [(1, None)]
+            command.downgrade(alembic_config(connection), "0006_name_lengths")
+            assert connection.execute(text("select id, name from subscriptions")).all() == [(1, "s1")]
+            new_id = connection.execute(text(
+                "insert into subscriptions (owner_id, name, condition, condition_spec, active, policy, created_at, "
+                "updated_at) values (1, 's3', 'c', '{}', true, '{}', current_timestamp, current_timestamp) "
+                "returning id")).scalar_one()
+            assert new_id == 3  # 2 was deleted: never handed out again

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import redis
 
@@ -12,6 +11,8 @@ from core.settings import Settings
 from core.stream_names import TRADES
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
+from subscriptions.db import session_factory
+from subscriptions.models import Subscription
 from tests.users import api_client, new_user, sign_in
 
 HTML = {"accept": "text/html"}
@@ -54,20 +55,30 @@ def test_subscription_form_edit_fragments_and_delete(settings: Settings) -> None
         assert browser.get(f"/subscriptions/{sid}", headers=HTML).status_code == 404
 
 
+def _catalog_version(settings: Settings, subscription_id: int) -> int | None:
+    with session_factory(settings.database_url)() as session:
+        subscription = session.get(Subscription, subscription_id)
+        assert subscription is not None
+        return subscription.catalog_version
+
+
 def test_a_subscription_waiting_for_admission_says_so_instead_of_no_key(settings: Settings) -> None:
-    """A shard that has not admitted the subscription yet (evaluator/admission.py), or whose last batch read the
-    catalog before it was saved, evaluates nothing for it: its page and the API say it waits, why and on how many
-    shards, and not that no key is in the condition."""
+    """A shard that has not admitted the subscription yet (evaluator/admission.py), or whose last batch evaluated a
+    catalog from before the subscription's last change, evaluates nothing for it: its page and the API say it
+    waits, why and on how many shards, and not that no key is in the condition. Judged by catalog versions, not by
+    the hosts' clocks (until 2026-12-07 by when the shard read the catalog, by its executor's clock, against the
+    subscription's ``updated_at``, by the web host's: an executor's clock behind made it "not evaluated" for ever)."""
     user, token = new_user(settings)
     client, keys = redis.Redis.from_url(settings.redis_url), RedisKeys(settings)
     with api_client(settings, token) as api, api_client(settings) as browser:
         sid = api.post("/api/subscriptions", json={"name": "x", "condition": "COUNT(*) OVER 1m > 1"}).json()["id"]
         sign_in(browser, user.email)
-        read_later = time.time() + 3_600  # both shards evaluated with a catalog read after it was saved
-        client.hset(keys.evaluator_stats, mapping={admission_waiting_field(TRADES, 0): 7,
+        version = _catalog_version(settings, sid)
+        assert version is not None and version >= 1
+        client.hset(keys.evaluator_stats, mapping={admission_waiting_field(TRADES, 0): 7,  # both shards read it
                                                    admission_waiting_field(TRADES, 1): 0,
-                                                   catalog_read_field(TRADES, 0): read_later,
-                                                   catalog_read_field(TRADES, 1): read_later})
+                                                   catalog_read_field(TRADES, 0): version,
+                                                   catalog_read_field(TRADES, 1): version})
         client.sadd(keys.admission_waiting(TRADES, 0), sid + 1, sid)
         page = browser.get(f"/subscriptions/{sid}/firing").text
         assert "Not evaluated yet on 1 of 2 shards" in page and "on the shards that evaluate it" in page
@@ -84,15 +95,17 @@ def test_a_subscription_waiting_for_admission_says_so_instead_of_no_key(settings
         assert "Not evaluated yet" not in page and "No key is in the condition right now." in page
         assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["waiting"] is False
 
-        # saved again (paused and resumed) after shard 1 last read the catalog: not evaluated there yet
+        # changed again (paused and resumed) after shard 1 last read the catalog: not evaluated there yet
         api.post(f"/api/subscriptions/{sid}/pause")
         api.post(f"/api/subscriptions/{sid}/resume")
-        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 1), time.time() - 3_600)
+        resumed = _catalog_version(settings, sid)
+        assert resumed is not None and resumed > version + 1  # the pause, then the resumption
+        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 0), resumed)  # shard 1 read only the older
         page = browser.get(f"/subscriptions/{sid}/firing").text
-        assert "Not evaluated yet on 1 of 2 shards:" in page and "saved after they last read the subscriptions" in page
+        assert "Not evaluated yet on 1 of 2 shards:" in page and "changed after the subscriptions they last read" in page
         assert "on the shards that evaluate it" in page
         assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["unread_shards"] == 1
-        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 1), time.time() + 1)
+        client.hset(keys.evaluator_stats, catalog_read_field(TRADES, 1), resumed + 5)  # a later catalog has it too
         assert api.get(f"/api/subscriptions/{sid}/firing").json()["admission"]["waiting"] is False
 
 

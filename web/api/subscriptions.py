@@ -89,13 +89,13 @@ def delivery_log(
 def firing_keys(subscription_id: IdPath, service: ServiceDep, redis_client: RedisDep, keys: KeysDep) -> dict:
     """Keys currently in the condition, with the transition that put them there (keys of the subscription's stream);
     ``admission``: on how many of its stream's shards it is not evaluated yet (nothing fires there): they have not
-    read it from the catalog since it was saved (``unread_shards``), or not admitted it (``waiting_shards``)."""
+    evaluated a catalog from before its last change (``unread_shards``), or not admitted it (``waiting_shards``)."""
     subscription = service.get(subscription_id)
     stream = stream_of(subscription)
     return {"subscription_id": subscription_id, "stream": stream,
             "firing": AlertViews(redis_client, keys).firing(subscription_id),
             "admission": admission_status(redis_client, keys, stream, subscription_id,
-                                          subscription.updated_at).to_dict()}
+                                          subscription.catalog_version).to_dict()}
 
 
 @router.get("/{subscription_id}/alerts")

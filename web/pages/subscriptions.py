@@ -175,7 +175,7 @@ def firing_fragment(request: Request, subscription_id: IdPath, principal: Page, 
     subscription = service.get(subscription_id)
     return render(request, "_firing.html", principal, firing=AlertViews(redis_client, keys).firing(subscription_id),
                   admission=admission_status(redis_client, keys, stream_of(subscription), subscription_id,
-                                             subscription.updated_at))
+                                             subscription.catalog_version))
 
 
 @router.get("/subscriptions/{subscription_id}/history", response_class=HTMLResponse)

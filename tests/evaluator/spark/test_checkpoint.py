@@ -18,6 +18,7 @@ from core.redis_schema import (
     RedisKeys,
     admission_waiting_by_shard,
     admission_waiting_field,
+    catalog_read_field,
     handoff_counts,
     handoff_field,
     stream_stat,
@@ -117,7 +118,8 @@ def test_a_stream_declared_again_restarts_on_an_empty_checkpoint_its_old_clocks_
     assert (checkpoint / "offsets" / "0").exists() and (checkpoint / "incarnation").read_text() == "7"
     client.hset(keys.evaluator_stats, mapping={stream_stat("s", "shard_3_evaluated_at"): 5,
                                                stream_stat("s", "last_batch_id"): 9, "shard_0_evaluated_at": 1,
-                                               admission_waiting_field("s", 3): 1, handoff_field(HANDOFF_WAITING, "s"): 2})
+                                               admission_waiting_field("s", 3): 1, handoff_field(HANDOFF_WAITING, "s"): 2,
+                                               catalog_read_field("s", 3): 4})
     client.sadd(keys.admission_waiting("s", 3), 4)  # and what its burst left: alerts of subscriptions deleted with it
     client.rpush(keys.handoff("s"), "p1")
     client.set(keys.handoff_piece("s", "p1"), b"piece")

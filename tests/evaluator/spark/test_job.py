@@ -11,7 +11,7 @@ from kafka import KafkaProducer
 
 from core.catalog_log import Appended, CatalogLog
 from core.redis_schema import (
-    CATALOG_READ_AT,
+    CATALOG_READ_VERSION,
     RedisKeys,
     admission_waiting,
     admission_waiting_by_shard,
@@ -248,8 +248,8 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
 
     settings = settings.model_copy(update={"evaluator_admission_transitions": 1})
     ensure_topics(settings)
-    published_at = time.time()
-    publish_catalog(settings, *(SubscriptionSpec(sid, parse_condition("COUNT(*) OVER 1m >= 1")) for sid in range(1, 5)))
+    publish_catalog(settings, *(SubscriptionSpec(sid, parse_condition("COUNT(*) OVER 1m >= 1")) for sid in range(1, 5)),
+                    version=7)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     keys = RedisKeys(settings)
     base = recent_base()
@@ -290,5 +290,7 @@ def test_a_burst_of_new_subscriptions_is_admitted_over_batches(spark, settings: 
     shards = admission_waiting_by_shard(client.hgetall(keys.evaluator_stats))[TRADES]
     assert len(shards) == settings.spark_shuffle_partitions
     assert not any(client.exists(keys.admission_waiting(TRADES, shard)) for shard in shards)
-    read_at = per_shard(client.hgetall(keys.evaluator_stats), CATALOG_READ_AT)[TRADES]  # a page's "saved after"
-    assert read_at.keys() == shards.keys() and all(float(at) >= published_at for at in read_at.values()), read_at
+    read = per_shard(client.hgetall(keys.evaluator_stats), CATALOG_READ_VERSION)[TRADES]  # a page's "changed after"
+    assert read == dict.fromkeys(shards, "7"), read
+    assert admission_status(client, keys, TRADES, 1, changed_at=7).unread_shards == 0
+    assert admission_status(client, keys, TRADES, 1, changed_at=8).unread_shards == len(shards)
