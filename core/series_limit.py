@@ -40,7 +40,6 @@ from enum import IntEnum
 from typing import cast
 
 import numpy as np
-import pandas as pd
 import redis
 
 from core.redis_schema import RedisKeys
@@ -152,6 +151,8 @@ class SeriesLimit:
         round trip for the batch's distinct series (those not remembered, with ``remember_s`` and no token)."""
         if not len(series):
             return np.zeros(0, dtype=np.int8)
+        import pandas as pd  # here, not at the top: a notifier worker imports this module and never calls this
+
         codes, distinct = pd.factorize(series)
         newest = pd.Series(ts).groupby(codes, sort=True).max().to_numpy()
         names, times = list(distinct), newest.tolist()

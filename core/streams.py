@@ -28,16 +28,17 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from core.settings import Settings
 from core.stream_names import TRADES
 from core.text import PlainText
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Field names of the wire form; ``kind`` marks heartbeat records on the same topics.
 WIRE_KEY, WIRE_TIME, RESERVED = "key", "ts", "kind"
@@ -308,6 +309,9 @@ class ValidatedBatch:
         """The newest event time of the accepted records (read off their wire form, which starts key, ts)."""
         if not self.records:
             return None
+        import pyarrow as pa  # here, not at the top: what only reads schemas (a notifier worker) never loads Arrow
+        import pyarrow.compute as pc
+
         ts = pc.extract_regex(pa.array(self.records, pa.string()), _WIRE_TS).field("ts")
         return int(pc.max(pc.cast(ts, pa.int64())).as_py())
 
@@ -498,11 +502,15 @@ class StreamValidator:
 
     def validate(self, records: Sequence[str | bytes], latest_ts: int = MAX_TS) -> ValidatedBatch:
         """Every record judged as :meth:`judge` would (with ``latest_ts``); accepted ones in batch order."""
+        import pyarrow as pa
+
         texts = pa.array([r if isinstance(r, str) else "" for r in records], pa.string())
         return self._validate(records, texts, latest_ts)
 
     def validate_values(self, values: Sequence[bytes]) -> ValidatedBatch:
         """:meth:`validate` for Kafka record values (what a topic reader has), UTF-8 checked on the whole column."""
+        import pyarrow as pa
+
         try:
             texts = pa.array(values, pa.binary()).cast(pa.string())
         except pa.ArrowInvalid:  # some value is not UTF-8: it is judged (and rejected) one by one
@@ -537,6 +545,9 @@ class StreamValidator:
 
     def _prove(self, texts: pa.Array, latest_ts: int = MAX_TS) -> tuple[np.ndarray, list[str], list[str]]:
         """Which records are plain and in range, with their keys and wire records (in batch order)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         n = len(texts)
         small = pc.less_equal(pc.binary_length(texts), self.limits.max_record_bytes)
         parts = pc.extract_regex(texts, self.pattern)  # null where the record is not plain

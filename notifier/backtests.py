@@ -22,7 +22,7 @@ import math
 import time
 from collections import Counter
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -30,13 +30,14 @@ import structlog
 from core.redis_client import make_redis
 from core.settings import Settings, get_settings
 from core.streams import topic_name
-from evaluator.backtest import Backtest, warm_up_ms
 from evaluator.spec import Condition, SubscriptionSpec
 from evaluator.transition import Transition
-from ingest.history import history_span, read_history
 from notifier.app import BACKTEST_TASK, app
 from notifier.policy import KeyState, decide
 from subscriptions.backtests import BacktestJobs, BacktestRequest
+
+if TYPE_CHECKING:
+    from evaluator.backtest import Backtest
 
 KEYS_LISTED = 50  # per-key counts shown: the keys with most firings
 
@@ -75,6 +76,11 @@ def chunk_ms(settings: Settings, start_ms: int, end_ms: int) -> int:
 
 def _run(settings: Settings, jobs: BacktestJobs, owner_id: int, job_id: str,
          request: BacktestRequest) -> dict[str, Any] | None:
+    # Here, not at the top: every worker imports this module (the app includes it), and only the backtests lane's
+    # run one; the delivery lanes need neither pandas nor Arrow (tests/notifier/test_worker_imports.py)
+    from evaluator.backtest import Backtest, warm_up_ms
+    from ingest.history import history_span, read_history
+
     condition = Condition.from_dict(request.condition_spec)
     keys = frozenset(request.keys) if request.keys is not None else None
     spec = SubscriptionSpec(request.subscription_id, condition, keys, request.condition)
