@@ -423,25 +423,41 @@ def _delivering(settings: Settings, service: SubscriptionService,
         receiver.close()
 
 
+class _RecordsApart:
+    """The delivery records in a Redis of their own (empty each time it starts), so a test can take it away while
+    the broker stays."""
+
+    def __init__(self, settings: Settings, tmp_path: Path) -> None:
+        self.port, self.data = free_port(), tmp_path / "store"
+        self.server = start_redis(self.port, self.data)
+        self.settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{self.port}/0",
+                                                    "celery_broker_url": settings.redis_url,
+                                                    "delivery_store_wait_s": 0.2})
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        self.server = start_redis(self.port, self.data)
+
+    def outcomes(self, subscription_id: int) -> list[str]:
+        return _outcomes(DeliveryRecords(redis.Redis.from_url(self.settings.redis_url, decode_responses=True),
+                                         RedisKeys(self.settings)), subscription_id)
+
+
 @pytest.mark.slow  # fault injection (Redis stopped), ~10 s: run in CI
 def test_a_delivery_that_cannot_reach_redis_is_put_back_and_delivered_once_redis_answers(
         settings, service, tmp_path) -> None:
-    # The delivery records live in a Redis of their own here, so the test can take it away while the broker stays.
-    port = free_port()
-    store = start_redis(port, tmp_path / "store")
-    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
-                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+    store = _RecordsApart(settings, tmp_path)
     try:
-        with _delivering(settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
+        with _delivering(store.settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
             store.stop()
             _send(celery, _notification(subscription_id, "MSFT"), endpoint)  # its claim cannot be written
             time.sleep(3)
             assert len(receiver.received) == 1, "nothing is sent while its delivery cannot be recorded"
-            store = start_redis(port, tmp_path / "store")
+            store.start()
             receiver.wait_for(lambda r: True, timeout_s=30, count=2)
-            records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True),
-                                      RedisKeys(settings))
-            _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
+            _eventually(lambda: store.outcomes(subscription_id) == ["delivered"])
             time.sleep(1)
     finally:
         store.stop()
@@ -458,12 +474,9 @@ def test_a_delivery_whose_records_redis_loses_after_sending_waits_to_record_it_a
     without replica lost in that moment, as in ``test_node_loss``): the task was put back with neither its final
     mark nor its claim written, and sent again once Redis answered (failed before: MSFT received twice). Now the
     attempt waits in its thread for Redis to take its records."""
-    port = free_port()
-    store = start_redis(port, tmp_path / "store")
-    settings = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0",
-                                           "celery_broker_url": settings.redis_url, "delivery_store_wait_s": 0.2})
+    store = _RecordsApart(settings, tmp_path)
     try:
-        with _delivering(settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
+        with _delivering(store.settings, service, tmp_path) as (celery, endpoint, subscription_id, receiver):
             def lose_the_store(got) -> None:
                 if got.json["alerts"][0]["key"] == "MSFT":
                     store.stop()  # before the receiver answers: the worker's records after the send find no Redis
@@ -472,10 +485,8 @@ def test_a_delivery_whose_records_redis_loses_after_sending_waits_to_record_it_a
             _send(celery, _notification(subscription_id, "MSFT"), endpoint)
             receiver.wait_for(lambda r: True, timeout_s=30, count=2)
             time.sleep(2)  # the worker finds Redis away (several tries at 0.2 s)
-            store = start_redis(port, tmp_path / "store")  # empty: the claim and the first delivery's marks are gone
-            records = DeliveryRecords(redis.Redis.from_url(settings.redis_url, decode_responses=True),
-                                      RedisKeys(settings))
-            _eventually(lambda: _outcomes(records, subscription_id) == ["delivered"])
+            store.start()  # empty: the claim and the first delivery's marks are gone
+            _eventually(lambda: store.outcomes(subscription_id) == ["delivered"])
             time.sleep(1)  # a copy put back would be sent by now
     finally:
         store.stop()

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from subscriptions.db import SchemaError, alembic_config, engine_for, migrate
 from subscriptions.models import Base
@@ -40,16 +41,24 @@ def test_a_database_from_before_migrations_is_refused_with_a_clear_error(tmp_pat
         engine_for(url)
 
 
+@contextmanager
+def _database_at(database: str, tmp_path: Path, revision: str) -> Iterator[tuple[str, Engine]]:
+    """A new ``database`` (sqlite, postgresql) migrated up to ``revision``, with one user (id 1)."""
+    with (nullcontext(f"sqlite:///{tmp_path / 'old.db'}") if database == "sqlite" else postgres_database()) as url:
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            command.upgrade(alembic_config(connection), revision)
+            connection.execute(text("insert into users (id, email, password_hash, role, created_at) "
+                                    "values (1, 'a@example.com', 'x', 'user', current_timestamp)"))
+        yield url, engine
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_token_names_widen_to_200_keeping_rows_and_never_reusing_ids(database: str, tmp_path: Path) -> None:
     """0006 widens the token names (PostgreSQL refused 101-200 characters with a 500); on SQLite it
     recreates the tables, which must keep their rows, links and AUTOINCREMENT high-water mark."""
-    with (nullcontext(f"sqlite:///{tmp_path / 'old.db'}") if database == "sqlite" else postgres_database()) as url:
-        engine = create_engine(url)
+    with _database_at(database, tmp_path, "0005_streams") as (url, engine):
         with engine.begin() as connection:
-            command.upgrade(alembic_config(connection), "0005_streams")
-            connection.execute(text("insert into users (id, email, password_hash, role, created_at) "
-                                    "values (1, 'a@example.com', 'x', 'user', current_timestamp)"))
             connection.execute(text("insert into streams (id, name, topic, schema, version, created_at, updated_at) "
                                     "values (1, 's', 't', '{}', 1, current_timestamp, current_timestamp)"))
             for n in (1, 2, 3):
@@ -79,12 +88,8 @@ def test_catalog_version_is_added_empty_and_dropped_keeping_rows_and_never_reusi
                                                                                       tmp_path: Path) -> None:
     """0007 adds ``subscriptions.catalog_version`` (NULL on rows from before: not judged) in place, and its downgrade
     drops it the same way: on SQLite neither recreates the table, which would forget AUTOINCREMENT's high-water mark."""
-    with (nullcontext(f"sqlite:///{tmp_path / 'old.db'}") if database == "sqlite" else postgres_database()) as url:
-        engine = create_engine(url)
+    with _database_at(database, tmp_path, "0006_name_lengths") as (url, engine):
         with engine.begin() as connection:
-            command.upgrade(alembic_config(connection), "0006_name_lengths")
-            connection.execute(text("insert into users (id, email, password_hash, role, created_at) "
-                                    "values (1, 'a@example.com', 'x', 'user', current_timestamp)"))
             for n in (1, 2):
                 connection.execute(text("insert into subscriptions (owner_id, name, condition, condition_spec, active, "
                                         f"policy, created_at, updated_at) values (1, 's{n}', 'c', '{{}}', true, "
