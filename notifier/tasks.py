@@ -89,7 +89,7 @@ ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
                      "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
 RECORD_WAITS = Counter("tocsin_delivery_record_waits_total",
-                       "Waits of an attempt, sent, for Redis to take its records (not put back: it would be sent again)")
+                       "Tries to record a sent attempt that found Redis away: it waits (put back, it would be sent again)")
 
 
 class StoreAway(Reject):
