@@ -102,25 +102,28 @@ class Outage:
     def backoff(self) -> ExponentialBackoff:
         return ExponentialBackoff(cap=self.cap_s, base=self.base_s)
 
-    def ride_out(self, operation: Callable[[], T], stop: threading.Event | None = None) -> T:
+    def ride_out(self, operation: Callable[[], T], stop: threading.Event | None = None, *,
+                 transient: Callable[[BaseException], bool] = is_transient, for_s: float | None = None) -> T:
         """``operation()``, tried again after a growing pause (up to the cap) for as long as Redis is away.
 
         Use it where giving up would lose work or stop the process (the evaluator's sink), with an operation that
         is safe to run twice (its first run may have taken effect before the reply was lost). ``stop`` set during
-        an outage raises the last error instead of waiting on.
+        an outage raises the last error instead of waiting on, as does an outage longer than ``for_s``;
+        ``transient`` tells the errors waited out from those raised at once.
         """
         backoff = self.backoff()
         failures = 0
+        give_up = None if for_s is None else time.monotonic() + for_s
         while True:
             try:
                 result = operation()
             except Exception as exc:
-                if not is_transient(exc):
+                if not transient(exc):
                     raise
                 self.failed(exc)
                 self.refresh()
                 failures += 1
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or (give_up is not None and time.monotonic() >= give_up):
                     raise
                 pause = backoff.compute(min(failures, 30))  # 2**failures: bounded before it overflows
                 if stop is not None:

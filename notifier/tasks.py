@@ -88,8 +88,6 @@ WAITED = Counter("tocsin_delivery_order_waits_total",
 ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
                      "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
-RECORD_WAITS = Counter("tocsin_delivery_record_waits_total",
-                       "Tries to record a sent attempt that found Redis away: it waits (put back, it would be sent again)")
 
 
 class StoreAway(Reject):
@@ -454,18 +452,7 @@ class _Delivery:
         half the broker's visibility timeout, after which the broker would hand the message to another worker
         anyway; then it is put back as before (at least once).
         """
-        deadline = time.monotonic() + longest_sleep_s(self.settings)
-        while True:
-            try:
-                write()
-                return
-            except Exception as exc:
-                if not store_away(exc) or time.monotonic() >= deadline:
-                    raise
-                RECORD_WAITS.inc()
-                _outage().failed(exc)
-                _outage().refresh()
-                time.sleep(self.settings.delivery_store_wait_s)
+        _outage().ride_out(write, transient=store_away, for_s=longest_sleep_s(self.settings))
 
     def dropped(self, kind: str, reason: str) -> str:
         """Never sent, for ``reason``: recorded, and out of its lines."""

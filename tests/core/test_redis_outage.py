@@ -76,3 +76,22 @@ def test_a_stop_ends_the_wait_with_the_error(settings: Settings) -> None:
     threading.Timer(0.5, stop.set).start()
     with pytest.raises(redis.ConnectionError):
         Outage("test-stop", settings).ride_out(client.ping, stop)
+
+
+def test_a_wait_with_a_limit_ends_with_the_error_and_the_caller_says_what_is_waited_out(settings: Settings) -> None:
+    """``for_s`` bounds the wait (a delivery worker holds a sent attempt's records at most so long); ``transient``
+    widens or narrows what is waited out (the worker's own judgement, which also waits for its broker)."""
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # nothing listens there
+    fast = settings.model_copy(update={"redis_outage_backoff_base_s": 0.05, "redis_outage_backoff_cap_s": 0.1})
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        Outage("test-limit", fast).ride_out(client.ping, for_s=0.5)
+    assert time.monotonic() - started >= 0.5  # tried until the limit, not given up at the first failure
+    tries = []
+
+    def refused() -> None:
+        tries.append(1)
+        raise redis.ConnectionError("gone")
+    with pytest.raises(redis.ConnectionError):
+        Outage("test-narrow", fast).ride_out(refused, transient=lambda exc: False)
+    assert len(tries) == 1  # not waited out: raised at once
