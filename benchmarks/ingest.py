@@ -8,6 +8,8 @@
   record through ``parse_record``) against the vectorised pass; and, for reference only,
   ``pyarrow.json`` on the same bytes (not used: it is lenient where ``parse_record`` is strict,
   e.g. duplicate fields, strings for numbers).
+- *Log ends*: the question the source asks before every micro-batch (``LogEndProbe``), over its one client and
+  over a fresh client a question (what /readyz does), on the same backlog.
 - *Read*: records/s of ``KafkaStreamReader.read`` (Arrow batches, librdkafka) over the whole topic
   in slices of ``--slice`` records, as Spark tasks would, with a new consumer per slice or the
   worker's pooled one, and the reading process's CPU per record (librdkafka's threads included;
@@ -114,6 +116,7 @@ def read_all(bootstrap: str, topic: str, slice_rows: int, pooled: bool) -> dict:
     began, cpu = time.perf_counter(), time.process_time()
     rows = sum(batch.num_rows for part in slices for batch in reader.read(part))
     source._CONSUMERS.close()  # the pooled readers, before their broker stops: no reconnect errors at exit
+    reader.stop()  # its log-end client, likewise
     return {"rows": rows, "seconds": time.perf_counter() - began, "cpu_s": time.process_time() - cpu,
             "slices": len(slices)}
 
@@ -128,11 +131,41 @@ def read_rows(settings: Settings, n: int, slice_rows: int) -> list[list[object]]
     return rows
 
 
+#: Between two log-end questions, as a micro-batch at least is: back to back, a fetch the broker still held from
+#: the question before (up to fetch.wait.max.ms, 5 ms) delayed the next one's ListOffsets.
+QUESTIONS_APART_S = 0.05
+
+
+def log_end_rows(settings: Settings, questions: int) -> list[list[object]]:
+    """"Where do the logs end?", asked ``questions`` times over the backlog: over one long-lived client (the source
+    asks before every micro-batch) and over a fresh client each time (readiness): ms per question, CPU ms."""
+    from ingest.kafka import LogEndProbe, topic_end_offsets
+
+    probe = LogEndProbe(settings.kafka_bootstrap, settings.events_topic, wait_for_topic=True, keep_client=True)
+    ends = topic_end_offsets(settings, settings.events_topic)
+    rows: list[list[object]] = []
+    try:
+        for name, ask in (("one client (the source's)", probe.ends),
+                          ("a fresh client each (readiness)", lambda: topic_end_offsets(settings, settings.events_topic))):
+            took, cpu = [], time.process_time()
+            for _ in range(questions):
+                time.sleep(QUESTIONS_APART_S)
+                began = time.perf_counter()
+                assert ask() == ends
+                took.append((time.perf_counter() - began) * 1000)
+            p50, p90 = np.percentile(took, [50, 90])
+            rows.append([name, questions, p50, p90, max(took), (time.process_time() - cpu) * 1000 / questions])
+    finally:
+        probe.close()
+    return rows
+
+
 def main() -> None:
     parser = cli.parser(__doc__, "python -m benchmarks.ingest")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--read-records", type=int, default=200_000)
     parser.add_argument("--slice", type=int, default=10_000, help="records per source task")
+    parser.add_argument("--questions", type=int, default=50, help="log-end questions per client")
     add_markdown_option(parser)
     args = parser.parse_args()
     sizes = [10_000] if args.quick else [100_000, 1_000_000]
@@ -154,6 +187,10 @@ def main() -> None:
         table(f"Read from Tansu by the source (librdkafka), {read_n:,} records in slices of {args.slice:,}",
               ["consumer", "slices", "records/s", "CPU µs per record (reader process)"],
               read_rows(settings, read_n, args.slice))
+        table(f"Log ends of the same topic (4 partitions), asked {args.questions} times "
+              f"{QUESTIONS_APART_S * 1000:.0f} ms apart: ms per question",
+              ["client", "questions", "p50", "p90", "max", "CPU ms per question (asking process)"],
+              log_end_rows(settings, args.questions))
     finally:
         broker.stop()
     print(f"\nload: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")

@@ -75,17 +75,18 @@ _probes_lock = threading.Lock()
 
 
 def log_ends(settings: Settings, topic: str | None = None) -> dict[int, int]:
-    """A topic's log ends (the event topic's by default), over this process's one client for that broker and topic."""
+    """A topic's log ends (the event topic's by default), by this process's probe for that broker and topic: a client
+    a question, none kept between (``LogEndProbe``: a kept one crashed the process when its topic was recreated)."""
     topic = topic or settings.events_topic
-    with _probes_lock:  # one question at a time per client (kafka-python clients are not thread-safe)
+    with _probes_lock:  # one question at a time (close_probes waits for the one under way)
         probe = _probes.get((settings.kafka_bootstrap, topic))
         if probe is None:
-            probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings, topic, STREAM_PROBE_TIMEOUT_S)
+            probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings.kafka_bootstrap, topic, STREAM_PROBE_TIMEOUT_S)
         return probe.ends()
 
 
 def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
-    """Close the clients of stream topics no longer sampled (their streams were deleted)."""
+    """Forget the probes of stream topics no longer sampled (their streams were deleted)."""
     with _probes_lock:
         for key in [k for k in _probes if k[0] == settings.kafka_bootstrap
                     and k[1].startswith(settings.stream_topic_prefix) and k[1] not in keep]:
@@ -93,7 +94,7 @@ def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
 
 
 def close_probes() -> None:
-    """Close this process's Kafka clients (the web app's shutdown), after the question under way, if any: the
+    """Close this process's log-end probes (the web app's shutdown), after the question under way, if any: the
     sampler's thread outlives a shutdown that does not wait, and in one process (the tests) it then opened
     databases of apps long gone beside new ones (Alembic is not thread-safe). A probe's question is bounded by
     its timeout (``STREAM_PROBE_TIMEOUT_S``), its first connection included."""

@@ -9,8 +9,8 @@ source is written against ``pyspark.sql.datasource``:
   ``current_timestamp()`` instead puts a new literal in the query's generated code every batch: Spark
   compiles a new class a batch, which the JIT compiles again, half a core on a small-batch drain);
 - ``latestOffset`` takes each partition's log end from Fetch high watermarks
-  (:func:`ingest.kafka.log_end_offsets`), which is right even on brokers whose
-  ListOffsets stops at the last batch's base offset;
+  (:class:`ingest.kafka.LogEndProbe`, one client for the query's life, closed by ``stop``), which is right
+  even on brokers whose ListOffsets stops at the last batch's base offset;
 - ``partitions(start, end)`` makes one input partition per Kafka partition with
   new data, and ``read`` (librdkafka) assigns at the start and yields exactly the offsets in
   ``[start, end)`` as Arrow record batches, so a micro-batch is a deterministic function of its offset
@@ -47,7 +47,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from typing_extensions import override  # typing.override is Python 3.12+
 
 from core.gc_policy import settle_after_task
-from ingest.kafka import new_reader
+from ingest.kafka import LogEndProbe, new_reader
 from ingest.raw_records import RawColumns
 
 if TYPE_CHECKING:
@@ -137,21 +137,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                       if options.get("statsurl") else None)
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
+        self._probe: LogEndProbe | None = None  # the driver side's, made at its first question
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_probe": None}  # a client is no state: a pickled reader makes its own
 
     # -- driver side ------------------------------------------------------------
 
     def _log_ends(self) -> Offsets:
-        from kafka import TopicPartition
+        if self._probe is None:
+            self._probe = LogEndProbe(self.bootstrap, self.topic, self.request_timeout_ms / 1000, wait_for_topic=True,
+                                      keep_client=True)
+        return {str(partition): end for partition, end in self._probe.ends().items()}
 
-        from ingest.kafka import log_end_offsets, partitions_of
-
-        consumer = new_consumer(*self._consumer_options())  # fresh: high watermarks must come from this probe
-        try:
-            tps = [TopicPartition(self.topic, p) for p in partitions_of(consumer, self.topic)]
-            ends = log_end_offsets(consumer, tps, timeout_s=self.request_timeout_ms / 1000)
-            return {str(tp.partition): int(end) for tp, end in ends.items()}
-        finally:
-            consumer.close()
+    @override  # PySpark's data source API spells its methods in camelCase
+    def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
     @override  # PySpark's data source API spells its methods in camelCase
     def initialOffset(self) -> Offsets:
@@ -352,17 +355,6 @@ class _ConsumerPool:
 
 
 _CONSUMERS = _ConsumerPool()
-
-
-def new_consumer(bootstrap: str, request_timeout_ms: int) -> Any:  # kafka-python has no types
-    from kafka import KafkaConsumer
-
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        request_timeout_ms=request_timeout_ms,
-    )
 
 
 class KafkaDataSource(DataSource):

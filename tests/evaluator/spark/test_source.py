@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import pickle
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
@@ -17,7 +20,7 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings
 from evaluator.spark.job import source_options
 from evaluator.spark.source import CLOCK, KafkaSlice, KafkaStreamReader, partition_offsets, split_limit, stop_file
-from ingest.kafka import ensure_topics, topic_end_offsets
+from ingest.kafka import LogEndProbe, ensure_topics, topic_end_offsets
 
 pytestmark = pytest.mark.spark
 
@@ -37,6 +40,24 @@ def produce(settings: Settings, per_partition: dict[int, int], tag: str) -> int:
     producer.flush()
     producer.close()
     return total
+
+
+@pytest.fixture(autouse=True)
+def log_end_clients_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's readers' log-end clients are closed when it ends, as a query's ``stop()`` closes its own: none is
+    left to reconnect (and log errors) once the session's broker stops."""
+    from evaluator.spark import source
+
+    made: list[LogEndProbe] = []
+
+    def made_here(*args: Any, **kwargs: Any) -> LogEndProbe:
+        made.append(LogEndProbe(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(source, "LogEndProbe", made_here)
+    yield
+    for probe in made:
+        probe.close()
 
 
 def reader(settings: Settings, **extra: str) -> KafkaStreamReader:
@@ -93,6 +114,13 @@ def test_log_end_is_past_the_final_multi_record_batch(settings: Settings) -> Non
     assert partition_offsets(end) == {"0": 20, "1": 9, "2": 0}
     got = [row for part in src.partitions(start, end) for row in rows(src, part)]
     assert sorted((r[1], r[2]) for r in got) == sorted([(0, i) for i in range(20)] + [(1, i) for i in range(9)])
+    client = src._probe._consumer  # one client asks before every batch, for the query's life
+    produce(settings, {0: 3, 2: 11}, "b")
+    again = src.latestOffset(end, ReadAllAvailable())
+    assert partition_offsets(again) == {"0": 23, "1": 9, "2": 11} and src._probe._consumer is client
+    assert pickle.loads(pickle.dumps(src))._probe is None  # tasks read with a pickled reader: a client is no state
+    src.stop()  # the query ended
+    assert src._probe is None
 
 
 def test_a_batch_s_clock_is_chosen_with_its_offsets_and_a_replay_reads_the_same(settings: Settings,
