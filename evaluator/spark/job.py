@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -93,6 +94,7 @@ def source_options(settings: Settings, topic: str | None = None, stream: str = T
         "statsKey": RedisKeys(settings).evaluator_stats,
         "statsCluster": str(settings.redis_cluster).lower(),
         "gcFullIntervalSeconds": str(settings.python_gc_full_interval_s),
+        "queryRun": uuid.uuid4().hex,  # this query start's own slice readers in the workers (source._ConsumerPool)
     }
     if settings.source_max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(settings.source_max_records_per_trigger)

@@ -133,6 +133,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.keep_bytes = int(options.get("keepbytes", "4096"))
         self.stop_files = [path for path in (options.get("stopfile"), options.get("querystopfile")) if path]
         self.gc_full_interval_s = float(options.get("gcfullintervalseconds", "60"))
+        self.query_run = options.get("queryrun", "")  # this query start's own slice readers (_ConsumerPool)
         self.stats = ((options["statsurl"], options["statskey"], options.get("statscluster") == "true")
                       if options.get("statsurl") else None)
         self._target: Offsets | None = None
@@ -277,8 +278,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _add_read_stats(*self.stats, busy, partition.end - partition.start)
         settle_after_task(self.gc_full_interval_s)  # before PySpark's collection after the task (core/gc_policy.py)
 
-    def _consumer_options(self) -> tuple[str, int]:
-        return (self.bootstrap, self.request_timeout_ms)
+    def _consumer_options(self) -> PoolKey:
+        return (self.bootstrap, self.request_timeout_ms, self.query_run)
 
 
 #: Rows per Arrow batch a read yields: large enough that per-batch costs vanish, small enough to stream.
@@ -317,30 +318,42 @@ def _stats_client(url: str, cluster: bool) -> Any:  # one client per worker proc
     return connect(url, cluster, socket_timeout=2)
 
 
+#: A slice reader's pool key: bootstrap, request timeout (ms), and the query start it reads for.
+PoolKey = tuple[str, int, str]
+
+
 class _ConsumerPool:
-    """Idle slice readers (:func:`new_reader`) of this worker process, by connection options.
+    """Idle slice readers (:func:`new_reader`) of this worker process, by connection options and query start.
 
     A consumer is taken out while a slice is read, so two reads never share one, and
     given back only after a clean read. One that sat idle longer than ``max_idle_s`` is
     closed rather than reused: its connections may have been dropped by the broker.
+    Python workers outlive queries, and librdkafka 2.16 crashed the process (SIGSEGV) when a consumer that had
+    read a topic was assigned it again after the topic was deleted and created anew (a stream deleted and declared
+    again, its query started again): so a query start (``queryRun``, made by the job) never takes an earlier one's.
     """
 
     def __init__(self, max_idle_s: float = 300.0) -> None:
         self.max_idle_s = max_idle_s
-        self._idle: dict[tuple[str, int], list[tuple[float, Any]]] = {}
+        self._idle: dict[PoolKey, list[tuple[float, Any]]] = {}
         self._lock = threading.Lock()
 
-    def take(self, options: tuple[str, int]) -> Any:  # confluent_kafka's Consumer
+    def take(self, options: PoolKey) -> Any:  # confluent_kafka's Consumer
         with self._lock:
-            idle = self._idle.get(options, [])
-            while idle:
-                since, consumer = idle.pop()
-                if time.monotonic() - since <= self.max_idle_s:
-                    return consumer
-                consumer.close()
-        return new_reader(*options)
+            now = time.monotonic()
+            for key in list(self._idle):  # what sat idle too long, an ended query's readers among them
+                for since, consumer in [c for c in self._idle[key] if now - c[0] > self.max_idle_s]:
+                    self._idle[key].remove((since, consumer))
+                    consumer.close()
+                if not self._idle[key]:
+                    del self._idle[key]
+            idle = self._idle.get(options)
+            if idle:
+                return idle.pop()[1]
+        bootstrap, request_timeout_ms, _ = options
+        return new_reader(bootstrap, request_timeout_ms)
 
-    def give(self, options: tuple[str, int], consumer: Any) -> None:
+    def give(self, options: PoolKey, consumer: Any) -> None:
         with self._lock:
             self._idle.setdefault(options, []).append((time.monotonic(), consumer))
 
