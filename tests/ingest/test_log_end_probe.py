@@ -13,6 +13,7 @@ from devstack.services import free_port
 from ingest.kafka import LogEndProbe, TopicMissing, ensure_topics, topic_end_offsets
 from ingest.model import Event
 from ingest.publisher import EventPublisher
+from tests.topics import delete_topic
 from web import ops
 
 
@@ -46,36 +47,18 @@ def test_the_sampler_keeps_no_client_so_a_topic_created_again_cannot_crash_the_w
     """librdkafka 2.16 crashed the process (SIGSEGV) when a client that had read a topic assigned it again after the
     topic was deleted and created anew, as a stream deleted and declared again does: the dashboard's sampler (in the
     web process) makes a client a question, and answers the new topic's ends."""
-    from kafka.admin import KafkaAdminClient
-
     ensure_topics(settings)
     try:
         _publish(settings, 40)
         assert sum(ops.log_ends(settings).values()) == 40
         assert ops._probes[(settings.kafka_bootstrap, settings.events_topic)]._consumer is None
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-        try:
-            admin.delete_topics([settings.events_topic])
-        finally:
-            admin.close()
-        deadline = time.monotonic() + patient(30)
-        while not _missing(settings):
-            assert time.monotonic() < deadline, "the deleted topic is still there"
-            time.sleep(0.1)
+        delete_topic(settings)
         ensure_topics(settings)
         _publish(settings, 3)
         assert sum(ops.log_ends(settings).values()) == 3
     finally:
         ops.close_probes()
     assert ops._probes == {}
-
-
-def _missing(settings: Settings) -> bool:
-    try:
-        topic_end_offsets(settings, settings.events_topic, timeout_s=5, wait_for_topic=False)
-    except TopicMissing:
-        return True
-    return False
 
 
 def test_a_probe_of_a_broker_that_is_down_gives_up_within_its_own_timeout(settings: Settings) -> None:

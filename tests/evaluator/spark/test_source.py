@@ -18,10 +18,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from devstack.patience import patient
 from evaluator.spark.job import source_options
 from evaluator.spark.source import CLOCK, KafkaSlice, KafkaStreamReader, partition_offsets, split_limit, stop_file
 from ingest.kafka import LogEndProbe, ensure_topics, topic_end_offsets
+from tests.topics import delete_topic
 
 pytestmark = pytest.mark.spark
 
@@ -318,8 +318,6 @@ def test_a_query_started_after_its_topic_was_created_again_reads_with_consumers_
     """librdkafka 2.16 crashed the process (SIGSEGV) when a consumer that had read a topic was assigned it again after
     the topic was deleted and created anew (a stream deleted and declared again). Python workers outlive queries, and
     their pool handed the new query's slices the old query's consumers: each query start has pool keys of its own."""
-    from kafka.admin import KafkaAdminClient
-
     from evaluator.spark import source
 
     ensure_topics(settings)
@@ -327,31 +325,13 @@ def test_a_query_started_after_its_topic_was_created_again_reads_with_consumers_
     before = KafkaStreamReader(source_options(settings))
     assert len(rows(before, KafkaSlice(settings.events_topic, 0, 0, 12, NOW_MS))) == 12
     assert source._CONSUMERS._idle[before._consumer_options()], "pooled for the query's next slices"
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    try:
-        admin.delete_topics([settings.events_topic])
-    finally:
-        admin.close()
-    deadline = time.monotonic() + patient(30)
-    while settings.events_topic in _topics(settings):
-        assert time.monotonic() < deadline, "the deleted topic is still there"
-        time.sleep(0.1)
+    delete_topic(settings)
     ensure_topics(settings)
     produce(settings, {0: 5}, "after")
     after = KafkaStreamReader(source_options(settings))  # the stream's query, started again
     assert [r[5] for r in rows(after, KafkaSlice(settings.events_topic, 0, 0, 5, NOW_MS))] == [
         f"after-0-{i}".encode() for i in range(5)]
     source._CONSUMERS.close()
-
-
-def _topics(settings: Settings) -> set[str]:
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    try:
-        return set(admin.list_topics())
-    finally:
-        admin.close()
 
 
 def test_a_slice_never_asks_librdkafka_for_more_records_than_it_holds(settings: Settings,
