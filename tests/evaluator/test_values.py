@@ -6,7 +6,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evaluator.aggregates import AGGREGATES, quantile_rank
@@ -75,8 +75,14 @@ steps = st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("AB"), st.integers
                            st.integers(1, 6), st.booleans()), min_size=1, max_size=20)
 
 
+#: A key gone from the horizon (dropped at boundary 33) has an event again at 34: its event at 0, one of its newest
+#: three, is older than any window reads (the property once asked the store to hold it; a fresh clone's run drew it)
+GONE_AND_BACK = [([("A", 0, 0.0, 0.0)], 1, False), *[([], 6, False)] * 5, ([], 2, False), ([("A", 0, 0.0, 0.0)], 1, False)]
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(steps, st.sampled_from([0.25, 0.5, 1.0]), st.booleans(), st.sampled_from([32, 160]))
+@example(GONE_AND_BACK, 0.25, False, 32)
 def test_expiring_at_every_boundary_or_lazily_answers_as_brute_force(batches, q, snapshot, horizon) -> None:
     """Boundaries move on batch after batch, each batch's events before its boundary (``age`` before it: some
     late, older than the previous boundary); expiry sweeps keys only now and then, and a full buffer trims itself
@@ -91,11 +97,11 @@ def test_expiring_at_every_boundary_or_lazily_answers_as_brute_force(batches, q,
         store.add(rows_of(batch))
         seen += batch
         store.expire(boundary, horizon)
-        for key in "AB":  # held: at least the retention's events and the newest keep_last (while in the horizon)
+        for key in "AB":  # held: at least the retention's events and those of the newest keep_last in the horizon
             mine = sorted((e for e in seen if e[0] == key), key=lambda e: e[1])
             if mine and mine[-1][1] >= boundary - horizon:
                 needed = Counter(e[1:] for e in mine if e[1] >= boundary - retention) | Counter(
-                    e[1:] for e in mine[-keep_last:])
+                    e[1:] for e in mine[-keep_last:] if e[1] >= boundary - horizon)
                 ts, vals = store.keys[key].live()
                 held = Counter(zip(ts.tolist(), *vals.tolist(), strict=True))
                 assert not needed - held, (key, boundary, needed - held)
