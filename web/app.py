@@ -31,7 +31,7 @@ from web import pages
 from web.api import auth, backtests, dead_letters, endpoints, health, ops, preview, silences, streams, subscriptions
 from web.deps import SESSION_COOKIE, web_sessions
 from web.limits import STORE_DOWN, BodySizeLimit, RateLimiter, unavailable
-from web.ops import close_probes, run_sampler
+from web.ops import run_sampler, wait_for_probe
 from web.pages.common import http_error as page_or_json_error
 from web.tenants import AccountBound, AccountConcurrency, database_busy
 
@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sampler.cancel()
         with suppress(asyncio.CancelledError):
             await sampler
-        close_probes()
+        wait_for_probe()
         app.state.redis.close()
         await app.state.account_bound.aclose()
 

@@ -51,7 +51,7 @@ from core.streams import topic_name
 from evaluator.catalog import Catalog
 from evaluator.shard import group_subscriptions
 from evaluator.spec import Aggregate, Condition, SubscriptionSpec
-from ingest.kafka import LogEndProbe
+from ingest.kafka import topic_end_offsets
 from subscriptions.language import format_duration, format_expr, format_filters
 from subscriptions.models import Subscription
 from web import stale, watchdog
@@ -70,38 +70,23 @@ SAMPLED = {name: Gauge(f"tocsin_{name}", text) for name, text in {
 }.items()}
 
 
-_probes: dict[tuple[str, str], LogEndProbe] = {}
-_probes_lock = threading.Lock()
+_probe_lock = threading.Lock()
 
 
 def log_ends(settings: Settings, topic: str | None = None) -> dict[int, int]:
-    """A topic's log ends (the event topic's by default), by this process's probe for that broker and topic: a client
-    a question, none kept between (``LogEndProbe``: a kept one crashed the process when its topic was recreated)."""
-    topic = topic or settings.events_topic
-    with _probes_lock:  # one question at a time (close_probes waits for the one under way)
-        probe = _probes.get((settings.kafka_bootstrap, topic))
-        if probe is None:
-            probe = _probes[(settings.kafka_bootstrap, topic)] = LogEndProbe(settings.kafka_bootstrap, topic, STREAM_PROBE_TIMEOUT_S)
-        return probe.ends()
+    """A topic's log ends (the event topic's by default), over a client of its own: none is kept between questions
+    (``LogEndProbe``: a kept one crashed the process when its topic was deleted and created again)."""
+    with _probe_lock:  # one question at a time: wait_for_probe waits for the one under way
+        return topic_end_offsets(settings, topic or settings.events_topic, STREAM_PROBE_TIMEOUT_S, wait_for_topic=False)
 
 
-def _close_stream_probes(settings: Settings, keep: set[str]) -> None:
-    """Forget the probes of stream topics no longer sampled (their streams were deleted)."""
-    with _probes_lock:
-        for key in [k for k in _probes if k[0] == settings.kafka_bootstrap
-                    and k[1].startswith(settings.stream_topic_prefix) and k[1] not in keep]:
-            _probes.pop(key).close()
-
-
-def close_probes() -> None:
-    """Close this process's log-end probes (the web app's shutdown), after the question under way, if any: the
-    sampler's thread outlives a shutdown that does not wait, and in one process (the tests) it then opened
-    databases of apps long gone beside new ones (Alembic is not thread-safe). A probe's question is bounded by
-    its timeout (``STREAM_PROBE_TIMEOUT_S``), its first connection included."""
-    with _probes_lock:
-        for probe in _probes.values():
-            probe.close()
-        _probes.clear()
+def wait_for_probe() -> None:
+    """Wait for the log-end question under way, if any (the web app's shutdown): the sampler's thread outlives a
+    shutdown that does not wait, and in one process (the tests) it then opened databases of apps long gone beside
+    new ones (Alembic is not thread-safe). A question is bounded by ``STREAM_PROBE_TIMEOUT_S``, its first connection
+    included."""
+    with _probe_lock:
+        pass
 
 
 def _number(raw: dict[str, str], name: str) -> float:
@@ -139,7 +124,6 @@ def stream_samples(settings: Settings, client: redis.Redis, evaluator: dict[str,
         if failing:
             stream["failing"] = failing
         streams[name] = stream
-    _close_stream_probes(settings, {topic_name(name, settings) for name in declared})
     return streams
 
 

@@ -20,7 +20,7 @@ from ingest.kafka import ensure_topics
 from ingest.streams import StreamPublisher
 from notifier.app import DELIVER_TASK
 from subscriptions.streams import publish_registry
-from web.ops import close_probes, sample_once
+from web.ops import sample_once, wait_for_probe
 from web.watchdog import open_incidents
 
 CLOCK = 1_800_000_000_000
@@ -114,7 +114,7 @@ def test_a_stream_whose_clock_stalls_while_records_arrive_opens_one_incident_nam
     finally:
         for publisher in publishers:
             publisher.close()
-        close_probes()
+        wait_for_probe()
     assert operators.states() == [("stream", "firing"), ("stream", "resolved")]
     assert operators.sent[1]["watchdog"]["since"] == operators.sent[0]["watchdog"]["since"]
 
@@ -146,7 +146,7 @@ def test_a_stream_query_the_supervisor_cannot_keep_running_opens_the_incident(
             time.sleep(run.dashboard_sample_s)
             assert ("stream" in open_incidents(redis_client, run)) == (now == 3.0)
     finally:
-        close_probes()
+        wait_for_probe()
     detail = open_incidents(redis_client, run)["stream"]["detail"]
     assert detail == "stream broken: its query failed 3 times in a row (last: RuntimeError: checkpoint unreadable)"
     assert operators.states() == [("stream", "firing")]

@@ -22,7 +22,7 @@ from evaluator.spark.supervisor import StreamSupervisor
 from ingest.kafka import ensure_topics
 from subscriptions.streams import publish_registry
 from tests.evaluator.spark.test_streams import stream_settings
-from web.ops import close_probes, sample_once
+from web.ops import sample_once, wait_for_probe
 from web.watchdog import open_incidents
 
 pytestmark = pytest.mark.spark
@@ -54,7 +54,7 @@ def test_a_poisoned_stream_query_is_counted_in_redis_and_opens_the_incident(spar
         sample_once(run, client)
     finally:
         supervisor.stop_all()
-        close_probes()
+        wait_for_probe()
     assert supervisor.failures >= run.watchdog_stream_failures, "each failure was a query that ran and died"
     assert "MALFORMED_LOG_FILE" in failing["error"] and "bad/offsets/0" in failing["error"], failing["error"]
     incident = open_incidents(client, run)["stream"]
