@@ -14,11 +14,14 @@ import contextlib
 import time
 from typing import Any
 
+import structlog
 from kafka import KafkaConsumer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from core.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 
 def ensure_topics(settings: Settings, topics: dict[str, int] | None = None) -> None:
@@ -92,7 +95,11 @@ class LogEndProbe:
     client that had read a topic assigned it again after the topic was deleted and created anew (a stream deleted
     and declared again); the web process must never die of that, so its probes make a client per question (5 ms).
     The source's probe drops its client at any failed question, which a deleted topic makes, so only a topic deleted
-    and created again between two of its batches could still reach it.
+    and created again between two of its batches could still reach it (the crash is in librdkafka's metadata cache
+    update at the fetch; ListOffsets cannot tell the new topic from the old on Tansu, whose answer is the last record
+    batch's base offset + 1). A question that fails over a kept client is asked once more over a new one, within a
+    timeout of its own: a client stuck in a state of its own must not fail the query; only a new client failing too
+    says the broker is.
 
     Every wait is bounded by the probe's timeout, the first connection included, so /readyz and the dashboard
     answer with the broker down. ``wait_for_topic=False`` (probes asked by a dashboard or /readyz): a topic the
@@ -111,12 +118,25 @@ class LogEndProbe:
         self._partitions_seen: tuple[float, list[int]] | None = None  # when the metadata was asked, what it said
 
     def ends(self) -> dict[int, int]:
-        """``{partition: log end offset}``, or an error within about the probe's timeout."""
+        """``{partition: log end offset}``, or an error within about the probe's timeout (twice that when a kept
+        client failed and a new one is asked)."""
+        kept = self._consumer is not None
         try:
             return self._ask(time.monotonic() + self.timeout_s)
-        except Exception:
+        except TopicMissing:
             self.close()
             raise
+        except Exception as error:
+            self.close()
+            if not kept:
+                raise
+            log.warning("log-end question failed over the kept client; asking over a new one", topic=self.topic,
+                        error=repr(error))
+            try:
+                return self._ask(time.monotonic() + self.timeout_s)
+            except Exception:
+                self.close()
+                raise
         finally:
             if not self.keep_client:
                 self.close()
@@ -192,6 +212,8 @@ class LogEndProbe:
 LATEST = -1
 #: How long a probe trusts a topic's partitions: a partition added later is asked about within this.
 METADATA_MAX_AGE_S = 30.0
+
+
 def _left(deadline: float) -> float:
     """Seconds until ``deadline``, at least a little: librdkafka takes a timeout of 0 as "do not wait"."""
     return max(deadline - time.monotonic(), 0.01)

@@ -43,6 +43,24 @@ def test_a_kept_client_sees_the_logs_grow(settings: Settings) -> None:
         probe.close()
 
 
+def test_a_question_that_fails_over_the_kept_client_is_asked_again_over_a_new_one(settings: Settings) -> None:
+    """A failed question over the source's kept client failed the query (the supervisor restarts it, tens of seconds
+    without alerts), though a new client would have answered: here the kept client is broken (closed under the
+    probe), and the question is answered over a new one."""
+    ensure_topics(settings)
+    _publish(settings, 12)
+    probe = LogEndProbe(settings.kafka_bootstrap, settings.events_topic, timeout_s=patient(10), keep_client=True)
+    try:
+        assert sum(probe.ends().values()) == 12
+        broken = probe._consumer
+        broken.close()  # a client in a state of its own: every call on it fails
+        _publish(settings, 5, start=12)
+        assert probe.ends() == topic_end_offsets(settings, settings.events_topic)
+        assert sum(probe.ends().values()) == 17 and probe._consumer is not broken
+    finally:
+        probe.close()
+
+
 def test_the_sampler_keeps_no_client_so_a_topic_created_again_cannot_crash_the_web_process(settings: Settings) -> None:
     """librdkafka 2.16 crashed the process (SIGSEGV) when a client that had read a topic assigned it again after the
     topic was deleted and created anew, as a stream deleted and declared again does: the dashboard's sampler (in the
@@ -85,7 +103,6 @@ def test_readiness_with_the_broker_down_answers_within_the_probe_timeout(setting
         took = time.monotonic() - started
     assert ready.status_code == 503 and ready.json()["checks"]["stream"].startswith("error"), ready.text
     assert took < patient(15), f"/readyz took {took:.1f} s with the broker down"
-
 
 
 def test_a_probe_of_a_topic_that_does_not_exist_fails_at_once_and_one_being_created_is_waited_for(
