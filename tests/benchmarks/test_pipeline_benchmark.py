@@ -85,12 +85,15 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
         assert compared != "same batch" or versus == batch, (name, batch, versus)  # like with like
         assert abs(number(ratio) - tocsin[versus] / number(rate)) <= 0.02 * number(ratio), (name, ratio)  # as printed
 
-    [live] = table_rows(stdout, "Alert latency")
-    assert live[0] == "alerts 100", live
-    assert number(live[1]) > 0, live  # processed events/s after the warm-up
-    assert number(live[8]) + number(live[9]) > 0, live  # alerts during and after the warm-up
-    if number(live[9]) > 0:  # timed from the deciding pane's first event, from its last, from the decision
-        first_p99, last_p99, decision_p99 = number(live[12]), number(live[14]), number(live[16])
-        assert first_p99 >= last_p99 - 0.01 and last_p99 >= decision_p99 + 0.5 - 0.01, live  # the 0.5 s delay
-    [profile] = table_rows(stdout, "Where a live batch's time goes")
-    assert profile[0] == "alerts 100" and number(profile[1]) > 0 and number(profile[5]) > 0, profile  # addBatch
+    lives = table_rows(stdout, "Alert latency")
+    assert [live[0] for live in lives] == ["alerts 100", "alerts 100, panes 250 ms"], lives
+    for live, tick_wait in zip(lives, (1.99, 1.74), strict=True):  # panes of 1 s and of 250 ms, ticks every 1 s
+        assert number(live[1]) > 0, live  # processed events/s after the warm-up
+        assert number(live[8]) + number(live[9]) > 0, live  # alerts during and after the warm-up
+        assert abs(number(live[14]) - number(live[4]) / 1000 - tick_wait) < 0.02, live  # tick floor: wait + batch
+        if number(live[9]) > 0:  # timed from the deciding pane's first event, from its last, from the decision
+            first_p99, last_p99, decision_p99 = number(live[12]), number(live[15]), number(live[17])
+            assert first_p99 >= last_p99 - 0.01 and last_p99 >= decision_p99 + 0.5 - 0.01, live  # the 0.5 s delay
+    profiles = table_rows(stdout, "Where a live batch's time goes")
+    assert [profile[0] for profile in profiles] == [live[0] for live in lives], profiles
+    assert all(number(profile[1]) > 0 and number(profile[5]) > 0 for profile in profiles), profiles  # addBatch
