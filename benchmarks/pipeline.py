@@ -53,13 +53,15 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   about ``--live-share`` of them over their threshold, the rest comfortably not, and
   ``--live-edge-share`` watching a key's 10-second high or low against its starting price;
   rate 0 is a heartbeats-only feed: the near-empty batch, the latency floor) and the
-  throughput rows' *heavy* mix (``--live-heavy-rates``). Measured in steady state,
+  throughput rows' *heavy* mix (``--live-heavy-rates``); the alert mix at each pane
+  width of ``--live-panes``. Measured in steady state,
   after ``--live-warm-up`` seconds whose first evaluations fire every match at
   once: for every alert whose window became complete in the log (window end +
   allowed delay) after the warm-up, the time to its arrival in the Redis stream;
   with the batches' size, duration and gaps, and where a batch's time goes
   (Spark's ``durationMs`` stages and our stages' task time): the latency side of
-  the trade-off.
+  the trade-off. Beside each row, its tick floor: what waiting for Spark's trigger
+  alone costs an alert (:mod:`benchmarks.latency_floor`) plus the row's batch.
 
 RSS is the peak of the whole process tree (driver, JVM, Python workers) during a
 row. Numbers are printed, never asserted.
