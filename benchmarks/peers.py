@@ -87,12 +87,16 @@ class ThresholdTable:
 def spark_window_peer(spark: Any, *, bootstrap: str, topic: str, rows: list[Threshold], window_ms: int,
                       delay_ms: int, rows_per_batch: int, checkpoint: Path, total_rows: int,
                       warm_up_rows: int, budget_s: float) -> tuple[Throughput, int, list[dict]]:
-    """Run the built-in ``window()`` peer over the topic as fast as it goes; (throughput, alerts, progress)."""
+    """Run the built-in ``window()`` peer over the topic as fast as it goes; (throughput, alerts, progress).
+
+    Stopped between batches, as Tocsin's rows are (its source obeys a stop file): stopped inside one, its stream
+    thread died of a StackOverflowError in a regex over the interrupted plan's text (2026-12-07)."""
     from pyspark.sql import functions as F  # noqa: N812 - pyspark's customary alias
 
+    hold = checkpoint.with_name(f"{checkpoint.name}.stop")
     events = (
         spark.readStream.format(SOURCE_NAME).option("bootstrap", bootstrap).option("topic", topic)
-        .option("maxRecordsPerTrigger", str(rows_per_batch)).load()
+        .option("maxRecordsPerTrigger", str(rows_per_batch)).option("stopFile", str(hold)).load()
         .select(F.from_json(F.col("value").cast("string"), "key string, ts long, price double, volume double")
                 .alias("e"))
         .select("e.*")
@@ -127,7 +131,7 @@ def spark_window_peer(spark: Any, *, bootstrap: str, topic: str, rows: list[Thre
         .option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds")
         .queryName(f"spark-window-{window_ms // 1000}s").start()
     )
-    throughput, progress = drain(query, total_rows, warm_up_rows, budget_s)
+    throughput, progress = drain(query, total_rows, warm_up_rows, budget_s, hold)
     return throughput, sum(counted), progress
 
 
