@@ -54,7 +54,7 @@ SparkSession running the production query (``evaluator.spark.job.build_query``).
   ``--live-edge-share`` watching a key's 10-second high or low against its starting price;
   rate 0 is a heartbeats-only feed: the near-empty batch, the latency floor) and the
   throughput rows' *heavy* mix (``--live-heavy-rates``); the alert mix at each pane
-  width of ``--live-panes``. Measured in steady state,
+  width of ``--live-panes`` and allowed delay of ``--live-delays``. Measured in steady state,
   after ``--live-warm-up`` seconds whose first evaluations fire every match at
   once: for every alert whose window became complete in the log (window end +
   allowed delay) after the warm-up, the time to its arrival in the Redis stream;
@@ -123,7 +123,7 @@ WINDOWS = (60 * SECOND, 300 * SECOND, 900 * SECOND, 3_600 * SECOND)  # 1 min to 
 ZIPF_S = 0.8
 MEAN_VOLUME = 90.0  # int(lognormvariate(4, 1)) + 1
 HEARTBEAT_MS = 200  # live feed heartbeats
-LIVE_DELAY_MS = 500  # the live rows' allowed delay
+LIVE_DELAY_MS = 500  # the live rows' allowed delay unless --live-delays names others
 EDGE_WINDOW = 10 * SECOND  # the live breakout alerts' window: short, so they resolve and fire again within a run
 CORES = 2  # local[2]
 
@@ -743,6 +743,7 @@ class LiveRow:
     specs: tuple[SubscriptionSpec, ...]
     rate: int
     pane_ms: int = 1_000
+    delay_ms: int = LIVE_DELAY_MS
 
 
 SPARK_STAGES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")  # in durationMs
@@ -760,7 +761,7 @@ def latency_run(spark, base: Settings, row: LiveRow, keys: int, warm_up_s: int, 
     settings = base.model_copy(update={
         "redis_prefix": f"bench-live-{tag}", "checkpoint_dir": str(base.data_dir / f"checkpoint-live-{tag}"),
         "events_topic": f"bench-live-{tag}", "dead_letter_topic": f"bench-live-dead-{tag}",
-        "watermark_delay_ms": LIVE_DELAY_MS, "trigger_interval": f"{trigger_s:g} seconds", "pane_ms": row.pane_ms,
+        "watermark_delay_ms": row.delay_ms, "trigger_interval": f"{trigger_s:g} seconds", "pane_ms": row.pane_ms,
     })
     ensure_topics(settings)
     install_catalog(settings, row.specs)
@@ -1044,6 +1045,9 @@ def main() -> None:
     parser.add_argument("--live-panes", default="1000",
                         help="pane widths (ms) of the alert mix's live rows: narrower panes decide a window sooner "
                              "after its events, at more boundaries a second (TOCSIN_PANE_MS)")
+    parser.add_argument("--live-delays", default=str(LIVE_DELAY_MS),
+                        help="allowed delays (ms) of the alert mix's live rows (TOCSIN_WATERMARK_DELAY_MS): a "
+                             "boundary is decided by the first trigger tick after boundary + delay")
     parser.add_argument("--shards", type=int, default=2, help="shuffle partitions: one shard each (Tocsin's rows)")
     parser.add_argument("--partitions", type=int, default=4,
                         help="Kafka partitions of the events topic: one read-and-parse task each per batch")
@@ -1150,17 +1154,19 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
     show what a catalog of thresholds at the keys' levels costs.
     """
     n = args.live_subscriptions
-    rows = [LiveRow(f"alerts {rate:,}{pane_label(pane)}" if rate else f"alerts 0 (heartbeats only){pane_label(pane)}",
+    rows = [LiveRow(f"alerts {rate:,}{setting_label(pane, delay)}" if rate
+                    else f"alerts 0 (heartbeats only){setting_label(pane, delay)}",
                     alert_subscriptions(n, keys, rate or 1_000, args.live_share, edge_share=args.live_edge_share),
-                    rate, pane)
-            for rate in counts(args.live_rates) for pane in counts(args.live_panes)]
+                    rate, pane, delay)
+            for rate in counts(args.live_rates) for pane in counts(args.live_panes) for delay in counts(args.live_delays)]
     heavy = subscriptions(n, keys, 20_000)
     return rows + [LiveRow(f"heavy {rate:,}", heavy, rate) for rate in counts(args.live_heavy_rates)]
 
 
-def pane_label(pane_ms: int) -> str:
-    """A live row's name names its panes when they are not the default's 1 s."""
-    return "" if pane_ms == 1_000 else f", panes {pane_ms} ms"
+def setting_label(pane_ms: int, delay_ms: int) -> str:
+    """A live row's name names its panes and allowed delay when they are not the table's (1 s and 0.5 s)."""
+    return ("" if pane_ms == 1_000 else f", panes {pane_ms} ms") + ("" if delay_ms == LIVE_DELAY_MS
+                                                                    else f", delay {delay_ms} ms")
 
 
 def peer_table(args, runs: list[Row], results: dict[str, dict], peers: list[PeerRow]) -> tuple:
@@ -1252,14 +1258,14 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
 
     tables.append((
         f"Alert latency, live feed, {args.live_subscriptions:,} subscriptions, trigger {args.trigger:g} s, "
-        f"cap {args.cap:,}, panes of 1 s unless the row names others, allowed delay {LIVE_DELAY_MS / 1000:g} s, {warm}: "
+        f"cap {args.cap:,}, panes of 1 s and allowed delay {LIVE_DELAY_MS / 1000:g} s unless the row names others, {warm}: "
         "alerts whose window completed after the warm-up. From the event: the deciding pane's first event of the "
         "alert's key (the event that made the condition true is that one or later: an upper bound; the boundary "
         "itself when no event of the key was in that pane, time alone deciding) -> alert in Redis, and from its "
         "last (a lower bound). Decision: the window complete in the log (boundary + allowed delay) -> alert in "
         "Redis. Tick floor: the p99 wait from an event to the trigger's tick that starts its deciding batch "
-        "(benchmarks/latency_floor.py: panes and ticks aligned, heartbeats every "
-        f"{HEARTBEAT_MS} ms) plus the row's mean batch, what the row would measure with no batch ever late",
+        "(benchmarks/latency_floor.py: panes and ticks aligned; a boundary decidable exactly at a tick decided there, "
+        "the feed never lagging) plus the row's mean batch: a lower bound, no batch ever late",
         ["mix, feed events/s", "processed events/s", "events/batch", "transitions/batch", "batch ms", "gap ms",
          "lag at end", "firing % of pairs watched", "warm-up alerts", "alerts", "from the event p50 s",
          "p95 s", "p99 s", "max s", "tick floor p99 s", "from the last event p99 s", "decision p50 s",
@@ -1267,7 +1273,7 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         [[name, x["rate"], x["batch_rows"], x["transitions"], x["batch_ms"], x["gap_ms"], f"{x['behind']:,}",
           100 * x["firing_share"], x["warm_up_alerts"], len(x["latencies"]),
           *spread(x["from_first"], (50, 95, 99, 100)),
-          tick_wait_s(row.pane_ms, LIVE_DELAY_MS, HEARTBEAT_MS, round(args.trigger * 1000), 99) + x["batch_ms"] / 1000,
+          tick_wait_s(row.pane_ms, row.delay_ms, 0, round(args.trigger * 1000), 99) + x["batch_ms"] / 1000,
           *spread(x["from_last"], (99,)), *spread(x["latencies"], (50, 99)), x["rss_mb"]]
          for name, (row, x) in live.items()],
     ))
