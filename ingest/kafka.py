@@ -124,10 +124,10 @@ class LogEndProbe:
         try:
             return self._ask(time.monotonic() + self.timeout_s)
         except TopicMissing:
-            self.close()
+            self._discard()
             raise
         except Exception as error:
-            self.close()
+            self._discard()
             if not kept:
                 raise
             log.warning("log-end question failed over the kept client; asking over a new one", topic=self.topic,
@@ -135,7 +135,7 @@ class LogEndProbe:
             try:
                 return self._ask(time.monotonic() + self.timeout_s)
             except Exception:
-                self.close()
+                self._discard()
                 raise
         finally:
             if not self.keep_client:
@@ -203,9 +203,14 @@ class LogEndProbe:
 
     def close(self) -> None:
         self._partitions_seen = None
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        consumer, self._consumer = self._consumer, None  # dropped even if closing it fails: never asked again
+        if consumer is not None:
+            consumer.close()
+
+    def _discard(self) -> None:
+        """Close a client that just failed a question; its closing failing too is no news."""
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 #: ListOffsets' timestamp that asks for the latest offset (the log end on Apache Kafka).
