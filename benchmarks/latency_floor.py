@@ -27,12 +27,13 @@ AHEAD_MS = 1e-3
 def tick_wait_s(pane_ms: int, delay_ms: int, lag_ms: float, trigger_ms: int, q: float, steps: int = 4_000) -> float:
     """The ``q``-th percentile (0-100) of the wait from an event to the start of the batch that decides its pane:
     event times uniform over a whole period of panes and ticks, the progress's lag uniform up to ``lag_ms`` behind
-    the batch's planning, just past its tick (a midpoint grid, exact to ``period / steps``)."""
-    period = math.lcm(pane_ms, trigger_ms)
+    the batch's planning, just past its tick (a midpoint grid, exact to ``period / steps``). A trigger of 0 starts
+    the next batch at once: no tick to wait for (the batch under way aside)."""
+    period = math.lcm(pane_ms, trigger_ms) if trigger_ms else pane_ms
     t = (np.arange(steps) + 0.5) * (period / steps)
     phases = max(steps // 10, 1)
     lag = (np.arange(phases) + 0.5) * (lag_ms / phases) - AHEAD_MS
     boundary = np.ceil(t / pane_ms) * pane_ms
     decidable = boundary[:, None] + delay_ms + lag[None, :]
-    tick = np.ceil(decidable / trigger_ms) * trigger_ms
+    tick = np.ceil(decidable / trigger_ms) * trigger_ms if trigger_ms else decidable
     return float(np.percentile(tick - t[:, None], q)) / 1000

@@ -37,6 +37,11 @@ def test_a_lag_past_the_tick_waits_for_the_next() -> None:
     assert tick_wait_s(1_000, 900, 200, 1_000, 100) > 2.99
 
 
+def test_a_trigger_of_zero_waits_for_no_tick() -> None:
+    """Batches back to back: the wait is the pane's rest and the delay, the batch under way aside."""
+    assert math.isclose(tick_wait_s(250, 500, 0, 0, 99), 0.25 * 0.99 + 0.5, abs_tol=0.002)
+
+
 @settings(max_examples=40, deadline=None)
 @given(pane=st.sampled_from([100, 250, 500, 1_000, 2_000]), delay=st.integers(0, 2_000),
        lag=st.integers(0, 1_000), trigger=st.sampled_from([500, 1_000, 2_000]), q=st.sampled_from([50, 95, 99]))
