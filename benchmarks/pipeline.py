@@ -1154,8 +1154,7 @@ def live_rows(args, keys: list[str]) -> list[LiveRow]:
     show what a catalog of thresholds at the keys' levels costs.
     """
     n = args.live_subscriptions
-    rows = [LiveRow(f"alerts {rate:,}{setting_label(pane, delay)}" if rate
-                    else f"alerts 0 (heartbeats only){setting_label(pane, delay)}",
+    rows = [LiveRow((f"alerts {rate:,}" if rate else "alerts 0 (heartbeats only)") + setting_label(pane, delay),
                     alert_subscriptions(n, keys, rate or 1_000, args.live_share, edge_share=args.live_edge_share),
                     rate, pane, delay)
             for rate in counts(args.live_rates) for pane in counts(args.live_panes) for delay in counts(args.live_delays)]
