@@ -44,17 +44,13 @@ class TopicMissing(LookupError):
     """The broker's metadata names no such topic."""
 
 
-def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0, wait_for_topic: bool = True) -> list[int]:
-    """Partition ids of ``topic``, waiting for metadata to arrive. ``wait_for_topic=False`` (probes asked by a
-    dashboard or /readyz): a topic the broker's fresh metadata does not name fails at once with
-    :class:`TopicMissing` instead of being waited for as one being created."""
+def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[int]:
+    """Partition ids of ``topic``, waiting for metadata to arrive (a topic being created is waited for)."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = consumer.partitions_for_topic(topic)  # kafka-python: a cache miss fetches every topic's metadata
         if found:
             return sorted(found)
-        if topic not in consumer.topics() and not wait_for_topic:  # topics() refreshes the metadata
-            raise TopicMissing(f"topic {topic!r} does not exist")
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic!r} has no partitions (does it exist?)")
         time.sleep(0.05)
@@ -123,12 +119,9 @@ class LogEndProbe:
         kept = self._consumer is not None
         try:
             return self._ask(time.monotonic() + self.timeout_s)
-        except TopicMissing:
-            self._discard()
-            raise
         except Exception as error:
             self._discard()
-            if not kept:
+            if not kept or isinstance(error, TopicMissing):  # a new client's failure, or the broker's own answer
                 raise
             log.warning("log-end question failed over the kept client; asking over a new one", topic=self.topic,
                         error=repr(error))
