@@ -157,7 +157,7 @@ def flap(settings: Settings, redis_client: redis.Redis, owner, log_dir: Path, ke
         pagerduty.close()
     print(f"{len(flapping.resolve_of)} episodes: {len(hook.received)} webhooks, {len(pagerduty.received)} PagerDuty "
           f"events for {len(flapping.written)} transitions, the last {drained_s:.1f} s after the last was written")
-    assert _all_arrived(flapping, hook, pagerduty), "not every transition arrived"
+    assert _all_arrived(flapping, hook, pagerduty), f"not every transition arrived: {_missing(flapping, hook, pagerduty)}"
     assert webhook_inversions(hook.received) == []
     assert pagerduty_inversions(pagerduty.received, flapping) == []
     assert not events_api.rejected
@@ -165,12 +165,24 @@ def flap(settings: Settings, redis_client: redis.Redis, owner, log_dir: Path, ke
     assert [i.dedup_key for i in events_api.incidents.values() if i.status != "resolved"] == []
 
 
-def _all_arrived(flapping: Flapping, hook: WebhookReceiver, pagerduty: WebhookReceiver) -> bool:
-    """Every transition in a webhook, and every episode's trigger and resolve at PagerDuty."""
+def _missing(flapping: Flapping, hook: WebhookReceiver, pagerduty: WebhookReceiver) -> dict[str, list[str]]:
+    """What has not arrived yet: per receiver, ``key state evaluated_at alert_id`` of each transition missing."""
     hooked = {alert["alert_id"] for got in list(hook.received) for alert in got.json["alerts"]}
     events = {(got.json["event_action"], got.json["dedup_key"]) for got in list(pagerduty.received)}
-    return hooked >= set(flapping.written) and all(
-        ("trigger", firing) in events and ("resolve", firing) in events for firing in flapping.resolve_of)
+    missing: dict[str, list[str]] = {"webhook": [], "pagerduty": []}
+    for aid, (key, at) in sorted(flapping.written.items(), key=lambda item: item[1][1]):
+        if aid not in hooked:
+            missing["webhook"].append(f"{key} {at} {aid}")
+    for firing, resolved_at in flapping.resolve_of.items():
+        key, fired_at = flapping.written[firing]
+        missing["pagerduty"] += [f"{key} {action} {at} {firing}" for action, at in
+                                 (("trigger", fired_at), ("resolve", resolved_at)) if (action, firing) not in events]
+    return missing
+
+
+def _all_arrived(flapping: Flapping, hook: WebhookReceiver, pagerduty: WebhookReceiver) -> bool:
+    """Every transition in a webhook, and every episode's trigger and resolve at PagerDuty."""
+    return not any(_missing(flapping, hook, pagerduty).values())
 
 
 def test_a_flapping_subscription_to_busy_receivers_is_delivered_in_order(settings, redis_client, owner,
