@@ -191,7 +191,8 @@ class RedisKeys:
       transaction and the order scripts each touch one partition, so one slot;
     - a delivery's ``delivered`` and ``sending`` marks carry ``{<notification id>}`` (claimed together),
       and an owner's in-flight sets (its own and its endpoints') ``{<ns>:owner:<id>}``;
-    - a stream's series set is its own tag, and its publisher tokens' sets carry it (one script admits a batch).
+    - a stream's series set is its own tag, and its publisher tokens' sets carry it (one script admits a batch);
+    - the deliveries queued and not ended, and their tasks, carry ``{<ns>:pending}`` (``notifier.outbox``).
 
     Everything else is one key per command (streams, hashes, lists, counters), in any slot.
     """
@@ -214,6 +215,9 @@ class RedisKeys:
         self.evaluator_stats = k("stats", "evaluator")
         self.delivery_stats = k("stats", "delivery")
         self.dead_letters = k("deliveries", "dead")
+        pending = partition_tag(settings, "pending")  # one script takes silent deliveries from both (notifier.outbox)
+        self.pending_deliveries = k(pending, "deliveries", "pending") if self.tagged else k("deliveries", "pending")
+        self.pending_tasks = k(pending, "deliveries", "pending-tasks") if self.tagged else k("deliveries", "pending-tasks")
         self.ops_samples = k("ops", "samples")
         self.previews = k("previews")
         self.ops_sampler_lock = k("ops", "sampler-lock")

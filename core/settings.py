@@ -428,7 +428,8 @@ class Settings(BaseSettings):
         60_000, ge=1, description="a pending alert another dispatcher read and left unacknowledged this long is "
                                   "claimed (its reader is taken for dead); far above a group's wait and dispatch"
     )
-    dispatcher_claim_interval_s: float = Field(5.0, gt=0, description="how often dead dispatchers' entries are claimed")
+    dispatcher_claim_interval_s: float = Field(5.0, gt=0, description="how often dead dispatchers' entries are claimed, "
+                                                                         "and silent deliveries sent again")
     dispatcher_max_deliveries: int = Field(
         10, ge=2, description="an alert entry read this many times (XPENDING's delivery count: reads and claims) "
                               "without being acknowledged is dead-lettered with the reason instead of tried again"

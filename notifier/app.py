@@ -38,9 +38,14 @@ def _structured_logging(**_: object) -> None:
     configure_logging()
 
 
+def lane_of(notification: dict) -> str:
+    """The worker lane of a notification's deliveries: test alerts have their own."""
+    return "tests" if notification.get("test") else "alerts"
+
+
 def queue_for(celery: Celery, notification: dict) -> str:
     """The queue a notification's deliveries (and their retries) go to."""
-    return celery.conf.tocsin_lanes["tests" if notification.get("test") else "alerts"]
+    return celery.conf.tocsin_lanes[lane_of(notification)]
 
 
 def make_celery(settings: Settings | None = None) -> Celery:

@@ -43,6 +43,7 @@ from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import Notification, test_notification
+from notifier.outbox import Outbox, forget
 from notifier.rendering import unknown_states
 from subscriptions.routing import EndpointRoute
 
@@ -143,24 +144,27 @@ def binding(endpoint: EndpointRoute) -> dict:
             "generation": endpoint_generation(endpoint.kind, endpoint.target, endpoint.stored_secret)}
 
 
-def enqueue(celery: Celery, payload: dict, endpoint_id: int, bound: dict) -> None:
-    """Queue one delivery of a notification's JSON, in the lane of its kind (test alerts have their own).
+def enqueue(celery: Celery, outbox: Outbox, payload: dict, endpoint_id: int, bound: dict) -> None:
+    """Queue one delivery of a notification's JSON, in the lane of its kind (test alerts have their own), noted in
+    the outbox first: sent again should the broker lose it (``notifier.outbox``).
 
     Takes the JSON as it is so a dead letter replays exactly what failed; new
     deliveries come through :func:`enqueue_notification`.
     """
+    outbox.add(payload, endpoint_id, bound)
     celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=bound, queue=queue_for(celery, payload))
 
 
-def enqueue_notification(celery: Celery, notification: Notification, endpoint_id: int, bound: dict) -> None:
+def enqueue_notification(celery: Celery, outbox: Outbox, notification: Notification, endpoint_id: int,
+                         bound: dict) -> None:
     """Queue one delivery of ``notification`` (the typed contract the delivery task reads back)."""
-    enqueue(celery, notification.to_json(), endpoint_id, bound)
+    enqueue(celery, outbox, notification.to_json(), endpoint_id, bound)
 
 
-def enqueue_test_alert(celery: Celery, endpoint: EndpointRoute) -> str:
+def enqueue_test_alert(celery: Celery, outbox: Outbox, endpoint: EndpointRoute) -> str:
     """Queue a made-up alert to one endpoint through the real delivery task; returns its notification id."""
     notification = test_notification(endpoint.id, int(time.time() * 1000))
-    enqueue_notification(celery, notification, endpoint.id, binding(endpoint))
+    enqueue_notification(celery, outbox, notification, endpoint.id, binding(endpoint))
     return notification.notification_id
 
 
@@ -217,8 +221,10 @@ class DeliveryRecords:
         pipe.execute()
 
     def _finished(self, pipe: redis.client.Pipeline, notification_id: str, endpoint_id: int, outcome: str) -> None:
-        """Mark the delivery's final outcome, in the caller's transaction: later copies of its task do nothing."""
+        """Mark the delivery's final outcome, in the caller's transaction: later copies of its task do nothing, and
+        the outbox no longer waits for a sign of its life (``notifier.outbox``)."""
         pipe.set(self.keys.delivered(notification_id, endpoint_id), outcome, ex=DELIVERED_MARK_TTL_S)
+        forget(pipe, self.keys, notification_id, endpoint_id)
 
     def delivered(self, notification: dict, endpoint_id: int, kind: str, attempt: Attempt, number: int) -> None:
         pipe = self.redis.pipeline()
@@ -301,6 +307,10 @@ class DeliveryRecords:
         """Whether the delivery ended for good (delivered, dead-lettered or dropped)."""
         return bool(self.redis.exists(self.keys.delivered(notification_id, endpoint_id)))
 
+    def sending(self, notification_id: str, endpoint_id: int) -> bool:
+        """Whether a copy of the delivery holds its claim (is sending, or died doing so within the claim's hold)."""
+        return bool(self.redis.exists(self.keys.sending(notification_id, endpoint_id)))
+
     def release(self, notification_id: str, endpoint_id: int) -> None:
         self.redis.delete(self.keys.sending(notification_id, endpoint_id))
 
@@ -353,7 +363,7 @@ class DeliveryRecords:
         raw = self.redis.hget(self.keys.dead_letters, letter_id)
         return json.loads(raw) if raw else None
 
-    def replay(self, letter_id: str, celery: Celery) -> bool:
+    def replay(self, letter_id: str, celery: Celery, outbox: Outbox) -> bool:
         """Send a dead letter again with a fresh retry budget; False if there is no such letter.
 
         The letter is enqueued before it is removed: a crash in between leaves a
@@ -368,7 +378,7 @@ class DeliveryRecords:
         mark = self.keys.delivered(letter["notification"].get("notification_id"), letter["endpoint_id"])
         if self.redis.get(mark) != "delivered":  # a dead (not a delivered) delivery may run again
             self.redis.delete(mark)
-        enqueue(celery, letter["notification"], letter["endpoint_id"], letter.get("binding") or {})
+        enqueue(celery, outbox, letter["notification"], letter["endpoint_id"], letter.get("binding") or {})
         self.redis.eval(_DELETE_IF_UNCHANGED, 1, self.keys.dead_letters, letter_id, raw)
         return True
 

@@ -27,6 +27,9 @@ entries pending; every ``dispatcher_claim_interval_s`` the others claim entries
 idle for ``dispatcher_claim_idle_ms`` (XAUTOCLAIM) and handle them as above, so the
 stored decisions and the worker's delivered marks keep each alert delivered once.
 
+Every delivery is noted in the outbox before its task is queued, and at the same interval the
+dispatcher sends again those that went silent - a task the broker lost (``notifier.outbox``).
+
 An entry whose dispatch fails every time (a subscription whose routing raises, a bug) is not
 tried forever: once XPENDING counts ``dispatcher_max_deliveries`` deliveries of it (reads and
 claims), the next claim or pending read dead-letters it to the partition's ``alerts:dead``
@@ -74,7 +77,9 @@ from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue_notification
 from notifier.notification import Notification, make_notification, notification_id
 from notifier.order import DeliveryOrder, reserve, restart_after
+from notifier.outbox import Outbox
 from notifier.policy import KeyState, decide, reminder_due, resolves_unknown
+from notifier.resend import resend_silent
 from notifier.silences import SilenceCache, silenced_decision
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
@@ -122,6 +127,7 @@ class Dispatcher:
         self.one_command = not is_cluster(self.redis)  # one XREADGROUP may name every partition's stream
         self.records = DeliveryRecords(self.redis, self.keys)
         self.order = DeliveryOrder(self.redis, self.keys, settings)
+        self.outbox = Outbox(self.redis, self.keys, settings)
         self.celery = celery or make_celery(settings)
         self.sessions = session_factory(settings.database_url)
         self.buffer: dict[tuple, _Group] = {}
@@ -447,7 +453,7 @@ class Dispatcher:
         later notification, enqueued in turn, never finds this one missing from the line."""
         self.order.join(notification, [endpoint.id for endpoint in route.endpoints])
         for endpoint in route.endpoints:
-            enqueue_notification(self.celery, notification, endpoint.id, binding(endpoint))
+            enqueue_notification(self.celery, self.outbox, notification, endpoint.id, binding(endpoint))
         NOTIFICATIONS.labels("reminder" if notification.reminder else notification.state).inc()
 
     def remind(self, session: Session) -> int:
@@ -510,6 +516,7 @@ class Dispatcher:
     def run_once(self) -> None:
         if time.monotonic() >= self.next_claim:
             self.claim()
+            resend_silent(self.settings, self.celery, self.outbox, self.records, self.order)
             self.next_claim = time.monotonic() + self.settings.dispatcher_claim_interval_s
         self.read(self._wait_ms())
         self.flush()

@@ -36,13 +36,14 @@ for an unknown ``dedup_key``, and the later trigger opens an incident nothing cl
   endpoint - a dead letter replayed after that - is never sent (it would reopen, out of order, what was
   closed: a PagerDuty incident nothing resolves): it is dropped, logged with the reason ``superseded``.
   Each line keeps the highest sequence let go (``hw`` in ``order-state:...``) for that.
-- **A head that never comes back.** A delivery whose message was lost (a broker that lost its data, a
-  task failed on a Redis error no wait cures) would hold its lines for ever. A delivery waiting behind a
-  head that is overdue (past the run it last announced) notes when it first saw it so (``stall``); a head
-  still overdue, without a sign of life, twice the broker's visibility timeout after that - by when the
-  broker would have handed a live message back - is taken for lost: it leaves the line, the waiter goes
-  on, logged and counted (``delivery_order_head_lost``, ``tocsin_delivery_order_lost_total``). Were it
-  to come back after all, a later one having gone, it is superseded as above.
+- **A head that never comes back.** A delivery whose message was lost is sent again by the outbox
+  (``notifier.outbox``); one whose note went too (a Redis that lost its data, a task failed on a Redis error no
+  wait cures) would hold its lines for ever. A delivery waiting behind a head that is overdue (past the run it
+  last announced) notes when it first saw it so (``stall``); a head still overdue, without a sign of life, for
+  :func:`lost_after_s` after that - by when the outbox would have sent a live note's delivery again - is taken
+  for lost: it leaves the line, the waiter goes on, logged and counted (``delivery_order_head_lost``,
+  ``tocsin_delivery_order_lost_total``). Were it to come back after all, a later one having gone, it is
+  superseded as above.
 
 Every key of a line, and a waiter's wake key, carries the subscription's partition tag
 (``core.redis_schema``), so each script touches one slot (:meth:`~DeliveryOrder.leave` names the new
@@ -60,6 +61,7 @@ import redis
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.notification import Notification
+from notifier.outbox import silent_after_s
 
 ORDER_TTL_S = 30 * 24 * 3600  # a line's keys outlive a quiet month, like a delivery's final mark
 
@@ -306,6 +308,12 @@ class DeliveryOrder:
         if keys:
             self._expect(keys=keys, args=[notification.notification_id, ORDER_TTL_S * 1000, round(in_s * 1000)])
 
+    def woken_count(self, notification: Notification, endpoint_id: int) -> int:
+        """How often the delivery of ``notification`` to the endpoint was woken: a copy of its task carrying fewer
+        wake-ups is stale (0 for one in no line)."""
+        keys, _ = self._keys(notification, endpoint_id)
+        return int(self.redis.hget(keys[0], "woken") or 0) if keys else 0
+
     def leave(self, notification: Notification, endpoint_id: int) -> list[Waiter]:
         """The delivery ended for good (delivered, dead-lettered, dropped): out of its lines. Returns the deliveries
         now at the head of one of them that wait to be woken: wake each with a copy of its task, then
@@ -352,6 +360,8 @@ def waiter_sleep_s(settings: Settings) -> float:
 
 
 def lost_after_s(settings: Settings) -> float:
-    """How long a waiter sees its head overdue before taking it for lost: twice the broker's visibility timeout,
-    by when the broker would have handed a live message back to a worker."""
-    return 2 * settings.delivery_visibility_timeout_s
+    """How long a waiter sees its head overdue before taking it for lost: twice the time after which the outbox sends
+    a silent delivery again (which is past the broker's visibility timeout, by when it would have handed a live
+    message back), plus a dispatcher's round: the outbox has sent the head again by then unless its note was lost
+    too (``notifier.outbox``)."""
+    return 2 * silent_after_s(settings) + settings.dispatcher_claim_interval_s

@@ -68,10 +68,11 @@ from core.redis_schema import RedisKeys
 from core.settings import Settings, get_settings
 from notifier.app import DELIVER_TASK, app, queue_for
 from notifier.attempt import Attempt
-from notifier.channels import EndpointView, channel_for, channels
+from notifier.channels import EndpointView, channel_for, claim_ttl_s
 from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
 from notifier.order import DeliveryOrder, Turn, longest_sleep_s, lost_after_s, places
+from notifier.outbox import Outbox
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
 from subscriptions.routing import endpoint_route
@@ -86,7 +87,7 @@ BUSY_POLL_S = 0.01  # how often a delivery waiting in its thread for a quick end
 WAITED = Counter("tocsin_delivery_order_waits_total",
                  "Deliveries put back because an earlier notification of one of their keys was not delivered yet")
 ORDER_LOST = Counter("tocsin_delivery_order_lost_total",
-                     "Heads of a delivery line taken for lost (overdue twice the visibility timeout) and let go past")
+                     "Heads of a delivery line taken for lost (overdue for notifier.order.lost_after_s) and let go past")
 REQUEUED = Counter("tocsin_delivery_requeued_total", "Deliveries put back on their queue because Redis was unreachable")
 
 
@@ -211,11 +212,6 @@ def stale_reason(endpoint: EndpointView | None, owner_id: int | None, generation
     return None
 
 
-def claim_ttl_s(settings: Settings) -> float:
-    """Longer than any one attempt can take, over any channel, so a claim outlives the attempt that holds it."""
-    return max(channel.longest_attempt_s(settings) for channel in channels()) + 5
-
-
 def read_delivery(notification: object, endpoint_id: object, attempt: object, deferrals: object,
                   extra: tuple, unknown: dict, woken: object = 0) -> Notification:
     """The notification of task arguments that are a delivery; :class:`MalformedNotificationError` says why not."""
@@ -334,13 +330,15 @@ class _Delivery:
                  endpoint_id: int, bound: dict, attempt: int, deferrals: int, woken: int = 0) -> None:
         self.task, self.settings, self.records = task, settings, records
         self.order = DeliveryOrder(records.redis, records.keys, settings)
+        self.outbox = Outbox(records.redis, records.keys, settings)
         self.notification, self.endpoint_id, self.bound, self.number = notification, endpoint_id, bound, attempt
         self.payload = notification.to_json()  # as queued: what retries carry and records keep
         self.deferrals, self.woken = deferrals, woken
 
     def again(self, countdown: float, attempt: int, deferrals: int = 0) -> None:
         """Send this delivery again later, in its lane, as attempt number ``attempt``, and tell its lines when (a
-        sign of life, and the time a delivery waiting behind it looks again: see ``notifier.order``).
+        sign of life, and the time a delivery waiting behind it looks again: see ``notifier.order``), and the
+        outbox (a sign of life: ``notifier.outbox``).
 
         A new message, published before this one is acknowledged (late): a crash in between
         runs the delivery twice at worst (its claim and final mark keep the sends one at a
@@ -352,6 +350,7 @@ class _Delivery:
         flood to one endpoint is deferred again and again.
         """
         self.order.expect(self.notification, self.endpoint_id, countdown)
+        self.outbox.alive(self.notification.notification_id, self.endpoint_id, countdown)
         self.task.apply_async(args=(self.payload, self.endpoint_id), kwargs=self.arguments(attempt, deferrals),
                               countdown=countdown, queue=queue_for(self.task.app, self.payload))
 
@@ -366,6 +365,7 @@ class _Delivery:
         waiters = self.order.leave(self.notification, self.endpoint_id)
         for waiter in waiters:
             task = json.loads(waiter.task)
+            self.outbox.alive(waiter.member, self.endpoint_id)
             self.task.apply_async(args=(task["notification"], task["endpoint_id"]),
                                   kwargs={**task["kwargs"], "woken": waiter.woken},
                                   queue=queue_for(self.task.app, task["notification"]))

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from notifier.deliveries import DeliveryRecords
+from notifier.outbox import Outbox
 from subscriptions.accounts import AccountService
 from subscriptions.db import DbPool, session_factory
 from subscriptions.models import User, WebSession
@@ -143,6 +144,13 @@ def get_records(
     return DeliveryRecords(redis_client, keys)
 
 
+def get_outbox(
+    redis_client: Annotated[redis.Redis, Depends(get_redis)], keys: Annotated[RedisKeys, Depends(get_keys)],
+    settings: Annotated[Settings, Depends(get_settings)]
+) -> Outbox:
+    return Outbox(redis_client, keys, settings)
+
+
 def get_service(
     session: Annotated[Session, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
@@ -163,4 +171,5 @@ OperatorDep = Annotated[User, Depends(get_operator)]
 ServiceDep = Annotated[SubscriptionService, Depends(get_service)]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 RecordsDep = Annotated[DeliveryRecords, Depends(get_records)]
+OutboxDep = Annotated[Outbox, Depends(get_outbox)]
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="an id (ids are 1 to 2^31-1)")]

@@ -28,9 +28,9 @@ from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
 from core.stream_names import TRADES
-from notifier.app import DELIVER_TASK
-from notifier.deliveries import binding
+from notifier.deliveries import binding, enqueue
 from notifier.notification import STALE, STALE_RESOLVED, stale_notice
+from notifier.outbox import Outbox
 from subscriptions.db import session_scope
 from subscriptions.paging import routes_on_streams
 from web.watchdog import RuleStatus, changes, stream_findings
@@ -68,6 +68,7 @@ def announce(settings: Settings, client: redis.Redis, samples: list[dict], start
     if news and celery is not None:  # enqueued before the change is recorded (see web.watchdog.watch)
         with session_scope(settings.database_url) as session:
             routes = routes_on_streams(session, {name for name, _, _ in news})
+        outbox = Outbox(client, keys, settings)
         for name, state, period in news:
             log.warning("stream_stale" if state == "firing" else "stream_fresh", stream=name, since=period["since"],
                         subscriptions=len(routes.get(name, [])), detail=period.get("detail"))
@@ -76,7 +77,7 @@ def announce(settings: Settings, client: redis.Redis, samples: list[dict], start
                                       name, STALE if state == "firing" else STALE_RESOLVED, period["since"],
                                       period.get("detail", ""), now).to_json()
                 for endpoint in route.endpoints:
-                    celery.send_task(DELIVER_TASK, args=(notice, endpoint.id), kwargs=binding(endpoint))
+                    enqueue(celery, outbox, notice, endpoint.id, binding(endpoint))
     pipe = client.pipeline()
     pipe.delete(keys.stale_notices)
     if after:

@@ -59,9 +59,9 @@ from core.clock_ahead import ClockAhead
 from core.redis_replies import text_hash
 from core.redis_schema import RedisKeys
 from core.settings import Settings
-from notifier.app import DELIVER_TASK
-from notifier.deliveries import binding
+from notifier.deliveries import binding, enqueue
 from notifier.notification import build_notification, notification_id
+from notifier.outbox import Outbox
 from subscriptions.db import session_scope
 from subscriptions.paging import operator_mailboxes
 
@@ -335,13 +335,14 @@ def watch(settings: Settings, client: redis.Redis, history: list[dict], celery: 
     statuses = evaluate(history, job_starts(client, settings), settings, now)
     still_open, announce = changes(open_incidents(client, settings), statuses, now)
     targets = operator_targets(settings, client) if announce and celery is not None else []
+    outbox = Outbox(client, keys, settings)
     for rule, state, incident in announce:  # enqueued before the incident is recorded: a crash in between
         log.warning("watchdog", rule=rule, state=state, since=incident["since"], detail=incident.get("detail"))
         if celery is None:  # announces it again, with the same id, which the worker delivers once
             continue
         message = notification(rule, state, incident, now)
         for endpoint_id, bound in targets:
-            celery.send_task(DELIVER_TASK, args=(message, endpoint_id), kwargs=bound)
+            enqueue(celery, outbox, message, endpoint_id, bound)
     pipe = client.pipeline()
     pipe.delete(keys.watchdog_state)
     if still_open:

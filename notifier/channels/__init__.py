@@ -26,8 +26,8 @@ from subscriptions.channel_kinds import EndpointKind, endpoint_kind, endpoint_ki
 from subscriptions.templating import MessageTemplateError, TemplateLimits, compile_template, sample_notification, variables
 
 # The web app reads the kinds from here: importing it is what fills the registry.
-__all__ = ["Channel", "EndpointKind", "EndpointView", "Preview", "channel_for", "channels", "endpoint_kinds", "preview",
-           "register", "unregister"]
+__all__ = ["Channel", "EndpointKind", "EndpointView", "Preview", "channel_for", "channels", "claim_ttl_s", "endpoint_kinds",
+           "preview", "register", "unregister"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,12 @@ def channel_for(kind: str, settings: Settings) -> Channel:
 
 def channels() -> list[type[Channel]]:
     return list(_CHANNELS.values())
+
+
+def claim_ttl_s(settings: Settings) -> float:
+    """How long a delivery's ``sending`` claim holds: longer than any one attempt can take, over any channel, so a
+    claim outlives the attempt that holds it."""
+    return max(channel.longest_attempt_s(settings) for channel in channels()) + 5
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ import time
 
 import pytest
 
+from core.redis_schema import RedisKeys
 from devstack.receiver import WebhookReceiver
 from notifier.app import make_celery
 from notifier.deliveries import binding, enqueue
+from notifier.outbox import Outbox
 from subscriptions.routing import EndpointRoute
 from tests.notifier.test_isolation import _endpoint, _notification
 from tests.processes import running, worker_args
@@ -40,6 +42,7 @@ def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(
     flooded, normal = WebhookReceiver(latency_s=0.24), WebhookReceiver()
     flooded_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (flooded, normal))
     celery = make_celery(settings)
+    outbox = Outbox(redis_client, RedisKeys(settings), settings)
     enqueued: dict[str, float] = {}
 
     def other_tenant(phase: str) -> list[float]:
@@ -47,7 +50,7 @@ def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(
         for i in range(20):
             notification = _notification(phase, i)
             enqueued[notification["notification_id"]] = time.time()
-            enqueue(celery, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
+            enqueue(celery, outbox, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
             time.sleep(1 / RATE)
         arrivals = normal.wait_for(lambda r: r.json["subscription_name"] == phase, count=20, timeout_s=120)
         return sorted(r.at - enqueued[r.json["notification_id"]] for r in arrivals)
@@ -56,11 +59,11 @@ def test_a_flood_to_one_quick_endpoint_holds_no_more_threads_than_its_owner_cap(
         with running(settings, tmp_path / "logs", ("worker", worker_args("alerts", concurrency=4))):
             time.sleep(3)  # the worker is up
             alone = other_tenant("alone")  # what this machine, as busy as it is now, takes without the flood
-            enqueue(celery, _notification("seed", 0), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
+            enqueue(celery, outbox, _notification("seed", 0), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
             flooded.wait_for(lambda r: True, count=1, timeout_s=30)
             time.sleep(0.5)  # its 240 ms is on record: quick enough to be waited for
             for i in range(120):
-                enqueue(celery, _notification("flood", i), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
+                enqueue(celery, outbox, _notification("flood", i), flooded_ep.id, binding(EndpointRoute.of(flooded_ep)))
             flood = other_tenant("normal")
     finally:
         flooded.close()

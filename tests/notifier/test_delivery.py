@@ -22,10 +22,11 @@ from devstack.receiver import WebhookReceiver
 from devstack.services import free_port, start_redis
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
-from notifier.app import DELIVER_TASK, make_celery
+from notifier.app import DELIVER_TASK, make_celery, queue_for
 from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.dispatcher import Dispatcher
 from notifier.notification import build_notification, notification_id
+from notifier.outbox import Outbox
 from subscriptions.db import session_factory
 from subscriptions.models import Endpoint
 from subscriptions.routing import EndpointRoute
@@ -236,9 +237,14 @@ def test_test_alert_goes_through_the_real_delivery_path(settings, tmp_path) -> N
     assert log[0]["outcome"] == "delivered" and log[0]["notification_id"] == queued["notification_id"]
 
 
-def _send(celery, notification: dict, endpoint) -> None:
-    """Queue a delivery the way the dispatcher does: bound to the endpoint as it is now."""
-    enqueue(celery, notification, endpoint.id, binding(EndpointRoute.of(endpoint)))
+def _send(celery, notification: dict, endpoint, outbox: Outbox | None = None) -> None:
+    """Queue a delivery as the dispatcher does, bound to the endpoint as it is now, noted in ``outbox``; without
+    one, as a task already queued (the outbox's own tests are in tests/notifier/test_outbox.py)."""
+    bound = binding(EndpointRoute.of(endpoint))
+    if outbox is None:
+        celery.send_task(DELIVER_TASK, args=(notification, endpoint.id), kwargs=bound, queue=queue_for(celery, notification))
+    else:
+        enqueue(celery, outbox, notification, endpoint.id, bound)
 
 
 def _log_of(records: DeliveryRecords, subscription_id: int, outcome: str) -> list[dict]:

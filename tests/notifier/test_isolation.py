@@ -25,6 +25,7 @@ from devstack.receiver import WebhookReceiver
 from notifier.app import make_celery
 from notifier.deliveries import DeliveryRecords, binding, enqueue, enqueue_test_alert
 from notifier.notification import build_notification, notification_id
+from notifier.outbox import Outbox
 from subscriptions.db import session_factory
 from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn
@@ -90,6 +91,7 @@ def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_
     slow_ep, endless_ep, normal_ep = (_endpoint(settings, redis_client, r.url) for r in (slow, endless, normal))
     celery = make_celery(settings)
     records = DeliveryRecords(redis_client, RedisKeys(settings))
+    outbox = Outbox(redis_client, RedisKeys(settings), settings)
     enqueued: dict[str, float] = {}
     try:
         with running(settings, tmp_path / "logs", ("worker", worker_args("alerts", concurrency=4)),
@@ -97,15 +99,15 @@ def test_hostile_receivers_leave_other_tenants_within_the_bound(settings, redis_
             time.sleep(3)  # both workers up
             rss_before = psutil.Process(alerts_worker.process.pid).memory_info().rss
             for i in range(HOSTILE_DELIVERIES):
-                enqueue(celery, _notification("slow", i), slow_ep.id, binding(EndpointRoute.of(slow_ep)))
-                enqueue(celery, _notification("endless", i), endless_ep.id, binding(EndpointRoute.of(endless_ep)))
+                enqueue(celery, outbox, _notification("slow", i), slow_ep.id, binding(EndpointRoute.of(slow_ep)))
+                enqueue(celery, outbox, _notification("endless", i), endless_ep.id, binding(EndpointRoute.of(endless_ep)))
             for _ in range(TEST_ALERTS):  # "send test alert", clicked again and again
-                enqueue_test_alert(celery, EndpointRoute.of(slow_ep))
+                enqueue_test_alert(celery, outbox, EndpointRoute.of(slow_ep))
             time.sleep(0.5)  # the hostile attempts are under way
             for i in range(OTHER_DELIVERIES):
                 notification = _notification("normal", i)
                 enqueued[notification["notification_id"]] = time.time()
-                enqueue(celery, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
+                enqueue(celery, outbox, notification, normal_ep.id, binding(EndpointRoute.of(normal_ep)))
                 time.sleep(1 / OTHER_RATE)
             arrivals = normal.wait_for(lambda r: True, count=OTHER_DELIVERIES, timeout_s=60)
             rss_after = psutil.Process(alerts_worker.process.pid).memory_info().rss

@@ -15,9 +15,11 @@ from core.settings import Settings
 from devstack.receiver import WebhookReceiver
 from notifier.app import DELIVER_TASK, make_celery
 from notifier.attempt import Attempt
+from notifier.channels import claim_ttl_s
 from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import Notification, build_notification, notification_id
-from notifier.tasks import _Delivery, claim_ttl_s
+from notifier.outbox import Outbox
+from notifier.tasks import _Delivery
 from subscriptions.routing import EndpointRoute
 from tests.notifier.test_isolation import _endpoint
 
@@ -47,10 +49,10 @@ def test_a_replayed_delivery_that_dies_again_at_once_keeps_its_new_dead_letter(s
     notification = _notification()
     records.dead(notification, 7, "webhook", Attempt(False, False, 1.0, 410, "HTTP 410"), 1, {})
     [letter] = records.dead_letters()
-    assert records.replay(letter["id"], _FastWorker(records))
+    assert records.replay(letter["id"], _FastWorker(records), Outbox(redis_client, RedisKeys(settings), settings))
     [again] = records.dead_letters()  # the replay's own failure is not deleted with the old letter
     assert again["error"] == "HTTP 410 again" and again["id"] == letter["id"]
-    assert not records.replay("nope:1", _FastWorker(records))
+    assert not records.replay("nope:1", _FastWorker(records), Outbox(redis_client, RedisKeys(settings), settings))
 
 
 def test_a_full_cap_says_which_and_how_long_its_endpoint_last_took(settings: Settings,

@@ -31,9 +31,10 @@ class Operators:
     """Stands in for Celery: the delivery tasks the watchdog enqueues for the operator endpoints."""
 
     sent: list[dict] = field(default_factory=list)
+    conf = type("Conf", (), {"tocsin_lanes": {"alerts": "q", "tests": "q:tests"}})()
 
-    def send_task(self, name: str, args: tuple, kwargs: dict | None = None) -> None:
-        assert name == DELIVER_TASK
+    def send_task(self, name: str, args: tuple, kwargs: dict | None = None, queue: str | None = None) -> None:
+        assert name == DELIVER_TASK and queue == "q"
         self.sent.append(args[0])
 
     def states(self) -> list[tuple[str, str]]:

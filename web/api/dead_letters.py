@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response, status
 
 from subscriptions.errors import NotFound
-from web.deps import CeleryDep, RecordsDep, get_operator
+from web.deps import CeleryDep, OutboxDep, RecordsDep, get_operator
 
 router = APIRouter(prefix="/api/dead-letters", tags=["operations"], dependencies=[Depends(get_operator)])
 
@@ -19,15 +19,16 @@ def list_dead_letters(records: RecordsDep, limit: Annotated[int, Query(ge=1, le=
 
 
 @router.post("/replay")
-def replay_all(records: RecordsDep, celery: CeleryDep) -> dict:
-    replayed = [letter["id"] for letter in records.dead_letters(limit=5_000) if records.replay(letter["id"], celery)]
+def replay_all(records: RecordsDep, celery: CeleryDep, outbox: OutboxDep) -> dict:
+    replayed = [letter["id"] for letter in records.dead_letters(limit=5_000)
+                if records.replay(letter["id"], celery, outbox)]
     return {"replayed": replayed}
 
 
 @router.post("/{letter_id}/replay")
-def replay(letter_id: str, records: RecordsDep, celery: CeleryDep) -> dict:
+def replay(letter_id: str, records: RecordsDep, celery: CeleryDep, outbox: OutboxDep) -> dict:
     """Deliver again with a fresh retry budget."""
-    if not records.replay(letter_id, celery):
+    if not records.replay(letter_id, celery, outbox):
         raise NotFound(f"dead letter {letter_id} not found")
     return {"replayed": [letter_id]}
 

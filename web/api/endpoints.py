@@ -22,7 +22,7 @@ from subscriptions.schemas import (
     TemplatePreviewOut,
     TestFireOut,
 )
-from web.deps import CeleryDep, IdPath, RecordsDep, ServiceDep, SettingsDep, UserDep
+from web.deps import CeleryDep, IdPath, OutboxDep, RecordsDep, ServiceDep, SettingsDep, UserDep
 from web.limits import LimiterDep, limit_previews, limit_test_alerts
 
 router = APIRouter(prefix="/api/endpoints", tags=["endpoints"])
@@ -83,11 +83,12 @@ def delete_endpoint(endpoint_id: IdPath, service: ServiceDep) -> Response:
 
 @router.post("/{endpoint_id}/test", status_code=status.HTTP_202_ACCEPTED, response_model=TestFireOut)
 def send_test_alert(endpoint_id: IdPath, request: Request, service: ServiceDep, celery: CeleryDep,
-                    limiter: LimiterDep) -> TestFireOut:
+                    outbox: OutboxDep, limiter: LimiterDep) -> TestFireOut:
     """Queue a made-up alert (key ``TEST``, marked ``"test": true``) through the real delivery path."""
     endpoint = service.get_endpoint(endpoint_id)
     limit_test_alerts(limiter, request, service.owner.id)
-    return TestFireOut(notification_id=enqueue_test_alert(celery, EndpointRoute.of(endpoint)), endpoint_id=endpoint.id, queued=True)
+    return TestFireOut(notification_id=enqueue_test_alert(celery, outbox, EndpointRoute.of(endpoint)),
+                       endpoint_id=endpoint.id, queued=True)
 
 
 @router.get("/{endpoint_id}/deliveries")

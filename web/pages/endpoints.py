@@ -16,7 +16,7 @@ from subscriptions.errors import FieldError, Forbidden
 from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn, EndpointTemplateIn, TemplatePreviewIn
 from subscriptions.templating import FILTERS, VARIABLES, TemplateLimits
-from web.deps import CeleryDep, IdPath, KeysDep, RecordsDep, RedisDep, SettingsDep
+from web.deps import CeleryDep, IdPath, KeysDep, OutboxDep, RecordsDep, RedisDep, SettingsDep
 from web.limits import LimiterDep, limit_previews, limit_test_alerts
 from web.pages.common import Page, PageService, flash, form_errors, render, take_flash
 
@@ -102,14 +102,14 @@ def rotate_endpoint_secret(endpoint_id: IdPath, principal: Page, service: PageSe
 
 @router.post("/endpoints/{endpoint_id}/test", response_class=HTMLResponse)
 def test_endpoint(request: Request, endpoint_id: IdPath, principal: Page, service: PageService,
-                  celery: CeleryDep, limiter: LimiterDep) -> HTMLResponse:
+                  celery: CeleryDep, outbox: OutboxDep, limiter: LimiterDep) -> HTMLResponse:
     endpoint = service.get_endpoint(endpoint_id)
     try:
         limit_test_alerts(limiter, request, principal.user.id)
     except HTTPException as exc:
         return HTMLResponse(f'<span class="error">{html.escape(exc.detail)}</span>', status_code=exc.status_code,
                             headers=exc.headers)
-    queued = enqueue_test_alert(celery, EndpointRoute.of(endpoint))
+    queued = enqueue_test_alert(celery, outbox, EndpointRoute.of(endpoint))
     return HTMLResponse(f'<span class="ok">Test alert queued ({queued[:8]}…); its delivery shows in the log below.'
                         '</span>')
 

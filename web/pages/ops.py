@@ -13,7 +13,7 @@ from core.redis_schema import RedisKeys
 from core.restarts import recorded
 from core.settings import Settings
 from subscriptions.models import ROLES
-from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, RecordsDep, RedisDep, SettingsDep
+from web.deps import AccountsDep, CeleryDep, DbDep, KeysDep, OutboxDep, RecordsDep, RedisDep, SettingsDep
 from web.ops import samples, stream_load, subscription_load
 from web.pages.common import Page, PagePrincipal, flash, render, take_flash
 from web.watchdog import banner, open_incidents, unwatched_since
@@ -78,12 +78,12 @@ def dead_letters_fragment(request: Request, principal: Page, records: RecordsDep
 
 
 @router.post("/ops/dead-letters/replay", response_class=HTMLResponse)
-def replay_dead_letters(request: Request, principal: Page, records: RecordsDep, celery: CeleryDep,
+def replay_dead_letters(request: Request, principal: Page, records: RecordsDep, celery: CeleryDep, outbox: OutboxDep,
                         letter: Annotated[str, Form()] = "") -> HTMLResponse:
     _operator(principal)
     ids = [letter] if letter else [d["id"] for d in records.dead_letters(5_000)]
     for letter_id in ids:
-        records.replay(letter_id, celery)
+        records.replay(letter_id, celery, outbox)
     return render(request, "_dead_letters.html", principal, dead_letters=records.dead_letters(100))
 
 

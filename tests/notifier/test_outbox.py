@@ -1,0 +1,148 @@
+"""The outbox (``notifier.outbox``): deliveries queued and not ended, sent again when silent, against a real Redis
+and broker; end to end, a delivery whose task the broker lost reaches its receiver."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from core.redis_schema import RedisKeys, celery_queue_keys
+from core.settings import Settings
+from devstack.receiver import WebhookReceiver
+from devstack.services import python_module
+from evaluator.spark.sink import RedisAlertSink
+from evaluator.transition import alert_id
+from notifier.app import make_celery
+from notifier.attempt import Attempt
+from notifier.deliveries import DeliveryRecords, enqueue
+from notifier.notification import Notification, make_notification
+from notifier.order import DeliveryOrder
+from notifier.outbox import Outbox, silent_after_s
+from notifier.resend import resend_silent
+from subscriptions.db import session_factory
+from subscriptions.schemas import EndpointIn, SubscriptionIn
+from subscriptions.service import SubscriptionService
+from tests.processes import running, worker_args
+
+SILENT_S = 0.3  # the unit tests' outbox waits this long for a sign of life
+ENDPOINT = 3
+
+
+def _notification(name: str, sequence: int | None = None) -> Notification:
+    alert = {"alert_id": f"{name}-AAPL", "key": "AAPL", "state": "firing", "value": 1.0, "window_start": 0,
+             "window_end": 0, "evaluated_at": 0, **({} if sequence is None else {"sequence": sequence})}
+    return make_notification({"id": 7, "name": "s", "condition": "c"}, [alert], name)
+
+
+def _outbox(settings: Settings, client: redis.Redis) -> Outbox:
+    outbox = Outbox(client, RedisKeys(settings), settings)
+    outbox.silent_after_s = SILENT_S
+    return outbox
+
+
+def _queued(settings: Settings, client: redis.Redis) -> list[tuple[list, dict]]:
+    """The alert lane's queued tasks, oldest first: (args, kwargs) of each."""
+    messages = [json.loads(raw) for raw in reversed(client.lrange(celery_queue_keys(settings)[0], 0, -1))]
+    return [tuple(json.loads(base64.b64decode(m["body"]))[:2]) for m in messages]  # type: ignore[misc]
+
+
+def test_a_queued_delivery_silent_that_long_is_due_once_and_to_one_taker(settings, redis_client) -> None:
+    outbox, other = _outbox(settings, redis_client), _outbox(settings, redis_client)
+    payload = _notification("n").to_json()
+    outbox.add(payload, ENDPOINT, {"owner_id": 1, "generation": "g"})
+    assert outbox.due() == [] and outbox.count() == 1  # not silent yet
+    time.sleep(SILENT_S + 0.1)
+    [silent] = outbox.due()
+    assert (silent.notification_id, silent.endpoint_id) == ("n", ENDPOINT)
+    assert silent.task == {"notification": payload, "endpoint_id": ENDPOINT,
+                           "kwargs": {"owner_id": 1, "generation": "g"}}
+    assert other.due() == [] and outbox.due() == []  # taken: due again only after another silence
+    time.sleep(SILENT_S + 0.1)
+    assert [s.notification_id for s in other.due()] == ["n"]
+
+
+def test_signs_of_life_put_it_off_and_its_final_mark_forgets_it(settings, redis_client) -> None:
+    outbox = _outbox(settings, redis_client)
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    payload = _notification("n").to_json()
+    outbox.add(payload, ENDPOINT, {})
+    outbox.alive("n", ENDPOINT, next_run_s=1.0)  # a retry in a second
+    time.sleep(SILENT_S + 0.1)
+    assert outbox.due() == []
+    records.delivered(payload, ENDPOINT, "webhook", Attempt(True, False, 1.0, 204), 1)
+    assert outbox.count() == 0
+    outbox.alive("n", ENDPOINT)  # a late copy's sign of life does not note an ended delivery again
+    assert outbox.count() == 0
+
+
+def test_a_silent_delivery_is_sent_again_unless_it_ended_is_sending_or_may_still_be_queued(
+        settings, redis_client) -> None:
+    celery = make_celery(settings)
+    keys = RedisKeys(settings)
+    outbox, records, order = _outbox(settings, redis_client), DeliveryRecords(redis_client, keys), \
+        DeliveryOrder(redis_client, keys, settings)
+    lost, ended, sending = _notification("lost", sequence=1), _notification("ended"), _notification("sending")
+    for n in (lost, ended, sending):
+        outbox.add(n.to_json(), ENDPOINT, {"owner_id": 1, "generation": "g"})  # their tasks never reach the queue
+    order.join(lost, [ENDPOINT])
+    redis_client.hset(keys.order_wake(7, ENDPOINT, "lost"), "woken", 2)  # its copies were woken twice
+    records.dead(ended.to_json(), ENDPOINT, "webhook", Attempt(False, False, 1.0, 410), 1)
+    outbox.add(ended.to_json(), ENDPOINT, {})  # its note outlived its final mark's pipeline (a torn write)
+    records.claim("sending", ENDPOINT, 60)
+
+    # Another delivery in the queue (noted with the deployment's own silence, not due in this test).
+    enqueue(celery, Outbox(redis_client, keys, settings), _notification("other").to_json(), 9, {})
+    time.sleep(SILENT_S + 0.1)
+    assert resend_silent(settings, celery, outbox, records, order) == 0  # "lost" may be behind "other"
+    assert len(_queued(settings, redis_client)) == 1
+    redis_client.delete(celery_queue_keys(settings)[0])  # a worker took it
+    time.sleep(SILENT_S + 0.1)
+    assert resend_silent(settings, celery, outbox, records, order) == 1
+    [(args, kwargs)] = _queued(settings, redis_client)
+    assert args == [lost.to_json(), ENDPOINT]
+    assert kwargs == {"owner_id": 1, "generation": "g", "woken": 2}  # not a stale copy in its line
+    noted = set(redis_client.zrange(keys.pending_deliveries, 0, -1))
+    assert noted == {f"lost:{ENDPOINT}", f"sending:{ENDPOINT}", "other:9"}  # "ended" forgotten, the rest wait
+
+
+@pytest.mark.slow  # fault injection (a task taken off the broker's queue and lost): run in CI
+@pytest.mark.e2e
+def test_an_alert_whose_task_the_broker_lost_reaches_its_receiver(settings, redis_client, owner,
+                                                                  tmp_path: Path) -> None:
+    # A worker killed as it took a task off the queue (kombu's BRPOP, before its unacknowledged copy is written)
+    # loses it: here the task is taken off the queue by hand, before any worker runs.
+    settings = settings.model_copy(update={"smtp_timeout_s": 1.0, "webhook_total_timeout_s": 2.0,
+                                           "pagerduty_attempt_timeout_s": 1.0, "dispatcher_claim_interval_s": 0.5})
+    receiver = WebhookReceiver()
+    try:
+        with session_factory(settings.database_url)() as session:
+            service = SubscriptionService(session, settings, redis_client, owner)
+            endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url)).id
+            subscription = service.create(SubscriptionIn(name="volume", condition="SUM(volume) OVER 1m > 100",
+                                                         endpoint_ids=[endpoint])).id
+        at = 1_700_000_060_000
+        aid = alert_id(subscription, "AAPL", "firing", at)
+        queue = celery_queue_keys(settings)[0]
+        with running(settings, tmp_path / "logs", ("dispatcher", python_module("notifier.dispatcher"))):
+            RedisAlertSink(settings).write([{"alert_id": aid, "subscription_id": subscription, "key": "AAPL",
+                                             "state": "firing", "value": 150.0, "window_start": at - 60_000,
+                                             "window_end": at, "evaluated_at": at}])
+            taken = redis_client.brpop([queue], timeout=60)
+            assert taken is not None, "the dispatcher queued no delivery"
+            lost_at = time.monotonic()
+            with running(settings, tmp_path / "logs", ("worker", worker_args())):
+                [got] = receiver.wait_for(lambda r: True, timeout_s=silent_after_s(settings) + 60)
+                waited_s = time.monotonic() - lost_at
+                time.sleep(1)  # a second copy would come now
+        log = (tmp_path / "logs" / "dispatcher.log").read_text()
+    finally:
+        receiver.close()
+    assert [a["alert_id"] for a in got.json["alerts"]] == [aid] and len(receiver.received) == 1
+    assert waited_s >= silent_after_s(settings) - 1  # sent again once silent that long, not before
+    assert '"delivery_resent"' in log
+    assert Outbox(redis_client, RedisKeys(settings), settings).count() == 0  # delivered: forgotten
