@@ -112,10 +112,12 @@ def test_a_silent_delivery_is_sent_again_unless_it_ended_is_sending_or_may_still
 
 @pytest.mark.slow  # fault injection (a task taken off the broker's queue and lost): run in CI
 @pytest.mark.e2e
-def test_an_alert_whose_task_the_broker_lost_reaches_its_receiver(settings, redis_client, owner,
-                                                                  tmp_path: Path) -> None:
+@pytest.mark.parametrize("resolve_behind", [False, True], ids=["alone", "its-resolve-waiting-in-line"])
+def test_an_alert_whose_task_the_broker_lost_reaches_its_receiver(settings, redis_client, owner, tmp_path: Path,
+                                                                  resolve_behind: bool) -> None:
     # A worker killed as it took a task off the queue (kombu's BRPOP, before its unacknowledged copy is written)
-    # loses it: here the task is taken off the queue by hand, before any worker runs.
+    # loses it: here the task is taken off the queue by hand, before any worker runs. Behind it in its line, its
+    # key's resolve waits for it (notifier.order): the firing is sent again, not let go past as lost.
     settings = settings.model_copy(update={"smtp_timeout_s": 1.0, "webhook_total_timeout_s": 2.0,
                                            "pagerduty_attempt_timeout_s": 1.0, "dispatcher_claim_interval_s": 0.5})
     receiver = WebhookReceiver()
@@ -126,23 +128,25 @@ def test_an_alert_whose_task_the_broker_lost_reaches_its_receiver(settings, redi
             subscription = service.create(SubscriptionIn(name="volume", condition="SUM(volume) OVER 1m > 100",
                                                          endpoint_ids=[endpoint])).id
         at = 1_700_000_060_000
-        aid = alert_id(subscription, "AAPL", "firing", at)
+        states = ["firing", "resolved"] if resolve_behind else ["firing"]
+        rows = [{"alert_id": alert_id(subscription, "AAPL", state, at + 1000 * i), "subscription_id": subscription,
+                 "key": "AAPL", "state": state, "value": 150.0, "window_start": at - 60_000, "window_end": at,
+                 "evaluated_at": at + 1000 * i} for i, state in enumerate(states)]
         queue = celery_queue_keys(settings)[0]
         with running(settings, tmp_path / "logs", ("dispatcher", python_module("notifier.dispatcher"))):
-            RedisAlertSink(settings).write([{"alert_id": aid, "subscription_id": subscription, "key": "AAPL",
-                                             "state": "firing", "value": 150.0, "window_start": at - 60_000,
-                                             "window_end": at, "evaluated_at": at}])
+            RedisAlertSink(settings).write(rows[:1])
             taken = redis_client.brpop([queue], timeout=60)
             assert taken is not None, "the dispatcher queued no delivery"
             lost_at = time.monotonic()
+            RedisAlertSink(settings).write(rows[1:])
             with running(settings, tmp_path / "logs", ("worker", worker_args())):
-                [got] = receiver.wait_for(lambda r: True, timeout_s=silent_after_s(settings) + 60)
+                receiver.wait_for(lambda r: True, timeout_s=silent_after_s(settings) + 60, count=len(rows))
                 waited_s = time.monotonic() - lost_at
                 time.sleep(1)  # a second copy would come now
         log = (tmp_path / "logs" / "dispatcher.log").read_text()
     finally:
         receiver.close()
-    assert [a["alert_id"] for a in got.json["alerts"]] == [aid] and len(receiver.received) == 1
+    assert [[a["alert_id"] for a in got.json["alerts"]] for got in receiver.received] == [[r["alert_id"]] for r in rows]
     assert waited_s >= silent_after_s(settings) - 1  # sent again once silent that long, not before
     assert '"delivery_resent"' in log
     assert Outbox(redis_client, RedisKeys(settings), settings).count() == 0  # delivered: forgotten
