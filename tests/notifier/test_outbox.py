@@ -19,12 +19,13 @@ from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.attempt import Attempt
-from notifier.deliveries import DeliveryRecords, enqueue
+from notifier.deliveries import DeliveryRecords, binding, enqueue
 from notifier.notification import Notification, make_notification
 from notifier.order import DeliveryOrder
 from notifier.outbox import Outbox, silent_after_s
 from notifier.resend import resend_silent
 from subscriptions.db import session_factory
+from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
 from tests.processes import running, worker_args
@@ -150,3 +151,37 @@ def test_an_alert_whose_task_the_broker_lost_reaches_its_receiver(settings, redi
     assert waited_s >= silent_after_s(settings) - 1  # sent again once silent that long, not before
     assert '"delivery_resent"' in log
     assert Outbox(redis_client, RedisKeys(settings), settings).count() == 0  # delivered: forgotten
+
+
+@pytest.mark.slow  # fault injection (SIGKILL): run in CI
+@pytest.mark.e2e
+def test_a_worker_killed_mid_delivery_costs_its_alert_a_silence_not_the_visibility_timeout(
+        settings, redis_client, owner, tmp_path: Path) -> None:
+    # The production margin: the broker would hand the killed worker's task back after ~10 minutes.
+    settings = settings.model_copy(update={"delivery_visibility_margin_s": 600.0, "smtp_timeout_s": 1.0,
+                                           "webhook_total_timeout_s": 2.0, "pagerduty_attempt_timeout_s": 1.0,
+                                           "dispatcher_claim_interval_s": 0.5})
+    assert silent_after_s(settings) * 10 < settings.delivery_visibility_timeout_s
+    receiver = WebhookReceiver(fail_first=1, slow_first=1, slow_s=3)  # the first request hangs: the worker dies in it
+    try:
+        with session_factory(settings.database_url)() as session:
+            service = SubscriptionService(session, settings, redis_client, owner)
+            endpoint = service.create_endpoint(EndpointIn(kind="webhook", target=receiver.url))
+        notification = _notification("killed").to_json()
+        started = time.monotonic()
+        with running(settings, tmp_path / "logs", ("dispatcher", python_module("notifier.dispatcher"))):
+            with running(settings, tmp_path / "logs", ("worker", worker_args())) as (process,):
+                enqueue(make_celery(settings), Outbox(redis_client, RedisKeys(settings), settings), notification,
+                        endpoint.id, binding(EndpointRoute.of(endpoint)))
+                deadline = time.monotonic() + 60
+                while receiver.attempts < 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                process.kill()
+            with running(settings, tmp_path / "logs-restarted", ("worker", worker_args())):
+                [got] = receiver.wait_for(lambda r: True, timeout_s=silent_after_s(settings) + 60)
+                took_s = time.monotonic() - started
+                time.sleep(1)
+    finally:
+        receiver.close()
+    assert got.json["notification_id"] == "killed" and len(receiver.received) == 1
+    assert took_s < settings.delivery_visibility_timeout_s / 5  # sent again by the outbox, not handed back
