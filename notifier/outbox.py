@@ -16,17 +16,18 @@ CI): nothing in the broker said so, and nothing sent it again.
   due time on by :func:`silent_after_s` in the same script, so two dispatchers never both take one) and publishes
   each again, logged and counted (``delivery_resent``, ``tocsin_delivery_resent_total``), unless it ended (its final
   mark: the note is removed), a copy is sending right now (its claim), or its lane's queue holds messages (it may be
-  one of them: a backlog is not silence; it is looked at again once the queue is empty). A copy in delivery lines
+  one of them: a backlog is not silence; it is looked at again a silence later). A copy in delivery lines
   (``notifier.order``) is sent with its line's current wake-up count, so it is not taken for a stale copy.
 - **Duplicates, not losses.** A delivery taken for silent that was alive after all (a task a dead worker held, which
-  the broker hands back later, or one a saturated worker holds that long) runs twice at worst: its claim and final mark keep the sends one at a time and stop them once
-  one succeeded, as for any redelivered copy. A delivery sent again starts its retries from the first.
+  the broker hands back later, or one a saturated worker holds that long) runs twice at worst: its claim and final
+  mark keep the sends one at a time and stop them once one succeeded, as for any redelivered copy. A delivery sent
+  again starts its retries from the first.
 
 :func:`silent_after_s` is two claims' holds and the broker's restore interval: by then a live worker has started a
 task it holds (it reserves one per thread, each behind at most one attempt) or shown a sign of life, and an attempt
 that was sending has ended. A task a dead worker held is sent again then, well before the broker's visibility timeout
 would hand it back (that timeout outlasts the whole retry schedule: ~18 min by default, against 2 min): a worker
-killed mid-delivery costs its alerts a minute or two, not a quarter of an hour. Its restored copy, later, finds the
+killed mid-delivery costs its alerts about two minutes, not eighteen. Its restored copy, later, finds the
 delivery ended.
 """
 
