@@ -136,6 +136,10 @@ class Dispatcher:
         self.silences = SilenceCache(settings.silence_cache_s)
         self.next_reminder = 0.0
         self.next_claim = 0.0
+        # No resends until a silence after the start or after Redis was last away: a worker that sent a delivery
+        # while Redis was away waits to record it, its claim expired meanwhile; sent again before it records, the
+        # delivery would reach its receiver twice (notifier.tasks._Delivery.recorded).
+        self.resend_from = time.monotonic() + self.outbox.silent_after_s
         self.turn = 0  # the partition the next blocking read waits on, on a cluster
         self.running = True
         self.outage = Outage("dispatcher", settings, self.redis)
@@ -516,7 +520,8 @@ class Dispatcher:
     def run_once(self) -> None:
         if time.monotonic() >= self.next_claim:
             self.claim()
-            resend_silent(self.settings, self.celery, self.outbox, self.records, self.order)
+            if time.monotonic() >= self.resend_from:
+                resend_silent(self.settings, self.celery, self.outbox, self.records, self.order)
             self.next_claim = time.monotonic() + self.settings.dispatcher_claim_interval_s
         self.read(self._wait_ms())
         self.flush()
@@ -548,6 +553,7 @@ class Dispatcher:
                     # waited out with a bounded backoff; what was read stays buffered or pending.
                     self.outage.failed(exc)
                     self.outage.refresh()
+                    self.resend_from = time.monotonic() + self.outbox.silent_after_s
                     failures += 1
                     time.sleep(self.outage.pause_s(failures))
                     continue

@@ -16,7 +16,9 @@ CI): nothing in the broker said so, and nothing sent it again.
   due time on by :func:`silent_after_s` in the same script, so two dispatchers never both take one) and publishes
   each again, logged and counted (``delivery_resent``, ``tocsin_delivery_resent_total``), unless it ended (its final
   mark: the note is removed), a copy is sending right now (its claim), or its lane's queue holds messages (it may be
-  one of them: a backlog is not silence; it is looked at again a silence later). A copy in delivery lines
+  one of them: a backlog is not silence; it is looked at again a silence later). It sends nothing within a silence of
+  its start or of its last round that found Redis away (a worker holding a delivery it sent meanwhile records it
+  first: ``notifier.tasks._Delivery.recorded``). A copy in delivery lines
   (``notifier.order``) is sent with its line's current wake-up count, so it is not taken for a stale copy.
 - **Duplicates, not losses.** A delivery taken for silent that was alive after all (a task a dead worker held, which
   the broker hands back later, or one a saturated worker holds that long) runs twice at worst: its claim and final

@@ -20,6 +20,7 @@ from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.attempt import Attempt
 from notifier.deliveries import DeliveryRecords, binding, enqueue
+from notifier.dispatcher import Dispatcher
 from notifier.notification import Notification, make_notification
 from notifier.order import DeliveryOrder
 from notifier.outbox import Outbox, silent_after_s
@@ -185,3 +186,17 @@ def test_a_worker_killed_mid_delivery_costs_its_alert_a_silence_not_the_visibili
         receiver.close()
     assert got.json["notification_id"] == "killed" and len(receiver.received) == 1
     assert took_s < settings.delivery_visibility_timeout_s / 5  # sent again by the outbox, not handed back
+
+
+def test_the_dispatcher_sends_nothing_again_until_a_silence_after_its_start(settings, redis_client) -> None:
+    # A worker holding a delivery it sent while Redis was away records it once Redis is back; a dispatcher (re)started
+    # meanwhile, or one that saw the outage, waits a silence before sending anything again (its claim has expired).
+    dispatcher = Dispatcher(settings.model_copy(update={"dispatcher_claim_interval_s": 0.0}))
+    dispatcher.outbox.silent_after_s = SILENT_S
+    dispatcher.outbox.add(_notification("n").to_json(), ENDPOINT, {})
+    time.sleep(SILENT_S + 0.1)
+    dispatcher.run_once()
+    assert _queued(settings, redis_client) == [] and dispatcher.resend_from > time.monotonic() + SILENT_S
+    dispatcher.resend_from = time.monotonic()  # a silence later
+    dispatcher.run_once()
+    assert [args[0]["notification_id"] for args, _ in _queued(settings, redis_client)] == ["n"]
