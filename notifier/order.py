@@ -361,7 +361,6 @@ def waiter_sleep_s(settings: Settings) -> float:
 
 def lost_after_s(settings: Settings) -> float:
     """How long a waiter sees its head overdue before taking it for lost: twice the time after which the outbox sends
-    a silent delivery again (which is past the broker's visibility timeout, by when it would have handed a live
-    message back), plus a dispatcher's round: the outbox has sent the head again by then unless its note was lost
-    too (``notifier.outbox``)."""
+    a silent delivery again, plus a dispatcher's round: the outbox has sent the head again by then unless its note
+    was lost too, or every dispatcher was away (``notifier.outbox``)."""
     return 2 * silent_after_s(settings) + settings.dispatcher_claim_interval_s

@@ -111,7 +111,10 @@ class Outbox:
         self._due = client.register_script(_DUE)
 
     def add(self, payload: dict, endpoint_id: int, kwargs: dict) -> None:
-        """Note a delivery about to be queued, with its task's arguments."""
+        """Note a delivery about to be queued, with its task's arguments. A task that is not a delivery (a malformed
+        dead letter replayed: no notification id or endpoint) is not noted: the worker dead-letters it again."""
+        if not isinstance(payload.get("notification_id"), str) or type(endpoint_id) is not int:
+            return
         task = json.dumps({"notification": payload, "endpoint_id": endpoint_id, "kwargs": kwargs},
                           separators=(",", ":"))
         self._add(keys=[self.keys.pending_deliveries, self.keys.pending_tasks],

@@ -13,7 +13,7 @@ from core.redis_schema import celery_queue_keys
 from core.settings import Settings
 from notifier.app import DELIVER_TASK, lane_of, queue_for
 from notifier.deliveries import DeliveryRecords
-from notifier.notification import Notification
+from notifier.notification import MalformedNotificationError, Notification
 from notifier.order import DeliveryOrder
 from notifier.outbox import Outbox
 
@@ -53,7 +53,10 @@ def resend_silent(settings: Settings, celery: Celery, outbox: Outbox, records: D
         if queued[lane]:
             continue  # it may be waiting in the queue behind the others
         # In lines, the copy carries its lines' current wake-up count: not taken for a stale copy (notifier.order).
-        woken = order.woken_count(Notification.from_json(payload), endpoint_id)
+        try:
+            woken = order.woken_count(Notification.from_json(payload), endpoint_id)
+        except MalformedNotificationError:  # no lines: the worker dead-letters it, with its reason
+            woken = 0
         celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs={**task["kwargs"], "woken": woken},
                          queue=queue_for(celery, payload))
         RESENT.inc()

@@ -200,3 +200,13 @@ def test_the_dispatcher_sends_nothing_again_until_a_silence_after_its_start(sett
     dispatcher.resend_from = time.monotonic()  # a silence later
     dispatcher.run_once()
     assert [args[0]["notification_id"] for args, _ in _queued(settings, redis_client)] == ["n"]
+
+
+def test_a_task_that_is_not_a_delivery_is_queued_without_a_note(settings, redis_client) -> None:
+    # A malformed task's dead letter, replayed: the worker dead-letters it again, with its reason; there is no
+    # delivery (notification id, endpoint) to note, and the replay must not fail for it.
+    records = DeliveryRecords(redis_client, RedisKeys(settings))
+    letter = records.malformed({"notification": {"alerts": "nope"}, "endpoint_id": None}, "no notification id")
+    outbox = _outbox(settings, redis_client)
+    assert records.replay(letter, make_celery(settings), outbox)
+    assert len(_queued(settings, redis_client)) == 1 and outbox.count() == 0
