@@ -79,7 +79,7 @@ from notifier.notification import Notification, make_notification, notification_
 from notifier.order import DeliveryOrder, reserve, restart_after
 from notifier.outbox import Outbox
 from notifier.policy import KeyState, decide, reminder_due, resolves_unknown
-from notifier.resend import resend_silent
+from notifier.resend import PENDING, resend_silent
 from notifier.silences import SilenceCache, silenced_decision
 from subscriptions.db import session_factory
 from subscriptions.policy import AlertPolicy
@@ -520,6 +520,7 @@ class Dispatcher:
     def run_once(self) -> None:
         if time.monotonic() >= self.next_claim:
             self.claim()
+            PENDING.set(self.outbox.count())
             if time.monotonic() >= self.resend_from:
                 resend_silent(self.settings, self.celery, self.outbox, self.records, self.order)
             self.next_claim = time.monotonic() + self.settings.dispatcher_claim_interval_s

@@ -28,7 +28,6 @@ def resend_silent(settings: Settings, celery: Celery, outbox: Outbox, records: D
                   order: DeliveryOrder) -> int:
     """Publish again each delivery past due that did not end, is not sending and cannot still be queued; returns how
     many were sent."""
-    PENDING.set(outbox.count())
     silent = outbox.due()
     if not silent:
         return 0

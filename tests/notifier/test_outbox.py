@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from core.redis_schema import RedisKeys, celery_queue_keys
 from core.settings import Settings
@@ -197,6 +198,7 @@ def test_the_dispatcher_sends_nothing_again_until_a_silence_after_its_start(sett
     time.sleep(SILENT_S + 0.1)
     dispatcher.run_once()
     assert _queued(settings, redis_client) == [] and dispatcher.resend_from > time.monotonic() + SILENT_S
+    assert REGISTRY.get_sample_value("tocsin_deliveries_pending") == 1  # counted while quiet too
     dispatcher.resend_from = time.monotonic()  # a silence later
     dispatcher.run_once()
     assert [args[0]["notification_id"] for args, _ in _queued(settings, redis_client)] == ["n"]
