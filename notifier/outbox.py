@@ -18,8 +18,8 @@ CI): nothing in the broker said so, and nothing sent it again.
   mark: the note is removed), a copy is sending right now (its claim), or its lane's queue holds messages (it may be
   one of them: a backlog is not silence; it is looked at again a silence later). It sends nothing within a silence of
   its start or of its last round that found Redis away (a worker holding a delivery it sent meanwhile records it
-  first: ``notifier.tasks._Delivery.recorded``). A copy in delivery lines
-  (``notifier.order``) is sent with its line's current wake-up count, so it is not taken for a stale copy.
+  first: ``notifier.tasks._Delivery.recorded``). A copy in delivery lines (``notifier.order``) is sent with its
+  line's current wake-up count, so it is not taken for a stale copy.
 - **Duplicates, not losses.** A delivery taken for silent that was alive after all (a task a dead worker held, which
   the broker hands back later, or one a saturated worker holds that long) runs twice at worst: its claim and final
   mark keep the sends one at a time and stop them once one succeeded, as for any redelivered copy. A delivery sent
