@@ -152,7 +152,12 @@ def enqueue(celery: Celery, outbox: Outbox, payload: dict, endpoint_id: int, bou
     deliveries come through :func:`enqueue_notification`.
     """
     outbox.add(payload, endpoint_id, bound)
-    celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=bound, queue=queue_for(celery, payload))
+    publish(celery, payload, endpoint_id, bound)
+
+
+def publish(celery: Celery, payload: dict, endpoint_id: int, kwargs: dict) -> None:
+    """Put a delivery task on its lane's queue (the outbox's resend publishes a noted one again here)."""
+    celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=kwargs, queue=queue_for(celery, payload))
 
 
 def enqueue_notification(celery: Celery, outbox: Outbox, notification: Notification, endpoint_id: int,

@@ -11,8 +11,8 @@ from prometheus_client import Counter, Gauge
 from core.redis_client import broker_client
 from core.redis_schema import celery_queue_keys
 from core.settings import Settings
-from notifier.app import DELIVER_TASK, lane_of, queue_for
-from notifier.deliveries import DeliveryRecords
+from notifier.app import lane_of
+from notifier.deliveries import DeliveryRecords, publish
 from notifier.notification import MalformedNotificationError, Notification
 from notifier.order import DeliveryOrder
 from notifier.outbox import Outbox
@@ -56,8 +56,7 @@ def resend_silent(settings: Settings, celery: Celery, outbox: Outbox, records: D
             woken = order.woken_count(Notification.from_json(payload), endpoint_id)
         except MalformedNotificationError:  # no lines: the worker dead-letters it, with its reason
             woken = 0
-        celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs={**task["kwargs"], "woken": woken},
-                         queue=queue_for(celery, payload))
+        publish(celery, payload, endpoint_id, {**task["kwargs"], "woken": woken})
         RESENT.inc()
         log.warning("delivery_resent", notification=nid, endpoint_id=endpoint_id, silent_s=outbox.silent_after_s)
         sent += 1

@@ -22,8 +22,8 @@ from devstack.receiver import WebhookReceiver
 from devstack.services import free_port, start_redis
 from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
-from notifier.app import DELIVER_TASK, make_celery, queue_for
-from notifier.deliveries import DeliveryRecords, binding, enqueue
+from notifier.app import DELIVER_TASK, make_celery
+from notifier.deliveries import DeliveryRecords, binding, enqueue, publish
 from notifier.dispatcher import Dispatcher
 from notifier.notification import build_notification, notification_id
 from notifier.outbox import Outbox
@@ -242,7 +242,7 @@ def _send(celery, notification: dict, endpoint, outbox: Outbox | None = None) ->
     one, as a task already queued (the outbox's own tests are in tests/notifier/test_outbox.py)."""
     bound = binding(EndpointRoute.of(endpoint))
     if outbox is None:
-        celery.send_task(DELIVER_TASK, args=(notification, endpoint.id), kwargs=bound, queue=queue_for(celery, notification))
+        publish(celery, notification, endpoint.id, bound)
     else:
         enqueue(celery, outbox, notification, endpoint.id, bound)
 
