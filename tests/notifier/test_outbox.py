@@ -30,6 +30,7 @@ from subscriptions.db import session_factory
 from subscriptions.routing import EndpointRoute
 from subscriptions.schemas import EndpointIn, SubscriptionIn
 from subscriptions.service import SubscriptionService
+from tests.notifier.test_delivery import _eventually
 from tests.processes import running, worker_args
 
 SILENT_S = 0.3  # the unit tests' outbox waits this long for a sign of life
@@ -175,9 +176,7 @@ def test_a_worker_killed_mid_delivery_costs_its_alert_a_silence_not_the_visibili
             with running(settings, tmp_path / "logs", ("worker", worker_args())) as (process,):
                 enqueue(make_celery(settings), Outbox(redis_client, RedisKeys(settings), settings), notification,
                         endpoint.id, binding(EndpointRoute.of(endpoint)))
-                deadline = time.monotonic() + 60
-                while receiver.attempts < 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                _eventually(lambda: receiver.attempts == 1)
                 process.kill()
             with running(settings, tmp_path / "logs-restarted", ("worker", worker_args())):
                 [got] = receiver.wait_for(lambda r: True, timeout_s=silent_after_s(settings) + 60)
