@@ -11,12 +11,13 @@ is a row of ranges), and their finite range endpoints sorted once. For a key kno
 and after whose value moved from ``o`` to ``n`` (both numbers), the members that flip are
 exactly those whose ranges hold one and not the other, so each has an endpoint between
 ``o`` and ``n``: the candidates are a searchsorted slice of the sorted endpoints per changed
-key, verified exactly (:meth:`Members.flips`). Every other change (a key becoming known or
-unknown, a value appearing or vanishing, or a copy of the shard brought up to date by
-replay, whose stored values may be older than its firing sets) is decided explicitly
-against the firing sets, by one vectorised membership test over the members
-(:meth:`Members.holding`). Key-restricted members are kept apart, per key they name, and
-cost only when one of those keys changes.
+key, verified exactly (:meth:`Members.flips`). A key becoming known or unknown, or its value
+appearing or vanishing, has one side with no watched value: the members accepting the other
+side flip, found for all such keys against all members at once (:meth:`Members.accepts`). A
+copy of the shard brought up to date by replay, whose stored values may be older than its
+firing sets, decides every change key by key against the firing sets (:meth:`Members.holding`).
+Key-restricted members are kept apart, per key they name, and cost only when one of those keys
+changes.
 """
 
 from __future__ import annotations
@@ -149,6 +150,20 @@ class Members:
     def holding(self, value: float) -> np.ndarray:
         """Per member: accepts ``value``."""
         return self.holds(np.arange(len(self)), np.full(len(self), value))
+
+    #: :meth:`accepts` builds its (values x members x ranges) comparisons this many cells at a time at most.
+    ACCEPTS_CELLS = 1 << 20
+
+    def accepts(self, values: np.ndarray) -> np.ndarray:
+        """``[i, m]``: member ``m`` accepts ``values[i]`` (NaN is accepted by none), every value against every member
+        at once, in slices of values that keep the comparisons' arrays small."""
+        out = np.empty((values.size, len(self)), dtype=bool)
+        step = max(1, self.ACCEPTS_CELLS // max(self.low.size, 1))
+        for start in range(0, values.size, step):
+            v = values[start : start + step, None, None]
+            out[start : start + step] = (((v > self.low) | ((v == self.low) & self.low_inclusive))
+                                         & ((v < self.high) | ((v == self.high) & self.high_inclusive))).any(axis=2)
+        return out
 
     def flips(self, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """For keys moving from ``old[i]`` to ``new[i]`` (numbers, firing exactly where accepted): the
@@ -383,7 +398,9 @@ class GroupState:
         scan = False
         if self.everyone:
             n_explicit, n_members = int(explicit.sum()), len(self.everyone)
-            per_key_units = int(regular.sum()) + n_explicit * n_members  # measured in the same units below
+            # measured in the same units below; trusted, the explicit keys meet every member in one array operation
+            # (no more than a scan's), so each counts as a key, not as its members one by one
+            per_key_units = int(regular.sum()) + n_explicit * (1 if ctx.trusted else n_members)
             scan = ctx.costs.choose(per_key_units, n_members * self.values.size) == "scan"
         if scan:  # every member over the values array, at the end of evaluate()
             self.fresh |= set(self.everyone)
@@ -405,21 +422,55 @@ class GroupState:
             flips += [(order, sid, 0 if accepted else 1, names[k] or "", None if v != v else v, window)
                       for k, sid, accepted, v in zip(changed.tolist(), members.sids[member[keep]].tolist(),
                                                      now[keep].tolist(), values.tolist(), strict=True)]
-            for k in ids[explicit].tolist():  # decided against the firing sets
-                ctx.work["explicit"] += 1
-                name = ctx.names[k] or ""
-                was = np.zeros(len(members), dtype=bool)
-                was[[members.row[s] for s in ctx.firing_by_key.get(name, ()) if s in members.row]] = True
-                now_mask = members.holding(self.values[k]) & bool(ctx.known[k]) & ~fresh  # watched: has data
-                for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
-                    flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
-                                  _value(self.values[k]), self.window_ms))
+            e = np.flatnonzero(explicit)
+            ctx.work["explicit"] += e.size
+            if ctx.trusted:
+                flips += self._appeared_or_vanished(ctx, ids[e], old[e], new[e], fresh)
+            else:
+                flips += self._against_firing(ctx, ids[e], fresh)
             ctx.costs.measured("per_key", time.perf_counter() - started, per_key_units)
         if self.restricted:
             for k, name in self._named_moved(ctx, ids[moved & ctx.restricted[ids]]):
                 for sid in self.by_key[name]:
                     if sid not in self.fresh and sid not in self.waiting:
                         flips += self._one(ctx, sid, name, k)
+        return flips
+
+    def _appeared_or_vanished(self, ctx: Context, ids: np.ndarray, old: np.ndarray, new: np.ndarray,
+                              fresh: np.ndarray) -> list[Flip]:
+        """Keys whose value appeared or vanished (NaN on one side) or that became watched or unwatched (data in the
+        horizon), while the values agree with the firing sets: a member fired for such a key exactly where the key
+        was watched and it accepted the old value, as the regular keys' flips assume too. So only the side with a
+        watched value can have members firing, and they flip: every such key against every member at once
+        (:meth:`Members.accepts`), not key by key against the firing sets."""
+        assert self.values is not None
+        was = ctx.known_before[ids] & ~np.isnan(old)
+        now = ctx.known[ids] & ~np.isnan(new)
+        one_side = np.flatnonzero(was != now)  # both sides watched with values: a regular key, not here
+        if not one_side.size:
+            return []
+        members = self.members
+        accepted = members.accepts(np.where(now, new, old)[one_side]) & ~fresh
+        at, member = np.nonzero(accepted)
+        keys = ids[one_side][at]
+        order, window, names = self.order, self.window_ms, ctx.names
+        return [(order, sid, 0 if firing else 1, names[k] or "", _value(v), window)
+                for k, sid, firing, v in zip(keys.tolist(), members.sids[member].tolist(), now[one_side][at].tolist(),
+                                             self.values[keys].tolist(), strict=True)]
+
+    def _against_firing(self, ctx: Context, ids: np.ndarray, fresh: np.ndarray) -> list[Flip]:
+        """Keys decided one by one against the firing sets: values that may be older than the firing sets (a copy
+        brought up to date by replay) are not evidence of what fired."""
+        assert self.values is not None
+        members, flips = self.members, []
+        for k in ids.tolist():
+            name = ctx.names[k] or ""
+            was = np.zeros(len(members), dtype=bool)
+            was[[members.row[s] for s in ctx.firing_by_key.get(name, ()) if s in members.row]] = True
+            now_mask = members.holding(self.values[k]) & bool(ctx.known[k]) & ~fresh  # watched: has data
+            for m in np.flatnonzero(now_mask != (was & ~fresh)).tolist():
+                flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
+                              _value(self.values[k]), self.window_ms))
         return flips
 
     def _named_moved(self, ctx: Context, moved: np.ndarray) -> list[tuple[int, str]]:

@@ -23,7 +23,8 @@ ranges = st.tuples(bound, bound, st.booleans(), st.booleans()).filter(
        st.lists(st.integers(-6, 6).map(float) | st.just(math.nan), max_size=30))
 def test_one_member_over_many_values_is_what_its_condition_holds(accepted, values) -> None:
     """``Members.holds`` of one member (an int, broadcast over the values, for a full evaluation) equals the member's
-    condition value by value, and the pairwise form."""
+    condition value by value, and the pairwise form, and ``Members.accepts`` (every value against every member, in
+    slices of values, here of one or two)."""
     specs = [SubscriptionSpec(i + 1, Condition(Aggregate.SUM, "volume", 60_000, ranges=tuple(rs)) if len(rs) > 1 else
                               Condition(Aggregate.SUM, "volume", 60_000, rs[0].low, rs[0].high, rs[0].low_inclusive,
                                         rs[0].high_inclusive))
@@ -34,6 +35,10 @@ def test_one_member_over_many_values_is_what_its_condition_holds(accepted, value
         expected = [not math.isnan(v) and any(r.holds(v) for r in spec.condition.accepted) for v in values]
         assert members.holds(m, array).tolist() == expected
         assert members.holds(np.full(array.size, m, dtype=np.int64), array).tolist() == expected
+        assert members.accepts(array)[:, m].tolist() == expected
+    members.ACCEPTS_CELLS = 2 * members.low.size
+    assert members.accepts(array).tolist() == [[members.holds(m, array)[i] for m in range(len(members))]
+                                               for i in range(array.size)]
 
 
 @given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=8),

@@ -184,3 +184,21 @@ def continue_copies(batches: list, end: int, seen: list[Catalog], split: int,
         assert _step(restored, batches[i], end, seen[i])[0] == expected
         assert _step(cached, batches[i], end, seen[i])[0] == expected
     return original, restored, cached
+
+
+def test_a_member_new_at_the_boundary_a_key_appears_fires_once_for_it() -> None:
+    """A key's value appearing is decided for the group's members at once (``GroupState._appeared_or_vanished``),
+    but a member new at that boundary is evaluated in full against every key instead: the one way only, or it
+    fired twice for the key."""
+    for way in ("per_key", "scan"):
+        shard = ShardEvaluator(replace(CONFIG, delay_ms=0, partitions=1))
+        shard.costs.force = way
+        catalog = Catalog(1, (SubscriptionSpec(1, Condition(Aggregate.MAX, "price", 2_000, low=0.5)),))
+        shard.step(pane_rows([("B", 1_000, 1.0, 1.0)]), {0: 2_000}, catalog)
+        catalog = catalog.applied(CatalogChange(2, (SubscriptionSpec(2, Condition(Aggregate.MAX, "price", 2_000,
+                                                                                 low=0.7)),), ()))
+        stats = BatchStats()
+        transitions, _ = shard.step(pane_rows([("A", 2_100, 1.0, 1.0)]), {0: 3_000}, catalog, stats)
+        assert stats.full_members == (1 if way == "per_key" else 2), "the group kept; its new member in full"
+        assert sorted((t.subscription_id, t.key, t.state) for t in transitions) == [
+            (1, "A", "firing"), (2, "A", "firing"), (2, "B", "firing")], way
