@@ -233,16 +233,31 @@ class Context:
 
 @dataclass
 class PlanCosts:
-    """Measured seconds per unit of work of the two ways to find a group's flips, as moving averages, so each
-    group and boundary takes the cheaper: per changed key (units: changed keys, plus members per key decided
-    explicitly) or a scan of every member over the values array (units: members x keys). Both give the same
-    flips; only the cost differs (the adaptive choice Arasu & Widom leave as future work). Each plan is measured
-    in the units it is chosen on: a cost per unit is only comparable to the units it is multiplied by."""
+    """Measured seconds per unit of work of the two ways to find a group's flips, so each group and boundary takes
+    the cheaper: per changed key (units: changed keys, plus members per key decided explicitly) or a scan of every
+    member over the values array (units: members x keys). Both give the same flips; only the cost differs (the
+    adaptive choice Arasu & Widom leave as future work). Each plan is measured in the units it is chosen on: a cost
+    per unit is only comparable to the units it is multiplied by.
 
-    per_key: float = 1e-6
-    scan: float = 5e-8
+    A plan's cost per unit is its moving sum of seconds over its moving sum of units, not a moving average of each
+    call's ratio: a call has a fixed part (a few hundred microseconds a group), so a group with a dozen changed keys
+    measures a hundred times the per-unit cost of one with thousands, and averaged ratios made the big groups look
+    dear enough to scan (each scan 10-50x the per-key plan it replaced, in the pipeline benchmark's mix)."""
+
+    per_key_seconds: float = 1e-3  # the moving sums start at these rates: 1 us a changed key, 50 ns a scanned cell
+    per_key_units: float = 1e3
+    scan_seconds: float = 5e-3
+    scan_units: float = 1e5
     weight: float = 0.2
     force: str | None = None  # "per_key" or "scan": always that way (tests)
+
+    @property
+    def per_key(self) -> float:
+        return self.per_key_seconds / self.per_key_units
+
+    @property
+    def scan(self) -> float:
+        return self.scan_seconds / self.scan_units
 
     def choose(self, per_key_units: float, scan_units: float) -> str:
         if self.force is not None:
@@ -251,7 +266,9 @@ class PlanCosts:
 
     def measured(self, plan: str, seconds: float, units: float) -> None:
         if units > 0:
-            setattr(self, plan, (1 - self.weight) * getattr(self, plan) + self.weight * seconds / units)
+            keep = 1 - self.weight
+            setattr(self, f"{plan}_seconds", keep * getattr(self, f"{plan}_seconds") + seconds)
+            setattr(self, f"{plan}_units", keep * getattr(self, f"{plan}_units") + units)
 
 
 def _value(v: float) -> float | None:

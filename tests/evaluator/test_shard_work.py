@@ -102,3 +102,16 @@ def test_the_per_key_plan_is_measured_in_the_units_it_is_chosen_on() -> None:
         shard.step(pane_rows(events), {0: second * 1_000}, catalog)
     assert costs.measured_units and costs.measured_units == costs.chosen
     assert max(costs.measured_units) >= 200, "every changed key is a unit of the per-key plan's work"
+
+
+def test_small_groups_fixed_cost_does_not_make_big_groups_scan() -> None:
+    """Each per-key call has a fixed part: a group with 17 changed keys took 0.25 ms (15 us a key), one with 2,000
+    took 0.3 ms (0.15 us a key). Averaging each call's ratio priced the big group at ~7 us a key, 14 ms, above a
+    5 ms scan that in fact costs 15x the per-key plan; the ratio of the moving sums prices it at its own rate."""
+    costs = PlanCosts()
+    for _ in range(50):
+        costs.measured("scan", 5e-3, 1_000_000)
+        costs.measured("per_key", 0.25e-3, 17)
+        costs.measured("per_key", 0.3e-3, 2_000)
+    assert costs.choose(2_000, 1_000_000) == "per_key"
+    assert costs.choose(2_000, 10_000) == "scan", "a scan of few cells is still taken when it is cheaper"
