@@ -43,7 +43,7 @@ from core.redis_schema import RedisKeys
 from notifier.app import DELIVER_TASK, queue_for
 from notifier.attempt import Attempt
 from notifier.notification import Notification, test_notification
-from notifier.outbox import Outbox, forget
+from notifier.outbox import Outbox, forget, noted_headers
 from notifier.rendering import unknown_states
 from subscriptions.routing import EndpointRoute
 
@@ -151,13 +151,14 @@ def enqueue(celery: Celery, outbox: Outbox, payload: dict, endpoint_id: int, bou
     Takes the JSON as it is so a dead letter replays exactly what failed; new
     deliveries come through :func:`enqueue_notification`.
     """
-    outbox.add(payload, endpoint_id, bound)
-    publish(celery, payload, endpoint_id, bound)
+    publish(celery, payload, endpoint_id, bound, outbox.add(payload, endpoint_id, bound))
 
 
-def publish(celery: Celery, payload: dict, endpoint_id: int, kwargs: dict) -> None:
-    """Put a delivery task on its lane's queue (the outbox's resend publishes a noted one again here)."""
-    celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=kwargs, queue=queue_for(celery, payload))
+def publish(celery: Celery, payload: dict, endpoint_id: int, kwargs: dict, noted_ms: int | None) -> None:
+    """Put a delivery task on its lane's queue (the outbox's resend publishes a noted one again here), with when its
+    note was written (``None``: not noted), which tells the resend what was queued before it."""
+    celery.send_task(DELIVER_TASK, args=(payload, endpoint_id), kwargs=kwargs, queue=queue_for(celery, payload),
+                     headers=None if noted_ms is None else noted_headers(noted_ms))
 
 
 def enqueue_notification(celery: Celery, outbox: Outbox, notification: Notification, endpoint_id: int,

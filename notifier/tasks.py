@@ -72,7 +72,7 @@ from notifier.channels import EndpointView, channel_for, claim_ttl_s
 from notifier.deliveries import Busy, DeliveryRecords, binding
 from notifier.notification import MalformedNotificationError, Notification
 from notifier.order import DeliveryOrder, Turn, longest_sleep_s, lost_after_s, places
-from notifier.outbox import Outbox
+from notifier.outbox import Outbox, noted_headers
 from subscriptions.channel_kinds import UnknownKindError
 from subscriptions.db import session_scope
 from subscriptions.routing import endpoint_route
@@ -350,9 +350,10 @@ class _Delivery:
         flood to one endpoint is deferred again and again.
         """
         self.order.expect(self.notification, self.endpoint_id, countdown)
-        self.outbox.alive(self.notification.notification_id, self.endpoint_id, countdown)
+        noted = self.outbox.alive(self.notification.notification_id, self.endpoint_id, countdown)
         self.task.apply_async(args=(self.payload, self.endpoint_id), kwargs=self.arguments(attempt, deferrals),
-                              countdown=countdown, queue=queue_for(self.task.app, self.payload))
+                              countdown=countdown, queue=queue_for(self.task.app, self.payload),
+                              headers=noted_headers(noted))
 
     def arguments(self, attempt: int, deferrals: int) -> dict:
         """The task's keyword arguments for its run as attempt number ``attempt``."""
@@ -365,10 +366,10 @@ class _Delivery:
         waiters = self.order.leave(self.notification, self.endpoint_id)
         for waiter in waiters:
             task = json.loads(waiter.task)
-            self.outbox.alive(waiter.member, self.endpoint_id)
+            noted = self.outbox.alive(waiter.member, self.endpoint_id)
             self.task.apply_async(args=(task["notification"], task["endpoint_id"]),
                                   kwargs={**task["kwargs"], "woken": waiter.woken},
-                                  queue=queue_for(self.task.app, task["notification"]))
+                                  queue=queue_for(self.task.app, task["notification"]), headers=noted_headers(noted))
         self.order.woken(self.notification, self.endpoint_id, waiters)
 
     def take_slot(self, owner_id: int, token: str) -> Busy | None:

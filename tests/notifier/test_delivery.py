@@ -242,7 +242,7 @@ def _send(celery, notification: dict, endpoint, outbox: Outbox | None = None) ->
     one, as a task already queued (the outbox's own tests are in tests/notifier/test_outbox.py)."""
     bound = binding(EndpointRoute.of(endpoint))
     if outbox is None:
-        publish(celery, notification, endpoint.id, bound)
+        publish(celery, notification, endpoint.id, bound, None)
     else:
         enqueue(celery, outbox, notification, endpoint.id, bound)
 

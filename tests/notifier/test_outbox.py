@@ -20,7 +20,7 @@ from evaluator.spark.sink import RedisAlertSink
 from evaluator.transition import alert_id
 from notifier.app import make_celery
 from notifier.attempt import Attempt
-from notifier.deliveries import DeliveryRecords, binding, enqueue
+from notifier.deliveries import DeliveryRecords, binding, enqueue, publish
 from notifier.dispatcher import Dispatcher
 from notifier.notification import Notification, make_notification
 from notifier.order import DeliveryOrder
@@ -90,6 +90,8 @@ def test_a_silent_delivery_is_sent_again_unless_it_ended_is_sending_or_may_still
     keys = RedisKeys(settings)
     outbox, records, order = _outbox(settings, redis_client), DeliveryRecords(redis_client, keys), \
         DeliveryOrder(redis_client, keys, settings)
+    # Another delivery in the queue, noted before them (with the deployment's own silence, not due in this test).
+    enqueue(celery, Outbox(redis_client, keys, settings), _notification("other").to_json(), 9, {})
     lost, ended, sending = _notification("lost", sequence=1), _notification("ended"), _notification("sending")
     for n in (lost, ended, sending):
         outbox.add(n.to_json(), ENDPOINT, {"owner_id": 1, "generation": "g"})  # their tasks never reach the queue
@@ -98,9 +100,6 @@ def test_a_silent_delivery_is_sent_again_unless_it_ended_is_sending_or_may_still
     records.dead(ended.to_json(), ENDPOINT, "webhook", Attempt(False, False, 1.0, 410), 1)
     outbox.add(ended.to_json(), ENDPOINT, {})  # its note outlived its final mark's pipeline (a torn write)
     records.claim("sending", ENDPOINT, 60)
-
-    # Another delivery in the queue (noted with the deployment's own silence, not due in this test).
-    enqueue(celery, Outbox(redis_client, keys, settings), _notification("other").to_json(), 9, {})
     time.sleep(SILENT_S + 0.1)
     assert resend_silent(settings, celery, outbox, records, order) == 0  # "lost" may be behind "other"
     assert len(_queued(settings, redis_client)) == 1
@@ -112,6 +111,31 @@ def test_a_silent_delivery_is_sent_again_unless_it_ended_is_sending_or_may_still
     assert kwargs == {"owner_id": 1, "generation": "g", "woken": 2}  # not a stale copy in its line
     noted = set(redis_client.zrange(keys.pending_deliveries, 0, -1))
     assert noted == {f"lost:{ENDPOINT}", f"sending:{ENDPOINT}", "other:9"}  # "ended" forgotten, the rest wait
+
+
+def test_a_backlog_queued_after_a_lost_delivery_does_not_hold_it_back(settings, redis_client) -> None:
+    """The queue is first in, first out: a delivery noted before its oldest message is not in it. Gated on an empty
+    queue instead, a lost delivery waited for a backlog that might never drain: silence under load."""
+    celery = make_celery(settings)
+    keys = RedisKeys(settings)
+    outbox, records, order = _outbox(settings, redis_client), DeliveryRecords(redis_client, keys), \
+        DeliveryOrder(redis_client, keys, settings)
+    lost = _notification("lost")
+    outbox.add(lost.to_json(), ENDPOINT, {})  # its task never reaches the queue
+    time.sleep(0.01)  # noted in the same millisecond, the two could be in either order: it may be behind
+    for i in range(3):  # the backlog behind it, queued and noted after it (not due in this test)
+        enqueue(celery, Outbox(redis_client, keys, settings), _notification(f"later{i}").to_json(), 9, {})
+    time.sleep(SILENT_S + 0.1)
+    assert resend_silent(settings, celery, outbox, records, order) == 1
+    assert [args[0]["notification_id"] for args, _ in _queued(settings, redis_client)] == [
+        "later0", "later1", "later2", "lost"]
+    time.sleep(SILENT_S + 0.1)
+    assert resend_silent(settings, celery, outbox, records, order) == 0, "its copy waits behind the backlog now"
+
+    redis_client.delete(celery_queue_keys(settings)[0])
+    publish(celery, _notification("unnoted").to_json(), 9, {}, None)  # a task queued without a note says nothing
+    time.sleep(SILENT_S + 0.1)
+    assert resend_silent(settings, celery, outbox, records, order) == 0, "the queue may hold it: not sent again"
 
 
 @pytest.mark.slow  # fault injection (a task taken off the broker's queue and lost): run in CI

@@ -37,7 +37,7 @@ class _FastWorker:
         self.records = records
         self.conf = type("Conf", (), {"tocsin_lanes": {"alerts": "q", "tests": "q:tests"}})()
 
-    def send_task(self, _name: str, args: tuple, kwargs: dict, queue: str) -> None:
+    def send_task(self, _name: str, args: tuple, kwargs: dict, queue: str, headers: dict | None = None) -> None:
         notification, endpoint_id = args
         self.records.dead(notification, endpoint_id, "webhook", Attempt(False, False, 1.0, 410, "HTTP 410 again"),
                           1, kwargs)
