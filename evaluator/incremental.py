@@ -229,6 +229,31 @@ class Context:
     work: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("changed", "candidates", "full", "explicit", "scans"), 0))
     admission: Admission | None = None  # new members wait for it (None: every one is evaluated at once)
+    key_version: int | None = None  # changes whenever a key gets or loses an id (None: not said; nothing cached)
+
+
+class Listed:
+    """A group's key-restricted members as (member, key it names) pairs in arrays, so the pairs whose key moved are
+    decided at once: their members' ranges broadcast over the keys' values (:meth:`Members.holds`), only whether each
+    fired before read from the firing sets. Each pair's key id and whether this shard watches the key are kept while
+    the key table and the shard's ownership stay the same."""
+
+    def __init__(self, restricted: dict[int, SubscriptionSpec], by_key: dict[str, set[int]]) -> None:
+        self.members = Members(list(restricted.values()))
+        pairs = sorted((name, sid) for name, sids in by_key.items() for sid in sids)
+        self.names = [name for name, _ in pairs]
+        self.sids = np.array([sid for _, sid in pairs], dtype=np.int64)
+        self.rows = np.array([self.members.row[sid] for _, sid in pairs], dtype=np.int64)
+        self._ids: tuple[tuple[int, object], np.ndarray, np.ndarray] | None = None
+
+    def ids(self, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair: its key's id (-1: none) and whether this shard watches the key (a listed key is watched by its
+        own shard only)."""
+        if ctx.key_version is None or self._ids is None or self._ids[0] != (ctx.key_version, ctx.owns):
+            ids = np.array([ctx.ids.get(name, -1) for name in self.names], dtype=np.int64)
+            owned = np.array([ctx.owns(name) for name in self.names], dtype=bool)
+            self._ids = ((-1 if ctx.key_version is None else ctx.key_version, ctx.owns), ids, owned)
+        return self._ids[1], self._ids[2]
 
 
 @dataclass
@@ -292,6 +317,7 @@ class GroupState:
         self.waiting: set[int] = set()  # new members not admitted yet (evaluator.admission): not evaluated at all
         self._members: Members | None = None
         self._waiting_rows: tuple[Members, np.ndarray] | None = None  # the members' rows that wait, as a mask
+        self._listed: Listed | None = None
 
     def __len__(self) -> int:
         return len(self.everyone) + len(self.restricted)
@@ -310,6 +336,7 @@ class GroupState:
             self.restricted[spec.id] = spec
             for key in spec.keys:
                 self.by_key.setdefault(key, set()).add(spec.id)
+            self._listed = None
         self.fresh.add(spec.id)
 
     def remove(self, sid: int) -> None:
@@ -317,6 +344,7 @@ class GroupState:
             self._members = None
         spec = self.restricted.pop(sid, None)
         if spec is not None and spec.keys is not None:
+            self._listed = None
             for key in spec.keys:
                 named = self.by_key[key]
                 named.discard(sid)
@@ -447,11 +475,34 @@ class GroupState:
                 flips += self._against_firing(ctx, ids[e], fresh)
             ctx.costs.measured("per_key", time.perf_counter() - started, per_key_units)
         if self.restricted:
-            for k, name in self._named_moved(ctx, ids[moved & ctx.restricted[ids]]):
-                for sid in self.by_key[name]:
-                    if sid not in self.fresh and sid not in self.waiting:
-                        flips += self._one(ctx, sid, name, k)
+            flips += self._listed_moved(ctx, ids[moved & ctx.restricted[ids]])
         return flips
+
+    def _listed_moved(self, ctx: Context, moved: np.ndarray) -> list[Flip]:
+        """The key-restricted members that flip for the keys in ``moved`` (ids named by some key-restricted member of
+        any group), those that name them all at once (:class:`Listed`)."""
+        assert self.values is not None
+        if not moved.size:
+            return []
+        if self._listed is None:
+            self._listed = Listed(self.restricted, self.by_key)
+        listed = self._listed
+        key_ids, owned = listed.ids(ctx)
+        marked = np.zeros(self.values.size, dtype=bool)
+        marked[moved] = True
+        at = np.flatnonzero((key_ids >= 0) & marked[np.maximum(key_ids, 0)])
+        if at.size and (self.fresh or self.waiting):  # evaluated in full at this boundary, or not at all yet
+            at = at[~np.isin(listed.sids[at], np.fromiter(self.fresh | self.waiting, dtype=np.int64))]
+        if not at.size:
+            return []
+        values = self.values[key_ids[at]]
+        now = owned[at] & listed.members.holds(listed.rows[at], values)
+        order, window, firing = self.order, self.window_ms, ctx.firing
+        empty: set[str] = set()
+        return [(order, sid, 0 if accepted else 1, name, None if v != v else v, window)
+                for name, sid, accepted, v in zip((listed.names[i] for i in at.tolist()), listed.sids[at].tolist(),
+                                                  now.tolist(), values.tolist(), strict=True)
+                if accepted != (name in firing.get(sid, empty))]
 
     def _appeared_or_vanished(self, ctx: Context, ids: np.ndarray, old: np.ndarray, new: np.ndarray,
                               fresh: np.ndarray) -> list[Flip]:
@@ -489,16 +540,6 @@ class GroupState:
                 flips.append((self.order, members.specs[m].id, 0 if now_mask[m] else 1, name,
                               _value(self.values[k]), self.window_ms))
         return flips
-
-    def _named_moved(self, ctx: Context, moved: np.ndarray) -> list[tuple[int, str]]:
-        """The moved keys (ids named by some key-restricted member of any group) that this group's members name,
-        with their names, found from whichever side is smaller: the moved keys, or the keys this group names (a
-        shard's many groups each name a few of the keys that move at a boundary; flips are sorted later)."""
-        if len(self.by_key) < moved.size:
-            marked = np.zeros(ctx.known.size, dtype=bool)
-            marked[moved] = True
-            return [(k, name) for name in self.by_key if (k := ctx.ids.get(name)) is not None and marked[k]]
-        return [(k, name) for k in moved.tolist() if (name := ctx.names[k]) is not None and name in self.by_key]
 
     def _one(self, ctx: Context, sid: int, name: str, k: int | None) -> list[Flip]:
         """One (member, key), decided explicitly."""

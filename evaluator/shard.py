@@ -1003,7 +1003,8 @@ class ShardEvaluator:
                                                  np.zeros(capacity - self._known_before.size, dtype=bool)])
         ctx = Context(_Columns(running, self.values, self.config.attributes, boundary), running.known,
                       self._known_before, self._trusted, running.keys.names, running.keys.ids, self.firing,
-                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns, admission=self.admission)
+                      self._firing_by_key, self._restricted_mask(), self.costs, self.owns, admission=self.admission,
+                      key_version=running.keys.version)
         flips: list[Flip] = []
         states: Iterable[GroupState] = self._states.values()
         if self.admission.waiting:  # admitted in the groups' order: the same whatever order they were built in

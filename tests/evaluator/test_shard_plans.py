@@ -202,3 +202,19 @@ def test_a_member_new_at_the_boundary_a_key_appears_fires_once_for_it() -> None:
         assert stats.full_members == (1 if way == "per_key" else 2), "the group kept; its new member in full"
         assert sorted((t.subscription_id, t.key, t.state) for t in transitions) == [
             (1, "A", "firing"), (2, "A", "firing"), (2, "B", "firing")], way
+
+
+def test_a_listed_key_the_shard_stops_watching_resolves_when_it_next_moves() -> None:
+    """Key-restricted members keep each key's id and whether the shard watches it (``Listed``) while the key table
+    and the shard's ownership stay the same; a new ownership (a Spark job's) is read again, not the cached one."""
+    shard = ShardEvaluator(replace(CONFIG, delay_ms=0, partitions=1))
+    catalog = Catalog(1, (SubscriptionSpec(1, Condition(Aggregate.COUNT, None, 2_000, low=0.5),
+                                           frozenset({"A", "B"})),))
+    transitions, _ = shard.step(pane_rows([("A", 1_000, 1.0, 1.0), ("B", 1_000, 1.0, 1.0)]), {0: 2_000}, catalog)
+    assert sorted((t.key, t.state) for t in transitions) == [("A", "firing"), ("B", "firing")]
+    transitions, _ = shard.step(pane_rows([("A", 2_000, 1.0, 1.0), ("B", 2_000, 1.0, 1.0)]), {0: 3_000}, catalog)
+    assert transitions == []  # both moved, both still firing
+    shard.owns = lambda key: key == "A"  # as the shard runner's ownership of the next job
+    moved = [(key, 3_000 + i, 1.0, 1.0) for key in ("A", "B") for i in range(2)]  # counts 2 -> 3: both move
+    transitions, _ = shard.step(pane_rows(moved), {0: 4_000}, catalog)
+    assert [(t.key, t.state) for t in transitions] == [("B", "resolved")]
