@@ -322,17 +322,26 @@ class RunningWindows:
             self.shifts[a] = need
         return exact
 
-    def _enter(self, window: Window, rows: Panes, shifts: list[int] | None = None) -> None:
+    def _enter(self, window: Window, rows: Panes, shifts: list[int] | None = None,
+               shared: dict[int, tuple[np.ndarray, int]] | None = None) -> None:
         """Add ``rows`` to ``window``: a running one (the sums' units are the shared ``self.shifts``), or an empty
-        private one whose units are ``shifts``, set here (nothing else is rescaled)."""
+        private one whose units are ``shifts``, set here (nothing else is rescaled). ``shared``: the rows' exact sums
+        per attribute and their units, filled by the first running window that enters these rows and read by the
+        others (the same panes enter every window longer than the move). Nothing rescales in between: a row leaving
+        a window needs no finer units than it needed when it entered."""
         if not len(rows):
             return
         np.add.at(window.count, rows.ids, rows.counts)
         for a in range(len(window.sums)):
-            if shifts is None:
-                exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
-            else:
+            if shifts is not None:
                 exact, shifts[a] = units(rows.sums[a], shifts[a])
+            elif shared is not None and a in shared:
+                exact, shift = shared[a]
+                assert shift == self.shifts[a], "units rescaled by leaving rows"
+            else:
+                exact = self._units(a, rows.sums[a])  # first: it may rescale window.sums[a]
+                if shared is not None:
+                    shared[a] = (exact, self.shifts[a])
             np.add.at(window.sums[a], rows.ids, exact)
             np.minimum.at(window.mins[a], rows.ids, rows.mins[a])
             np.maximum.at(window.maxs[a], rows.ids, rows.maxs[a])
@@ -379,6 +388,7 @@ class RunningWindows:
         else:
             entering = store.span(at, boundary)
         touched = [store.panes.ids[entering[0] : entering[1]]]
+        shared: dict[int, tuple[np.ndarray, int]] = {}  # exact sums of the rows entering at ``entering`` (_enter)
         for window in self.windows.values():
             t = window.ms
             if at is None:
@@ -388,7 +398,7 @@ class RunningWindows:
                 leave = store.span(at - t, min(at, boundary - t))
             left = store.rows(*leave)
             redo = self._leave(window, left)
-            self._enter(window, store.rows(*enter))
+            self._enter(window, store.rows(*enter), shared=shared if enter == entering else None)
             self._recompute(window, redo, boundary)
             if window is horizon:
                 touched.append(left.ids[horizon.count[left.ids] == 0])  # no longer known: every group sees it
