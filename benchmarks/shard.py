@@ -15,7 +15,9 @@ warmed shard. Catching up: a copy that replays missed deltas (a Spark worker who
 shard is behind) against one that evaluated them. Key churn: keys live a few seconds, ~1M distinct keys over the run with
 ~5k in the horizon at a time; memory and ms per boundary early vs late. Baselines: conditions comparing a key's
 1-minute aggregates with its own 5-minute ones, incremental against naive. Ranks: IN TOP / BOTTOM k, the shard's
-books against ranking from scratch, and the sink's merge.
+books against ranking from scratch, and the sink's merge. The pipeline's mix: the pipeline benchmark's drain
+(``benchmarks/pipeline.py``: its 10,000 subscriptions, 20,000 events per event-second) in one of its two shards,
+the evaluation alone (``--pipeline-mix-only``).
 
 Nothing here asserts a time; numbers are read.
 """
@@ -490,14 +492,69 @@ def ranks(sizes: list[int], warm_s: int, measured: int, per_second: int) -> None
            "scratch / books", "merge ms/b (5 shards)", "RSS MB"], rows)
 
 
+def pipeline_mix(n: int, batches: int, per_second: int, batch_s: int = 20, keys: int = 5_000) -> None:
+    """The pipeline benchmark's drain, one shard without Spark: its mix of ``n`` subscriptions
+    (``benchmarks.pipeline.subscriptions``: COUNT / SUM / AVG / MAX / MIN over 1 min to 1 h, a fifth listing keys),
+    the keys of shard 0 of 2 among ``keys`` Zipf keys, ``per_second`` events per event-second in batches of
+    ``batch_s`` event-seconds (400,000 records a batch in all at the defaults, the production cap), and the live
+    configuration's event retention (an hour of every event for QUANTILE, 100 a key for tuple windows). The first
+    batch (every subscription's first evaluation) is timed apart; CPU time of this process, so another job on the
+    machine does not inflate it."""
+    from benchmarks.pipeline import level, subscriptions, zipf_weights  # the pipeline's own mix (it imports Spark)
+
+    names = [f"k{i}" for i in range(keys)]
+    catalog = Catalog(1, subscriptions(n, names, per_second))
+    settings = Settings()
+    config = ShardConfig(ATTRS, PANE, 3_600_000, 0, 1, value_retention_ms=settings.quantile_max_window_ms,
+                         tuple_max_events=settings.tuple_max_events)
+    rng, weights = np.random.default_rng(5), zipf_weights(keys)
+    price = np.array([level(i) for i in range(keys)])
+
+    def batch(start: int) -> PaneRows:
+        nonlocal price
+        parts: list[tuple[np.ndarray, ...]] = []
+        for second in range(batch_s):
+            drawn = rng.choice(keys, per_second, p=weights)
+            price = price * (1 + rng.normal(0, 0.0005 * np.sqrt(per_second * weights), keys))  # a walk per event
+            drawn = drawn[drawn % 2 == 0]  # shard 0's keys
+            parts.append((drawn, start + second * PANE + rng.integers(0, PANE, drawn.size),
+                          np.round(price[drawn] * 4) / 4, np.floor(rng.lognormal(4, 1, drawn.size)) + 1))
+        return pane_rows(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+    shard, t = ShardEvaluator(config), 1_000_000_000
+    rows = [batch(t + i * batch_s * 1_000) for i in tqdm(range(batches + 1), desc="feed", file=sys.stderr, leave=False)]
+    started = time.process_time()
+    shard.step(rows[0], {0: t + batch_s * 1_000}, catalog)
+    first_ms = 1000 * (time.process_time() - started)
+    stats, elapsed, records = BatchStats(), 0.0, 0
+    for i, part in enumerate(tqdm(rows[1:], desc=f"pipeline mix {n:,}", file=sys.stderr, leave=False), 1):
+        started = time.process_time()
+        shard.step(part, {0: t + (i + 1) * batch_s * 1_000}, catalog, stats)
+        elapsed += time.process_time() - started
+        records += int(part.counts.sum())
+    b = max(stats.boundaries, 1)
+    table(f"The pipeline benchmark's drain mix in one shard (shard 0 of 2: {keys // 2:,} of {keys:,} Zipf keys, "
+          f"{per_second:,} events per event-second, batches of {batch_s} event-seconds, the live event retention), "
+          "CPU ms of this process",
+          ["subscriptions", "first batch ms", "batches", "records", "ms/boundary", "us/record", "transitions/b",
+           "changed keys/b", "explicit keys/b", "scans/b", "RSS MB"],
+          [[f"{n:,}", first_ms, batches, records, 1000 * elapsed / b, 1e6 * elapsed / max(records, 1),
+            stats.transitions / b, stats.changed_keys / b, stats.explicit_keys / b, stats.scans / b, rss_mb()]])
+
+
 def main() -> None:
     parser = cli.parser(__doc__, "python -m benchmarks.shard")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--mix-only", action="store_true", help="only the issue-16 mix at 10,000 subscriptions")
     parser.add_argument("--baselines-only", action="store_true", help="only the baselines at 10,000 subscriptions")
     parser.add_argument("--ranks-only", action="store_true", help="only the rank subscriptions")
+    parser.add_argument("--pipeline-mix-only", action="store_true",
+                        help="only the pipeline benchmark's drain mix (10,000 subscriptions) in one shard")
     add_markdown_option(parser)
     args = parser.parse_args()
+    if args.pipeline_mix_only:
+        pipeline_mix(10_000, batches=9, per_second=20_000)
+        return
     if args.mix_only:
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
         return
@@ -514,6 +571,7 @@ def main() -> None:
         issue16_mix(200, warm_s=30, measured=3, per_second=1_000)
         baselines(200, warm_s=30, measured=3, per_second=1_000)
         ranks([20], warm_s=30, measured=3, per_second=1_000)
+        pipeline_mix(200, batches=2, per_second=1_000, batch_s=3, keys=200)
     else:
         high_selectivity([1_000, 10_000, 100_000], warm_s=300, measured=10, naive_upto=10_000, per_second=5_000)
         catch_up(10_000, warm_s=300, batches=10, per_second=10_000)
@@ -521,6 +579,7 @@ def main() -> None:
         issue16_mix(10_000, warm_s=300, measured=10, per_second=5_000)
         baselines(10_000, warm_s=300, measured=10, per_second=5_000)
         ranks([100, 1_000], warm_s=300, measured=10, per_second=5_000)
+        pipeline_mix(10_000, batches=9, per_second=20_000)
 
 
 if __name__ == "__main__":
