@@ -609,6 +609,8 @@ def throughput_run(spark, base: Settings, row: Row, total_rows: int, budget_s: f
         "selectivity": stats.get("matches", 0) / boundaries * shards / (len(row.specs) * row.keys),
         "rss_mb": rss.rss_mb, "us": us, "cores_us": CORES * wall_ms * 1000 / done,
         "cpu_us": rss.cpu_s * 1e6 / read, "evaluate_ms": stats.get("evaluate_ms_total", 0) / boundaries,
+        # the part of evaluate that is the task's round trip to its shard host (rows there, output and delta back)
+        "transfer_us": stats.get("shard_host_transfer_ms_total", 0) * 1000 / read,
         "restore_share": us["restore"] / operator if operator else float("nan"),
         "restores": [int(stats.get(f"shard_restore_{how}", 0)) for how in RESTORES],
         # Without the rebuilds (a worker's first batch of a shard, or a copy older than the last snapshot):
@@ -1226,10 +1228,10 @@ def report(args, runs: list[Row], results: dict[str, dict], peers, live: dict[st
         "lent cores); tree CPU = CPU time of the whole process tree, what the row costs on idle cores",
         ["row", *STAGES, "rest", "2 cores x wall", "tree CPU", "restore share %", "without rebuilds %",
          "restore ms each cached/caught up/rebuilt", "shard restores cached/caught up/rebuilt",
-         "evaluate ms per shard boundary"],
+         "evaluate ms per shard boundary", "of evaluate: to and from shard hosts"],
         [[r.name, *(x["us"][s] for s in STAGES), x["cores_us"] - sum(x["us"].values()), x["cores_us"], x["cpu_us"],
           100 * x["restore_share"], 100 * x["steady_restore_share"], "/".join(f"{ms:.1f}" for ms in x["restore_ms"]),
-          "/".join(map(str, x["restores"])), x["evaluate_ms"]]
+          "/".join(map(str, x["restores"])), x["evaluate_ms"], x["transfer_us"]]
          for r in runs for x in [results[r.name]]],
     )]
     if two is not None and two_result is not None:

@@ -53,8 +53,10 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
 
     stages = {cells[0]: cells[1:] for cells in table_rows(stdout, "Where the time goes")}
     assert set(stages) == {cells[0] for cells in throughput}
-    for name, (read, parse, _, evaluate, *_, total, share, steady, restore_ms, restores, per_boundary) in stages.items():
+    for name, (read, parse, _, evaluate, *_, total, share, steady, restore_ms, restores, per_boundary,
+               transfer) in stages.items():
         assert number(per_boundary) > 0, (name, per_boundary)
+        assert 0 < number(transfer) < number(evaluate), (name, transfer, evaluate)  # the host round trip, inside it
         assert all(number(c) > 0 for c in (read, parse, evaluate, total)), (name, stages[name])
         assert 0 <= number(share) <= 100 and len(restores.split("/")) == 3, (name, share, restores)
         assert steady == "nan" or 0 <= number(steady) <= number(share), (name, steady, share)  # rebuilds left out
