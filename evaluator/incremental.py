@@ -267,7 +267,7 @@ class PlanCosts:
     A plan's cost per unit is its moving sum of seconds over its moving sum of units, not a moving average of each
     call's ratio: a call has a fixed part (a few hundred microseconds a group), so a group with a dozen changed keys
     measures a hundred times the per-unit cost of one with thousands, and averaged ratios made the big groups look
-    dear enough to scan (each scan 10-50x the per-key plan it replaced, in the pipeline benchmark's mix)."""
+    dear enough to scan (each scan tens of times the per-key plan it replaced, in the pipeline benchmark's mix)."""
 
     per_key_seconds: float = 1e-3  # the moving sums start at these rates: 1 us a changed key, 50 ns a scanned cell
     per_key_units: float = 1e3
@@ -479,8 +479,8 @@ class GroupState:
         return flips
 
     def _listed_moved(self, ctx: Context, moved: np.ndarray) -> list[Flip]:
-        """The key-restricted members that flip for the keys in ``moved`` (ids named by some key-restricted member of
-        any group), those that name them all at once (:class:`Listed`)."""
+        """The flips of this group's key-restricted members for the keys in ``moved`` (ids named by some
+        key-restricted member of any group), every (member, key) pair they name decided at once (:class:`Listed`)."""
         assert self.values is not None
         if not moved.size:
             return []
