@@ -19,6 +19,7 @@ from devstack.patience import patient
 from ingest.kafka import ensure_topics
 from ingest.streams import StreamPublisher
 from notifier.app import DELIVER_TASK
+from notifier.outbox import NOTED_HEADER
 from subscriptions.streams import publish_registry
 from web.ops import sample_once, wait_for_probe
 from web.watchdog import open_incidents
@@ -33,8 +34,10 @@ class Operators:
     sent: list[dict] = field(default_factory=list)
     conf = type("Conf", (), {"tocsin_lanes": {"alerts": "q", "tests": "q:tests"}})()
 
-    def send_task(self, name: str, args: tuple, kwargs: dict | None = None, queue: str | None = None) -> None:
+    def send_task(self, name: str, args: tuple, kwargs: dict | None = None, queue: str | None = None,
+                  headers: dict | None = None) -> None:
         assert name == DELIVER_TASK and queue == "q"
+        assert headers is not None and type(headers[NOTED_HEADER]) is int  # noted first: the outbox sends it again
         self.sent.append(args[0])
 
     def states(self) -> list[tuple[str, str]]:
