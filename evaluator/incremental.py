@@ -244,15 +244,16 @@ class Listed:
         self.names = [name for name, _ in pairs]
         self.sids = np.array([sid for _, sid in pairs], dtype=np.int64)
         self.rows = np.array([self.members.row[sid] for _, sid in pairs], dtype=np.int64)
-        self._ids: tuple[tuple[int, object], np.ndarray, np.ndarray] | None = None
+        self._ids: tuple[tuple[int | None, object], np.ndarray, np.ndarray] | None = None
 
     def ids(self, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         """Per pair: its key's id (-1: none) and whether this shard watches the key (a listed key is watched by its
         own shard only)."""
-        if ctx.key_version is None or self._ids is None or self._ids[0] != (ctx.key_version, ctx.owns):
+        seen = (ctx.key_version, ctx.owns)
+        if ctx.key_version is None or self._ids is None or self._ids[0] != seen:
             ids = np.array([ctx.ids.get(name, -1) for name in self.names], dtype=np.int64)
             owned = np.array([ctx.owns(name) for name in self.names], dtype=bool)
-            self._ids = ((-1 if ctx.key_version is None else ctx.key_version, ctx.owns), ids, owned)
+            self._ids = (seen, ids, owned)
         return self._ids[1], self._ids[2]
 
 
